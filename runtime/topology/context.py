@@ -1,0 +1,85 @@
+"""The seam between the processor graph (this package) and the task runtime.
+
+`TaskContext` is implemented by `runtime.processing.task` and handed to every
+node of one task's graph at `Node.init`. Everything here is called by the
+processing thread that currently holds the task's lock, never by two threads at
+once, so implementations need no locking of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import Enum
+from typing import Any, Protocol
+
+from runtime.topology.record import Headers
+
+
+class PunctuationType(Enum):
+    """What drives a punctuation: the task's stream time or the wall clock."""
+
+    STREAM_TIME = "stream_time"
+    WALL_CLOCK_TIME = "wall_clock_time"
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class TaskContext(Protocol):
+    """What a node of a task's graph may ask of the task that runs it."""
+
+    @property
+    def task_id(self) -> str: ...
+
+    @property
+    def application_id(self) -> str: ...
+
+    @property
+    def default_key_serde(self) -> Any:
+        """The `default.key.serde` of the app's config, for nodes given none."""
+        ...
+
+    @property
+    def default_value_serde(self) -> Any:
+        """The `default.value.serde` of the app's config, for nodes given none."""
+        ...
+
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        timestamp: int,
+        headers: Headers | None,
+        partition: int | None,
+    ) -> None:
+        """Hand one serialized output record to the record collector.
+
+        `topic` is the full topic name (internal topics already resolved with
+        `resolve_topic`). `partition=None` means: partition by key (murmur2, as
+        the Java client) or round-robin for a null key.
+        """
+        ...
+
+    def partition_count(self, topic: str) -> int:
+        """Partitions of an output topic (full name), known since start-up."""
+        ...
+
+    def resolve_topic(self, name: str, internal: bool) -> str:
+        """Full topic name: internal names get the `<application.id>-` prefix."""
+        ...
+
+    def schedule(
+        self, interval_ms: int, punctuation_type: PunctuationType, callback: Callable[[int], None]
+    ) -> Cancellable:
+        """Call `callback(timestamp)` every `interval_ms` of stream or wall-clock time."""
+        ...
+
+    def request_commit(self) -> None:
+        """Ask for a commit soon (Processor API `context.commit()`)."""
+        ...
+
+    def state_store(self, name: str) -> Any:
+        """The named store of this task (state issue; raises until then)."""
+        ...
