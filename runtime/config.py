@@ -1,0 +1,569 @@
+"""Typed configuration: the table of known keys, validation, TOML/env/--set loading.
+
+`StreamsConfig` is built and validated once at start-up (`load_config` or
+`StreamsConfig.from_dict`); everything else reads its typed attributes, never a
+raw dict. It is immutable, so any thread may read it.
+
+The fields of `StreamsConfig` *are* the table of known keys: each one is declared
+with `setting(...)`, which carries the dotted key name, its type, default,
+validation and a one-line doc (rendered by `config_table_markdown`). Adding a key
+is adding one field. Defaults may be functions of the keys declared above them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tempfile
+import tomllib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal, get_args
+
+from runtime.topology.serdes import BUILTIN, Serde, serde_from_name
+
+__all__ = [
+    "ENV_PREFIX",
+    "KEYS",
+    "PASSTHROUGH_PREFIXES",
+    "ConfigError",
+    "ConfigKey",
+    "StreamsConfig",
+    "config_table_markdown",
+    "load_config",
+]
+
+ENV_PREFIX = "STREAMS_RUNTIME_"
+
+ProcessingGuarantee = Literal["at_least_once", "exactly_once_v2"]
+ErrorHandler = Literal["log_and_fail", "log_and_continue", "dead_letter_queue"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+_GUARANTEES: tuple[str, ...] = get_args(ProcessingGuarantee)
+_HANDLERS: tuple[str, ...] = get_args(ErrorHandler)
+_LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
+
+
+class ConfigError(ValueError):
+    """A configuration value, key or file is wrong.
+
+    `key` is the dotted key (or the offending `--set` string; empty for an error
+    about a whole file), `reason` says what is wrong, `file` names the TOML file
+    for file-level errors. The CLI turns it into exit code 2.
+    """
+
+    def __init__(self, key: str, reason: str, *, file: str | None = None) -> None:
+        self.key = key
+        self.reason = reason
+        self.file = file
+        if file is not None and not key:
+            message = f"config file {file!r}: {reason}"
+        else:
+            message = f"config key {key!r}: {reason}"
+        super().__init__(message)
+
+    def __reduce__(self) -> Any:
+        return (_config_error, (self.key, self.reason, self.file))
+
+
+def _config_error(key: str, reason: str, file: str | None) -> ConfigError:
+    return ConfigError(key, reason, file=file)
+
+
+class _Invalid(Exception):
+    """A value failed validation; the caller adds the key (internal)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+Kind = Literal["str", "int", "bool", "enum", "serde"]
+Default = Any  # a plain value, REQUIRED, or Callable[[Mapping[str, Any]], Any]
+
+_INT_TEXT = re.compile(r"[+-]?\d+")
+_TRUE = frozenset({"true", "yes", "on", "1"})
+_FALSE = frozenset({"false", "no", "off", "0"})
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One known key: name, type, default, validation and a one-line doc."""
+
+    name: str
+    kind: Kind
+    default: Default
+    doc: str
+    min: int | None = None
+    max: int | None = None
+    also: tuple[int, ...] = ()  # integers allowed outside [min, max], e.g. -1
+    choices: tuple[str, ...] = ()
+    pattern: str | None = None
+    nullable: bool = False
+    default_doc: str | None = None  # how the README shows a computed default
+    attr: str = ""  # the StreamsConfig attribute; filled in from the field name
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    def default_for(self, values: Mapping[str, Any]) -> Any:
+        """The default, given the parsed values of the keys declared above this one."""
+        if callable(self.default):
+            return self.default(values)
+        return self.default
+
+    def expected(self) -> str:
+        """What a valid value looks like, as in "expected an integer >= 0"."""
+        if self.kind == "int":
+            text = "an integer"
+            if self.min is not None and self.max is not None:
+                text += f" between {self.min} and {self.max}"
+            elif self.min is not None:
+                text += f" >= {self.min}"
+            elif self.max is not None:
+                text += f" <= {self.max}"
+            if self.also:
+                text += " or " + " or ".join(str(n) for n in self.also)
+            return text
+        if self.kind == "bool":
+            return "true or false"
+        if self.kind == "enum":
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.kind == "serde":
+            return f"a serde: one of {sorted(BUILTIN)} or 'module:attr'"
+        if self.pattern is not None:
+            return f"a string matching {self.pattern}"
+        return "a non-empty string"
+
+    def parse(self, value: Any) -> Any:
+        """Coerce and validate one value (typed, or a string as from env/--set).
+
+        Raises `_Invalid`; the caller turns it into a `ConfigError` naming the key.
+        """
+        if value is None and self.nullable:
+            return None
+        if self.kind == "int":
+            return self._parse_int(value)
+        if self.kind == "bool":
+            return self._parse_bool(value)
+        if self.kind == "enum":
+            return self._parse_enum(value)
+        if self.kind == "serde":
+            return self._parse_serde(value)
+        return self._parse_str(value)
+
+    def _bad(self, value: Any, hint: str = "") -> _Invalid:
+        return _Invalid(f"expected {self.expected()}, got {value!r}{hint}")
+
+    def _parse_int(self, value: Any) -> int:
+        if isinstance(value, bool):
+            raise self._bad(value)
+        if isinstance(value, int):
+            number = value
+        elif isinstance(value, str) and _INT_TEXT.fullmatch(value.strip()):
+            number = int(value.strip())
+        else:
+            raise self._bad(value)
+        in_range = (self.min is None or number >= self.min) and (
+            self.max is None or number <= self.max
+        )
+        if not in_range and number not in self.also:
+            raise self._bad(value)
+        return number
+
+    def _parse_bool(self, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            text = value.strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+        raise self._bad(value)
+
+    def _parse_enum(self, value: Any) -> str:
+        if not isinstance(value, str):
+            raise self._bad(value)
+        text = value.strip().lower()
+        if text in self.choices:
+            return text
+        close = difflib.get_close_matches(text, self.choices, n=1)
+        raise self._bad(value, f" (did you mean {close[0]!r}?)" if close else "")
+
+    def _parse_serde(self, value: Any) -> Serde:
+        if isinstance(value, str):
+            try:
+                return serde_from_name(value)
+            except ValueError as exc:
+                raise _Invalid(str(exc)) from None
+            except Exception as exc:  # a user module failing on import or construction
+                raise _Invalid(
+                    f"cannot resolve serde {value!r}: {type(exc).__name__}: {exc}"
+                ) from None
+        if isinstance(value, type):
+            raise _Invalid(f"expected a serde object or name, got the class {value.__name__}")
+        if isinstance(value, Serde):
+            return value
+        raise self._bad(value)
+
+    def _parse_str(self, value: Any) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise self._bad(value)
+        if self.pattern is not None and not re.fullmatch(self.pattern, value):
+            raise self._bad(value)
+        return value
+
+    # README rendering
+
+    def type_doc(self) -> str:
+        if self.kind == "int":
+            return self.expected().removeprefix("an ")
+        if self.kind == "bool":
+            return "boolean"
+        if self.kind == "enum":
+            return "one of " + ", ".join(f"`{c}`" for c in self.choices)
+        if self.kind == "serde":
+            return "serde: " + ", ".join(f"`{n}`" for n in BUILTIN) + " or `module:attr`"
+        text = "string"
+        if self.pattern is not None:
+            text += f" matching `{self.pattern}`"
+        if self.nullable:
+            text += " or unset"
+        return text
+
+    def default_doc_text(self) -> str:
+        if self.required:
+            return "required"
+        if self.default_doc is not None:
+            return self.default_doc
+        if self.default is None:
+            return "unset"
+        return f"`{self.default}`"
+
+
+_SPEC = "runtime.config.key"
+_PREFIX = "runtime.config.prefix"
+
+
+def setting(name: str, kind: Kind, default: Default, doc: str, **validation: Any) -> Any:
+    """Declare a `StreamsConfig` field as the known key `name` (see `ConfigKey`)."""
+    return field(metadata={_SPEC: ConfigKey(name, kind, default, doc, **validation)})
+
+
+def passthrough(prefix: str, doc: str) -> Any:
+    """Declare a `StreamsConfig` field collecting the unknown keys under `prefix`."""
+    return field(default_factory=dict, metadata={_PREFIX: (prefix, doc)})
+
+
+# Computed defaults: each sees the parsed values of the keys declared above it.
+
+
+def _client_id_default(values: Mapping[str, Any]) -> str:
+    return str(values["application.id"])
+
+
+def _cpu_count(values: Mapping[str, Any]) -> int:
+    return os.cpu_count() or 1
+
+
+def _commit_interval_default(values: Mapping[str, Any]) -> int:
+    return 100 if values["processing.guarantee"] == "exactly_once_v2" else 30000
+
+
+def _state_dir_default(values: Mapping[str, Any]) -> str:
+    return os.path.join(tempfile.gettempdir(), "streams-runtime")
+
+
+def _dlq_topic_default(values: Mapping[str, Any]) -> str | None:
+    handlers = (
+        values["deserialization.exception.handler"],
+        values["processing.exception.handler"],
+    )
+    if "dead_letter_queue" in handlers:
+        return f"{values['application.id']}-dlq"
+    return None
+
+
+_DLQ_DEFAULT_DOC = "`<application.id>-dlq` if a handler is `dead_letter_queue`, else unset"
+_ID = r"[A-Za-z0-9._-]+"
+_TOPIC = r"[A-Za-z0-9._-]{1,249}"
+
+
+@dataclass(frozen=True)
+class StreamsConfig:
+    """The validated configuration of one runtime process. Read by any thread.
+
+    Build it with `StreamsConfig.from_dict` or `load_config`. The field order is
+    the order defaults are computed in: a computed default sees the keys above it.
+    """
+
+    # fmt: off
+    # One line per key: attribute, key name, type, default, doc, validation.
+    application_id: str = setting("application.id", "str", REQUIRED, "Names the consumer group, internal topics and state directory.", pattern=_ID)
+    bootstrap_servers: str = setting("bootstrap.servers", "str", REQUIRED, "Comma-separated `host:port` list of Kafka brokers.")
+    client_id: str = setting("client.id", "str", _client_id_default, "Prefix of the client ids of this process's Kafka clients.", default_doc="`application.id`")
+    processing_threads: int = setting("processing.threads", "int", _cpu_count, "Processing threads at start-up (resizable at runtime).", min=0, default_doc="number of CPUs")
+    processing_guarantee: ProcessingGuarantee = setting("processing.guarantee", "enum", "at_least_once", "Commit offsets after output is acknowledged, or one transaction per commit.", choices=_GUARANTEES)
+    commit_interval_ms: int = setting("commit.interval.ms", "int", _commit_interval_default, "How often (ms) to commit offsets or the transaction.", min=0, default_doc="`30000`; `100` with `exactly_once_v2`")
+    buffered_records_per_partition: int = setting("buffered.records.per.partition", "int", 1000, "Input records buffered per partition before the partition is paused.", min=1)
+    task_timeslice_ms: int = setting("task.timeslice.ms", "int", 100, "How long (ms) a processing thread keeps one task before giving others a turn.", min=1)
+    max_poll_records: int = setting("max.poll.records", "int", 1000, "Records per `consume()` batch of the polling thread.", min=1)
+    poll_ms: int = setting("poll.ms", "int", 100, "How long (ms) the polling thread blocks waiting for input.", min=0)
+    state_dir: str = setting("state.dir", "str", _state_dir_default, "Directory for the state stores of all tasks.", default_doc="`<tempdir>/streams-runtime`")
+    default_key_serde: Serde = setting("default.key.serde", "serde", "bytes", "Serde for keys where the topology names none.")
+    default_value_serde: Serde = setting("default.value.serde", "serde", "bytes", "Serde for values where the topology names none.")
+    deserialization_exception_handler: ErrorHandler = setting("deserialization.exception.handler", "enum", "log_and_fail", "What to do with a record that fails to deserialize.", choices=_HANDLERS)
+    processing_exception_handler: ErrorHandler = setting("processing.exception.handler", "enum", "log_and_fail", "What to do with a record that fails in processing.", choices=_HANDLERS)
+    dead_letter_queue_topic: str | None = setting("errors.dead.letter.queue.topic.name", "str", _dlq_topic_default, "Dead-letter topic: failed records are also written here, with error headers.", pattern=_TOPIC, nullable=True, default_doc=_DLQ_DEFAULT_DOC)
+    replication_factor: int = setting("replication.factor", "int", -1, "Replication factor of topics the runtime creates; -1: the broker's default.", min=1, also=(-1,))
+    log_level: LogLevel = setting("log.level", "enum", "info", "Log level of the runtime.", choices=_LOG_LEVELS)
+    shutdown_timeout_ms: int = setting("shutdown.timeout.ms", "int", 30000, "How long (ms) a graceful shutdown may take, final commit included.", min=0)
+    # fmt: on
+
+    consumer_overrides: dict[str, Any] = passthrough(
+        "consumer.", "librdkafka properties of the main consumer."
+    )
+    producer_overrides: dict[str, Any] = passthrough(
+        "producer.", "librdkafka properties of the producer."
+    )
+    restore_consumer_overrides: dict[str, Any] = passthrough(
+        "restore.consumer.", "librdkafka properties of the restore consumer."
+    )
+    admin_overrides: dict[str, Any] = passthrough(
+        "admin.", "librdkafka properties of the admin client."
+    )
+
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The validated input, keys as given (for display and `with_overrides`)."""
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.processing_guarantee == "exactly_once_v2"
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> StreamsConfig:
+        """Validate `d` (dotted keys; typed values or strings) into a config.
+
+        A value of `None` means "not set". Raises `ConfigError`.
+        """
+        return _build(d, {})
+
+    def with_overrides(self, **changes: Any) -> StreamsConfig:
+        """A new config with some attributes changed, validated and re-derived.
+
+        Keyword names are attribute names (`processing_threads=2`); values are as
+        `from_dict` takes them. An override dict replaces all keys under its prefix.
+        Computed defaults (`commit.interval.ms`, the DLQ topic, ...) follow.
+        """
+        raw = dict(self.raw)
+        for attr, value in changes.items():
+            if attr in _KEY_BY_ATTR:
+                raw[_KEY_BY_ATTR[attr]] = value
+            elif attr in _PREFIX_BY_ATTR:
+                raw = {k: v for k, v in raw.items() if _route(k) != attr}
+                prefix = _PREFIX_BY_ATTR[attr]
+                raw.update({prefix + k: v for k, v in dict(value).items()})
+            else:
+                names = [*_KEY_BY_ATTR, *_PREFIX_BY_ATTR]
+                close = difflib.get_close_matches(attr, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(attr, f"no such config attribute{hint}")
+        return _build(raw, {})
+
+    def as_display_dict(self) -> dict[str, Any]:
+        """Effective values under their dotted keys; serdes by name, secrets masked."""
+        out: dict[str, Any] = {}
+        for spec in KEYS.values():
+            value = getattr(self, spec.attr)
+            if spec.kind == "serde":
+                value = _serde_name(value, self.raw.get(spec.name))
+            out[spec.name] = value
+        for prefix, attr in _PASSTHROUGH_ATTRS:
+            for prop, value in getattr(self, attr).items():
+                secret = any(word in prop.lower() for word in ("password", "secret"))
+                out[prefix + prop] = "********" if secret else value
+        return out
+
+
+KEYS: Mapping[str, ConfigKey] = {
+    spec.name: replace(spec, attr=f.name)
+    for f in fields(StreamsConfig)
+    if (spec := f.metadata.get(_SPEC)) is not None
+}
+_KEY_BY_ATTR = {spec.attr: name for name, spec in KEYS.items()}
+_PASSTHROUGH_ATTRS: tuple[tuple[str, str], ...] = tuple(
+    (f.metadata[_PREFIX][0], f.name) for f in fields(StreamsConfig) if _PREFIX in f.metadata
+)
+_PASSTHROUGH_DOCS = {
+    f.name: f.metadata[_PREFIX][1] for f in fields(StreamsConfig) if _PREFIX in f.metadata
+}
+_PREFIX_BY_ATTR = {attr: prefix for prefix, attr in _PASSTHROUGH_ATTRS}
+# Longest first, so `restore.consumer.x` is not taken for `consumer.`.
+_ROUTES = sorted(_PASSTHROUGH_ATTRS, key=lambda pa: len(pa[0]), reverse=True)
+PASSTHROUGH_PREFIXES: tuple[str, ...] = tuple(prefix for prefix, _ in _PASSTHROUGH_ATTRS)
+
+
+def _route(key: str) -> str | None:
+    """The override-dict attribute an unknown key goes to, or None."""
+    if key in KEYS:
+        return None
+    for prefix, attr in _ROUTES:
+        if key.startswith(prefix):
+            return attr
+    return None
+
+
+def _unknown_key_reason(key: str) -> str:
+    close = difflib.get_close_matches(key, list(KEYS), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    prefixes = ", ".join(PASSTHROUGH_PREFIXES)
+    return f"unknown key{hint}; client properties need a prefix: {prefixes}"
+
+
+def _build(given: Mapping[str, Any], sources: Mapping[str, str]) -> StreamsConfig:
+    """Validate `given` into a `StreamsConfig`; `sources` says where keys came from."""
+
+    def source(key: str) -> str:
+        return f" (from {sources[key]})" if key in sources else ""
+
+    known: dict[str, Any] = {}
+    overrides: dict[str, dict[str, Any]] = {attr: {} for _, attr in _PASSTHROUGH_ATTRS}
+    for key, value in given.items():
+        if not isinstance(key, str):
+            raise ConfigError(repr(key), "config keys must be strings")
+        if key in KEYS:
+            known[key] = value
+            continue
+        attr = _route(key)
+        if attr is None:
+            raise ConfigError(key, _unknown_key_reason(key) + source(key))
+        prop = key[len(_PREFIX_BY_ATTR[attr]) :]
+        if not prop:
+            raise ConfigError(key, "a client property name must follow the prefix")
+        overrides[attr][prop] = value
+
+    values: dict[str, Any] = {}
+    for name, spec in KEYS.items():
+        value = known.get(name)
+        try:
+            if value is None:
+                if spec.required:
+                    raise _Invalid("required, but not set")
+                value = spec.default_for(values)
+            values[name] = spec.parse(value)
+        except _Invalid as exc:
+            raise ConfigError(name, exc.reason + source(name)) from None
+
+    attrs: dict[str, Any] = {KEYS[name].attr: value for name, value in values.items()}
+    attrs.update(overrides)
+    return StreamsConfig(**attrs, raw=dict(given))
+
+
+def _serde_name(serde: Serde, given: Any) -> str:
+    if isinstance(given, str):
+        builtin = given.strip().lower()
+        return builtin if builtin in BUILTIN else given
+    for name, builtin_serde in BUILTIN.items():
+        if serde is builtin_serde:
+            return name
+    return f"{type(serde).__module__}:{type(serde).__qualname__}"
+
+
+# Loading: base < TOML file < environment < --set
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    """The file's settings, nested tables flattened to dotted keys."""
+    try:
+        with open(path, "rb") as f:
+            document = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError("", f"cannot read: {exc.strerror or exc}", file=path) from None
+    except ValueError as exc:  # TOMLDecodeError, or bytes that are not UTF-8
+        raise ConfigError("", f"not valid TOML: {exc}", file=path) from None
+    settings: dict[str, Any] = {}
+    for key, value in _flatten(document):
+        if key in settings:
+            raise ConfigError(key, f"set twice in {path}")
+        settings[key] = value
+    return settings
+
+
+def _env_settings(env: Mapping[str, str]) -> Iterator[tuple[str, str, str]]:
+    """(key, value, variable) for each STREAMS_RUNTIME_<KEY> variable."""
+    for variable, value in env.items():
+        if variable.startswith(ENV_PREFIX) and len(variable) > len(ENV_PREFIX):
+            key = variable[len(ENV_PREFIX) :].lower().replace("_", ".")
+            yield key, value, variable
+
+
+def _parse_set(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(item, "--set expects key=value")
+    return key.strip(), value
+
+
+def load_config(
+    toml_path: str | None = None,
+    sets: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    base: Mapping[str, Any] | None = None,
+) -> StreamsConfig:
+    """Merge and validate the configuration; later sources win.
+
+    Order: `base` (e.g. the dict given to `App`), the TOML file (nested tables
+    flattened: `[consumer]` holds `consumer.*` keys), `STREAMS_RUNTIME_<KEY>`
+    environment variables (`_` becomes `.`; `env` defaults to `os.environ`),
+    then `--set key=value` strings. Raises `ConfigError`.
+    """
+    merged: dict[str, Any] = dict(base or {})
+    sources: dict[str, str] = {}
+
+    def put(key: str, value: Any, where: str) -> None:
+        merged[key] = value
+        sources[key] = where
+
+    if toml_path is not None:
+        for key, value in _read_toml(toml_path).items():
+            put(key, value, f"file {toml_path}")
+    for key, value, variable in _env_settings(os.environ if env is None else env):
+        put(key, value, f"environment variable {variable}")
+    for item in sets:
+        key, value = _parse_set(item)
+        put(key, value, f"--set {item}")
+    return _build(merged, sources)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def config_table_markdown() -> str:
+    """The README's configuration table (Markdown), generated from `KEYS`."""
+    rows = ["| Key | Type | Default | Description |", "| --- | --- | --- | --- |"]
+    for spec in KEYS.values():
+        cells = (f"`{spec.name}`", spec.type_doc(), spec.default_doc_text(), spec.doc)
+        rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    for prefix, attr in _PASSTHROUGH_ATTRS:
+        cells = (f"`{prefix}*`", "passed through", "", _PASSTHROUGH_DOCS[attr])
+        rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(rows) + "\n"
