@@ -50,19 +50,53 @@ class Record:
         return self._offset
 
     def with_key(self, key: Any) -> Record:
-        return Record(key, self.value, self.timestamp, self.headers, self._topic, self._partition, self._offset)
+        return Record(
+            key,
+            self.value,
+            self.timestamp,
+            self.headers,
+            self._topic,
+            self._partition,
+            self._offset,
+        )
 
     def with_value(self, value: Any) -> Record:
-        return Record(self.key, value, self.timestamp, self.headers, self._topic, self._partition, self._offset)
+        return Record(
+            self.key,
+            value,
+            self.timestamp,
+            self.headers,
+            self._topic,
+            self._partition,
+            self._offset,
+        )
 
     def with_key_value(self, key: Any, value: Any) -> Record:
-        return Record(key, value, self.timestamp, self.headers, self._topic, self._partition, self._offset)
+        return Record(
+            key, value, self.timestamp, self.headers, self._topic, self._partition, self._offset
+        )
 
     def with_timestamp(self, timestamp: int) -> Record:
-        return Record(self.key, self.value, timestamp, self.headers, self._topic, self._partition, self._offset)
+        return Record(
+            self.key,
+            self.value,
+            timestamp,
+            self.headers,
+            self._topic,
+            self._partition,
+            self._offset,
+        )
 
     def with_headers(self, headers: Headers | None) -> Record:
-        return Record(self.key, self.value, self.timestamp, headers, self._topic, self._partition, self._offset)
+        return Record(
+            self.key,
+            self.value,
+            self.timestamp,
+            headers,
+            self._topic,
+            self._partition,
+            self._offset,
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Record):

@@ -125,9 +125,7 @@ def serde_from_name(name: str) -> Serde:
         return builtin
     module_name, sep, attr = name.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(
-            f"unknown serde {name!r}: use one of {sorted(BUILTIN)} or 'module:attr'"
-        )
+        raise ValueError(f"unknown serde {name!r}: use one of {sorted(BUILTIN)} or 'module:attr'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

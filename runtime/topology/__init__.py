@@ -1,0 +1,38 @@
+"""Topologies: the DSL builder, the Processor API, the processor graph, serdes.
+
+Owns how a stream-processing application is described (`StreamsBuilder`,
+`KStream`, `Processor`), how that description is split into subtopologies
+(`Topology`, `Subtopology`, `TopicSpec`), and the per-task graph of nodes that
+processes records (`TaskGraph`, built by `Subtopology.instantiate`). It talks to
+no Kafka client: the task runtime feeds records into a `TaskGraph` and receives
+output through the `TaskContext` seam (`runtime.topology.context`).
+
+Threads: builders are used by the thread that defines the app; a built
+`Topology` is immutable and readable from any thread; a `TaskGraph` is only
+called by the processing thread holding its task's lock.
+"""
+
+from runtime.topology import serdes
+from runtime.topology.builder import StreamsBuilder
+from runtime.topology.context import PunctuationType
+from runtime.topology.errors import TopologyError
+from runtime.topology.kstream import BranchedKStream, KStream
+from runtime.topology.processor import Processor, ProcessorContext
+from runtime.topology.record import Record
+from runtime.topology.topology import Subtopology, TaskGraph, TopicSpec, Topology
+
+__all__ = [
+    "BranchedKStream",
+    "KStream",
+    "Processor",
+    "ProcessorContext",
+    "PunctuationType",
+    "Record",
+    "StreamsBuilder",
+    "Subtopology",
+    "TaskGraph",
+    "TopicSpec",
+    "Topology",
+    "TopologyError",
+    "serdes",
+]

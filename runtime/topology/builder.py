@@ -1,0 +1,268 @@
+"""`StreamsBuilder`, the DSL entry point, and the graph it records.
+
+`StreamsBuilder.stream(...)` returns a `KStream`; each DSL call on it adds a node
+to the builder's `GraphBuilder`. `build()` freezes the graph into a `Topology`.
+The builder is used by one thread while the application is being defined.
+
+Node names follow Kafka Streams: a prefix and a 10-digit counter shared by all
+generated names (`KSTREAM-SOURCE-0000000000`, `KSTREAM-FILTER-0000000001`, ...);
+a name the user gives is used as is and does not advance the counter.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from runtime.topology import serdes as _serdes
+from runtime.topology.errors import TopologyError
+from runtime.topology.graph import NodeDef, NodeKind, NodeSpec
+from runtime.topology.nodes import Node, Partitioner, SinkNode, SourceNode
+from runtime.topology.topology import Topology
+
+if TYPE_CHECKING:
+    from runtime.topology.kstream import KStream
+
+_LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]+")
+_MAX_TOPIC_LENGTH = 249
+
+
+def check_topic(topic: Any, what: str = "topic") -> str:
+    """A legal Kafka topic name, or TopologyError."""
+    if not isinstance(topic, str):
+        raise TopologyError(f"{what} must be a str, got {topic!r}")
+    if not _LEGAL_TOPIC.fullmatch(topic) or topic in (".", "..") or len(topic) > _MAX_TOPIC_LENGTH:
+        raise TopologyError(
+            f"illegal {what} {topic!r}: use 1-{_MAX_TOPIC_LENGTH} of [A-Za-z0-9._-], not '.' or '..'"
+        )
+    return topic
+
+
+def check_serde(serde: Any, what: str) -> Any:
+    """None (use the stream's or the configured default), a serde object, or a name."""
+    if serde is None:
+        return None
+    if isinstance(serde, str):
+        try:
+            return _serdes.serde_from_name(serde)
+        except ValueError as exc:
+            raise TopologyError(f"{what}: {exc}") from None
+    if isinstance(serde, type):
+        raise TopologyError(f"{what}: pass a serde instance, not the class {serde.__name__}")
+    if not isinstance(serde, _serdes.Serde):
+        raise TopologyError(f"{what}: {serde!r} has no serialize()/deserialize() methods")
+    return serde
+
+
+def check_callable(fn: Any, what: str) -> Any:
+    if not callable(fn):
+        raise TopologyError(f"{what} expects a callable, got {fn!r}")
+    return fn
+
+
+def check_partitions(partitions: Any) -> int | None:
+    if partitions is None:
+        return None
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        raise TopologyError(f"partitions must be a positive int, got {partitions!r}")
+    return partitions
+
+
+def _make_source(d: NodeDef) -> Node:
+    p = d.params
+    return SourceNode(d.name, d.topics, d.internal, p["key_serde"], p["value_serde"])
+
+
+def _make_sink(d: NodeDef) -> Node:
+    p = d.params
+    return SinkNode(
+        d.name, d.topics[0], d.internal, p["key_serde"], p["value_serde"], p["partitioner"]
+    )
+
+
+class GraphBuilder:
+    """The node graph under construction (package-internal; the DSL's backend).
+
+    Every `KStream` of one `StreamsBuilder` shares one `GraphBuilder`. Later DSL
+    operations (aggregations, joins) add their nodes with `add_processor`,
+    attach stores with `connect_stores` and declare co-partitioning with
+    `add_copartition_group`.
+    """
+
+    def __init__(self) -> None:
+        self.specs: dict[str, NodeSpec] = {}
+        self._index = 0
+        self._read_topics: dict[tuple[str, bool], str] = {}
+        self._internal_topics: set[str] = set()
+        self._copartition_groups: list[frozenset[str]] = []
+
+    # -- names ---------------------------------------------------------------
+
+    def new_name(self, prefix: str) -> str:
+        """The next generated name, e.g. `KSTREAM-FILTER-0000000003`."""
+        name = f"{prefix}{self._index:010d}"
+        self._index += 1
+        return name
+
+    def node_name(self, given: str | None, prefix: str) -> str:
+        """`given` if the user named the node, else a generated name."""
+        if given is None:
+            return self.new_name(prefix)
+        if not isinstance(given, str) or not given:
+            raise TopologyError(f"a node name must be a non-empty str, got {given!r}")
+        return given
+
+    # -- nodes ---------------------------------------------------------------
+
+    def _add(self, spec: NodeSpec, parents: Sequence[str]) -> NodeSpec:
+        if spec.name in self.specs:
+            raise TopologyError(f"the topology already has a node named {spec.name!r}")
+        for parent in parents:
+            parent_spec = self.specs[parent]
+            if parent_spec.kind is NodeKind.SINK:
+                raise TopologyError(f"sink {parent!r} cannot have downstream nodes")
+            parent_spec.children.append(spec.name)
+            spec.parents.append(parent)
+        self.specs[spec.name] = spec
+        return spec
+
+    def add_processor(
+        self,
+        name: str,
+        factory: Callable[[NodeDef], Node],
+        parents: Sequence[str],
+        params: dict[str, Any] | None = None,
+        stores: Iterable[str] = (),
+    ) -> NodeSpec:
+        spec = NodeSpec(name, NodeKind.PROCESSOR, len(self.specs), factory, params=params or {})
+        self._add(spec, parents)
+        self.connect_stores(name, stores)
+        return spec
+
+    def add_source(
+        self,
+        name: str,
+        topics: Sequence[str],
+        internal: bool,
+        key_serde: Any,
+        value_serde: Any,
+        partitions: int | None = None,
+    ) -> NodeSpec:
+        if not topics:
+            raise TopologyError("a stream needs at least one topic")
+        for topic in topics:
+            check_topic(topic)
+            reader = self._read_topics.get((topic, internal))
+            if reader is not None:
+                kind = "internal topic" if internal else "topic"
+                raise TopologyError(
+                    f"{kind} {topic!r} is already read by {reader!r}: a topology may read "
+                    "each topic only once (reuse the KStream instead)"
+                )
+        if len(set(topics)) != len(topics):
+            raise TopologyError(f"duplicate topics in {list(topics)}")
+        spec = NodeSpec(
+            name,
+            NodeKind.SOURCE,
+            len(self.specs),
+            _make_source,
+            topics=list(topics),
+            internal=internal,
+            partitions=partitions,
+            params={"key_serde": key_serde, "value_serde": value_serde},
+        )
+        self._add(spec, ())
+        for topic in topics:
+            self._read_topics[(topic, internal)] = name
+        return spec
+
+    def add_sink(
+        self,
+        name: str,
+        parent: str,
+        topic: str,
+        internal: bool,
+        key_serde: Any,
+        value_serde: Any,
+        partitioner: Partitioner | None,
+        partitions: int | None = None,
+    ) -> NodeSpec:
+        check_topic(topic)
+        if partitioner is not None:
+            check_callable(partitioner, "partitioner")
+        spec = NodeSpec(
+            name,
+            NodeKind.SINK,
+            len(self.specs),
+            _make_sink,
+            topics=[topic],
+            internal=internal,
+            partitions=partitions,
+            params={
+                "key_serde": key_serde,
+                "value_serde": value_serde,
+                "partitioner": partitioner,
+            },
+        )
+        return self._add(spec, (parent,))
+
+    def reserve_internal_topic(self, topic: str) -> str:
+        """Claim a relative internal topic name; each may be used once."""
+        check_topic(topic, "internal topic name")
+        if topic in self._internal_topics:
+            raise TopologyError(
+                f"internal topic {topic!r} is already used: give each repartition a distinct name"
+            )
+        self._internal_topics.add(topic)
+        return topic
+
+    def connect_stores(self, node: str, stores: Iterable[str]) -> None:
+        """Let `node` use the named state stores (its subtopology then holds them)."""
+        spec = self.specs[node]
+        for store in stores:
+            if not isinstance(store, str) or not store:
+                raise TopologyError(f"a state store name must be a non-empty str, got {store!r}")
+            if store not in spec.stores:
+                spec.stores.append(store)
+
+    def add_copartition_group(self, topics: Iterable[str]) -> None:
+        """Declare source topics (names as written) that must be co-partitioned."""
+        self._copartition_groups.append(frozenset(topics))
+
+    def build(self) -> Topology:
+        if not self.specs:
+            raise TopologyError("the topology is empty: add a stream with builder.stream(...)")
+        return Topology([s.freeze() for s in self.specs.values()], self._copartition_groups)
+
+
+class StreamsBuilder:
+    """Entry point of the DSL: define streams, then `build()` a `Topology`."""
+
+    def __init__(self) -> None:
+        self._graph = GraphBuilder()
+
+    def stream(
+        self,
+        topics: str | Sequence[str],
+        key_serde: Any = None,
+        value_serde: Any = None,
+        name: str | None = None,
+    ) -> KStream:
+        """A stream of the records of one topic or several topics.
+
+        Serdes left None use the configured `default.key.serde` /
+        `default.value.serde`. Each topic may be read only once per topology.
+        """
+        from runtime.topology.kstream import KStream
+
+        topic_list = [topics] if isinstance(topics, str) else list(topics)
+        key_serde = check_serde(key_serde, "key_serde")
+        value_serde = check_serde(value_serde, "value_serde")
+        node = self._graph.node_name(name, "KSTREAM-SOURCE-")
+        self._graph.add_source(node, topic_list, False, key_serde, value_serde)
+        return KStream(self._graph, node, key_serde, value_serde)
+
+    def build(self) -> Topology:
+        """Freeze what was defined so far into an immutable `Topology`."""
+        return self._graph.build()

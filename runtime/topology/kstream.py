@@ -1,0 +1,438 @@
+"""`KStream`: the stateless DSL, and `BranchedKStream` for `split()`.
+
+Each operation adds one node (or a few) to the builder's graph and returns a new
+`KStream` for the result. Function arities follow Kafka Streams: the `*_values`
+functions take the value; the others take `(key, value)`.
+
+A stream remembers the serdes of its records when they are known (from
+`stream()`, `through()`, `repartition()`; kept by operations that do not change
+key or value), and `to()`/`through()`/`repartition()` use them when given none.
+Otherwise the configured defaults apply. A stream also remembers whether its
+key may have changed since it was read (`map`, `flat_map`, `process`), which
+key-based operations will use to insert a repartition topic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from runtime.topology.builder import (
+    GraphBuilder,
+    check_callable,
+    check_partitions,
+    check_serde,
+)
+from runtime.topology.errors import TopologyError
+from runtime.topology.graph import NodeDef
+from runtime.topology.nodes import (
+    BranchNode,
+    FilterNode,
+    FilterNotNode,
+    FlatMapNode,
+    FlatMapValuesNode,
+    ForeachNode,
+    MapNode,
+    MapValuesNode,
+    Node,
+    Partitioner,
+    PassThroughNode,
+    PeekNode,
+    ProcessorNode,
+)
+from runtime.topology.processor import Processor
+
+KeyValuePredicate = Callable[[Any, Any], Any]
+
+
+def _make_filter(d: NodeDef) -> Node:
+    return FilterNode(d.name, d.params["fn"])
+
+
+def _make_filter_not(d: NodeDef) -> Node:
+    return FilterNotNode(d.name, d.params["fn"])
+
+
+def _make_map(d: NodeDef) -> Node:
+    return MapNode(d.name, d.params["fn"])
+
+
+def _make_map_values(d: NodeDef) -> Node:
+    return MapValuesNode(d.name, d.params["fn"])
+
+
+def _make_flat_map(d: NodeDef) -> Node:
+    return FlatMapNode(d.name, d.params["fn"])
+
+
+def _make_flat_map_values(d: NodeDef) -> Node:
+    return FlatMapValuesNode(d.name, d.params["fn"])
+
+
+def _make_peek(d: NodeDef) -> Node:
+    return PeekNode(d.name, d.params["fn"])
+
+
+def _make_foreach(d: NodeDef) -> Node:
+    return ForeachNode(d.name, d.params["fn"])
+
+
+def _make_pass_through(d: NodeDef) -> Node:
+    return PassThroughNode(d.name)
+
+
+def _make_branch(d: NodeDef) -> Node:
+    return BranchNode(d.name, d.params["routes"], d.params["default"])
+
+
+def _make_processor(d: NodeDef) -> Node:
+    return ProcessorNode(d.name, d.params["supplier"](), d.stores)
+
+
+_KEEP: Any = object()
+
+
+class KStream:
+    """An unbounded stream of key/value records (create with `StreamsBuilder.stream`)."""
+
+    __slots__ = ("_graph", "_node", "key_serde", "value_serde", "repartition_required")
+
+    def __init__(
+        self,
+        graph: GraphBuilder,
+        node: str,
+        key_serde: Any = None,
+        value_serde: Any = None,
+        repartition_required: bool = False,
+    ) -> None:
+        self._graph = graph
+        self._node = node
+        self.key_serde = key_serde
+        self.value_serde = value_serde
+        self.repartition_required = repartition_required
+
+    @property
+    def name(self) -> str:
+        """The name of the node that produces this stream."""
+        return self._node
+
+    def __repr__(self) -> str:
+        return f"KStream({self._node!r})"
+
+    # -- helpers -------------------------------------------------------------
+
+    def _then(
+        self,
+        prefix: str,
+        name: str | None,
+        factory: Callable[[NodeDef], Node],
+        params: dict[str, Any] | None = None,
+        *,
+        key_serde: Any = _KEEP,
+        value_serde: Any = _KEEP,
+        repartition_required: bool | None = None,
+    ) -> KStream:
+        node = self._graph.node_name(name, prefix)
+        self._graph.add_processor(node, factory, (self._node,), params)
+        return KStream(
+            self._graph,
+            node,
+            self.key_serde if key_serde is _KEEP else key_serde,
+            self.value_serde if value_serde is _KEEP else value_serde,
+            self.repartition_required if repartition_required is None else repartition_required,
+        )
+
+    # -- stateless operations ------------------------------------------------
+
+    def filter(self, predicate: KeyValuePredicate, name: str | None = None) -> KStream:
+        """Keep the records for which `predicate(key, value)` is true."""
+        fn = check_callable(predicate, "filter()")
+        return self._then("KSTREAM-FILTER-", name, _make_filter, {"fn": fn})
+
+    def filter_not(self, predicate: KeyValuePredicate, name: str | None = None) -> KStream:
+        """Drop the records for which `predicate(key, value)` is true."""
+        fn = check_callable(predicate, "filter_not()")
+        return self._then("KSTREAM-FILTER-", name, _make_filter_not, {"fn": fn})
+
+    def map(
+        self, mapper: Callable[[Any, Any], tuple[Any, Any]], name: str | None = None
+    ) -> KStream:
+        """Replace each record by `mapper(key, value) -> (new_key, new_value)`."""
+        fn = check_callable(mapper, "map()")
+        return self._then(
+            "KSTREAM-MAP-",
+            name,
+            _make_map,
+            {"fn": fn},
+            key_serde=None,
+            value_serde=None,
+            repartition_required=True,
+        )
+
+    def map_values(self, mapper: Callable[[Any], Any], name: str | None = None) -> KStream:
+        """Replace each value by `mapper(value)`; the key stays."""
+        fn = check_callable(mapper, "map_values()")
+        return self._then(
+            "KSTREAM-MAPVALUES-", name, _make_map_values, {"fn": fn}, value_serde=None
+        )
+
+    def flat_map(
+        self, mapper: Callable[[Any, Any], Iterable[tuple[Any, Any]]], name: str | None = None
+    ) -> KStream:
+        """Replace each record by the `(key, value)` pairs of `mapper(key, value)`."""
+        fn = check_callable(mapper, "flat_map()")
+        return self._then(
+            "KSTREAM-FLATMAP-",
+            name,
+            _make_flat_map,
+            {"fn": fn},
+            key_serde=None,
+            value_serde=None,
+            repartition_required=True,
+        )
+
+    def flat_map_values(
+        self, mapper: Callable[[Any], Iterable[Any]], name: str | None = None
+    ) -> KStream:
+        """Replace each record by one record per value of `mapper(value)`, same key."""
+        fn = check_callable(mapper, "flat_map_values()")
+        return self._then(
+            "KSTREAM-FLATMAPVALUES-", name, _make_flat_map_values, {"fn": fn}, value_serde=None
+        )
+
+    def peek(self, action: Callable[[Any, Any], Any], name: str | None = None) -> KStream:
+        """Call `action(key, value)` for each record and pass the record on."""
+        fn = check_callable(action, "peek()")
+        return self._then("KSTREAM-PEEK-", name, _make_peek, {"fn": fn})
+
+    def foreach(self, action: Callable[[Any, Any], Any], name: str | None = None) -> None:
+        """Call `action(key, value)` for each record (terminal)."""
+        fn = check_callable(action, "foreach()")
+        self._then("KSTREAM-FOREACH-", name, _make_foreach, {"fn": fn})
+
+    # -- branching and merging -------------------------------------------------
+
+    def split(self, name: str | None = None) -> BranchedKStream:
+        """Route records into branches; see `BranchedKStream`.
+
+        Branch names are `name` (or a generated `KSTREAM-BRANCH-...`) followed
+        by the branch's own name, or by its index (1, 2, ...; 0 for the default
+        branch) when it has none.
+        """
+        node = self._graph.node_name(name, "KSTREAM-BRANCH-")
+        spec = self._graph.add_processor(
+            node, _make_branch, (self._node,), {"routes": [], "default": None}
+        )
+        return BranchedKStream(self, node, spec.params)
+
+    def branch(self, *predicates: KeyValuePredicate, name: str | None = None) -> list[KStream]:
+        """One stream per predicate; a record goes to the first that matches.
+
+        Records no predicate matches are dropped. (Kafka Streams' older API;
+        prefer `split()`.)
+        """
+        if not predicates:
+            raise TopologyError("branch() needs at least one predicate")
+        for predicate in predicates:
+            check_callable(predicate, "branch()")
+        node = self._graph.node_name(name, "KSTREAM-BRANCH-")
+        routes: list[tuple[KeyValuePredicate, str]] = []
+        self._graph.add_processor(
+            node, _make_branch, (self._node,), {"routes": routes, "default": None}
+        )
+        streams = []
+        for i, predicate in enumerate(predicates):
+            child = (
+                f"{name}-predicate-{i}"
+                if name is not None
+                else self._graph.new_name("KSTREAM-BRANCHCHILD-")
+            )
+            self._graph.add_processor(child, _make_pass_through, (node,))
+            routes.append((predicate, child))
+            streams.append(
+                KStream(
+                    self._graph, child, self.key_serde, self.value_serde, self.repartition_required
+                )
+            )
+        return streams
+
+    def merge(self, other: KStream, name: str | None = None) -> KStream:
+        """A stream of the records of both streams (no order between the two)."""
+        if not isinstance(other, KStream):
+            raise TopologyError(f"merge() expects a KStream, got {other!r}")
+        if other._graph is not self._graph:
+            raise TopologyError("merge(): both streams must come from the same StreamsBuilder")
+        node = self._graph.node_name(name, "KSTREAM-MERGE-")
+        self._graph.add_processor(node, _make_pass_through, (self._node, other._node))
+        return KStream(
+            self._graph,
+            node,
+            self.key_serde if self.key_serde is other.key_serde else None,
+            self.value_serde if self.value_serde is other.value_serde else None,
+            self.repartition_required or other.repartition_required,
+        )
+
+    # -- topics ----------------------------------------------------------------
+
+    def to(
+        self,
+        topic: str,
+        key_serde: Any = None,
+        value_serde: Any = None,
+        partitioner: Partitioner | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Write the stream to `topic` (terminal).
+
+        Serdes default to the stream's own, then to the configured defaults.
+        `partitioner(key, value, num_partitions) -> int | None` picks the
+        partition (None: partition by the serialized key).
+        """
+        key_serde = self._serde(key_serde, self.key_serde, "key_serde")
+        value_serde = self._serde(value_serde, self.value_serde, "value_serde")
+        node = self._graph.node_name(name, "KSTREAM-SINK-")
+        self._graph.add_sink(node, self._node, topic, False, key_serde, value_serde, partitioner)
+
+    def through(
+        self,
+        topic: str,
+        key_serde: Any = None,
+        value_serde: Any = None,
+        partitioner: Partitioner | None = None,
+        name: str | None = None,
+    ) -> KStream:
+        """Write to the user topic `topic` and continue with a stream reading it back.
+
+        The new stream belongs to a new subtopology; `topic` must exist (it is a
+        user topic, not created by the runtime). `name` names the sink; the
+        source is then `<name>-source`.
+        """
+        key_serde = self._serde(key_serde, self.key_serde, "key_serde")
+        value_serde = self._serde(value_serde, self.value_serde, "value_serde")
+        sink = self._graph.node_name(name, "KSTREAM-SINK-")
+        source = f"{name}-source" if name is not None else None
+        self._graph.add_sink(sink, self._node, topic, False, key_serde, value_serde, partitioner)
+        source = self._graph.node_name(source, "KSTREAM-SOURCE-")
+        self._graph.add_source(source, [topic], False, key_serde, value_serde)
+        return KStream(self._graph, source, key_serde, value_serde)
+
+    def repartition(
+        self,
+        name: str | None = None,
+        partitions: int | None = None,
+        key_serde: Any = None,
+        value_serde: Any = None,
+        partitioner: Partitioner | None = None,
+    ) -> KStream:
+        """Write to an internal topic and continue with a stream reading it back.
+
+        The topic's relative name is `<name>-repartition` (the runtime prefixes
+        `<application.id>-` and creates it, with `partitions` partitions if
+        given). Without a name, a generated `KSTREAM-REPARTITION-...` is used.
+        The new stream belongs to a new subtopology.
+        """
+        partitions = check_partitions(partitions)
+        key_serde = self._serde(key_serde, self.key_serde, "key_serde")
+        value_serde = self._serde(value_serde, self.value_serde, "value_serde")
+        base = self._graph.node_name(name, "KSTREAM-REPARTITION-")
+        topic = self._graph.reserve_internal_topic(f"{base}-repartition")
+        self._graph.add_sink(
+            f"{topic}-sink",
+            self._node,
+            topic,
+            True,
+            key_serde,
+            value_serde,
+            partitioner,
+            partitions,
+        )
+        source = f"{topic}-source"
+        self._graph.add_source(source, [topic], True, key_serde, value_serde, partitions)
+        return KStream(self._graph, source, key_serde, value_serde)
+
+    @staticmethod
+    def _serde(given: Any, inherited: Any, what: str) -> Any:
+        given = check_serde(given, what)
+        return inherited if given is None else given
+
+    # -- Processor API ---------------------------------------------------------
+
+    def process(
+        self,
+        processor_supplier: Callable[[], Processor],
+        *store_names: str,
+        name: str | None = None,
+    ) -> KStream:
+        """Run a `Processor` on each record; returns the stream of what it forwards.
+
+        `processor_supplier` is called once per task for a fresh processor: pass
+        the class, or a zero-argument factory, not an instance. `store_names`
+        connect state stores the processor may reach via `context.state_store`.
+        """
+        if isinstance(processor_supplier, Processor) or not callable(processor_supplier):
+            raise TopologyError(
+                f"process() expects a processor supplier (the Processor class or a "
+                f"zero-argument factory), got {processor_supplier!r}: each task needs its "
+                "own instance"
+            )
+        node = self._graph.node_name(name, "KSTREAM-PROCESSOR-")
+        self._graph.add_processor(
+            node, _make_processor, (self._node,), {"supplier": processor_supplier}, store_names
+        )
+        return KStream(self._graph, node, None, None, True)
+
+
+class BranchedKStream:
+    """The branches of `KStream.split()`: add with `branch`, finish with
+    `default_branch` or `no_default_branch`, which return the branches by name.
+
+    A record goes to the first branch whose predicate matches; unmatched
+    records go to the default branch, or are dropped without one.
+    """
+
+    __slots__ = ("_stream", "_splitter", "_params", "_branches", "_done")
+
+    def __init__(self, stream: KStream, splitter: str, params: dict[str, Any]) -> None:
+        self._stream = stream
+        self._splitter = splitter
+        self._params = params
+        self._branches: dict[str, KStream] = {}
+        self._done = False
+
+    def branch(self, predicate: KeyValuePredicate, name: str | None = None) -> BranchedKStream:
+        """Add a branch for the records `predicate(key, value)` matches first."""
+        check_callable(predicate, "branch()")
+        routes: list[tuple[KeyValuePredicate, str]] = self._params["routes"]
+        child = self._add_branch(name, len(routes) + 1)
+        routes.append((predicate, child))
+        return self
+
+    def default_branch(self, name: str | None = None) -> dict[str, KStream]:
+        """Add the branch for unmatched records and return all branches by name."""
+        self._params["default"] = self._add_branch(name, 0)
+        self._done = True
+        return dict(self._branches)
+
+    def no_default_branch(self) -> dict[str, KStream]:
+        """Drop unmatched records and return all branches by name."""
+        self._check_open()
+        self._done = True
+        return dict(self._branches)
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise TopologyError(f"split {self._splitter!r} is already finished")
+
+    def _add_branch(self, name: str | None, index: int) -> str:
+        self._check_open()
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TopologyError(f"a branch name must be a non-empty str, got {name!r}")
+        child = self._splitter + (name if name is not None else str(index))
+        stream = self._stream
+        graph = stream._graph
+        graph.add_processor(child, _make_pass_through, (self._splitter,))
+        graph.new_name(child)  # Kafka Streams advances the name counter per branch
+        self._branches[child] = KStream(
+            graph, child, stream.key_serde, stream.value_serde, stream.repartition_required
+        )
+        return child
