@@ -1,0 +1,41 @@
+"""streams-runtime: Kafka stream processing in the shared-client threading model.
+
+The public API: build a topology with `StreamsBuilder` (DSL) or `Processor`
+(Processor API), run it with `App`. Names here are a stable contract.
+"""
+
+from runtime.app import App, AppState, IllegalStateError
+from runtime.config import ConfigError, StreamsConfig, load_config
+from runtime.polling.topics import TopicError
+from runtime.topology import (
+    BranchedKStream,
+    KStream,
+    Processor,
+    ProcessorContext,
+    PunctuationType,
+    Record,
+    StreamsBuilder,
+    Topology,
+    TopologyError,
+    serdes,
+)
+
+__all__ = [
+    "App",
+    "AppState",
+    "BranchedKStream",
+    "ConfigError",
+    "IllegalStateError",
+    "KStream",
+    "Processor",
+    "ProcessorContext",
+    "PunctuationType",
+    "Record",
+    "StreamsBuilder",
+    "StreamsConfig",
+    "TopicError",
+    "Topology",
+    "TopologyError",
+    "load_config",
+    "serdes",
+]

@@ -1,0 +1,349 @@
+"""The application: one process's clients, threads and tasks, and their lifecycle.
+
+`App` wires the parts of the design together (polling thread, task manager,
+processing thread pool, record collector) and owns the app state machine. Its
+public methods may be called from any thread; state listeners run on the
+thread that caused the change.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+
+from runtime.collector.collector import RecordCollector
+from runtime.config import StreamsConfig
+from runtime.logging import get_logger
+from runtime.polling.clients import admin_config
+from runtime.polling.polling_thread import PollingThread, PollingThreadHooks
+from runtime.polling.topics import TopicLayout, resolve_topics
+from runtime.processing.errors import ErrorPolicy, TaskFailedError
+from runtime.processing.task import StreamTask, TaskSettings
+from runtime.processing.task_manager import TaskManager
+from runtime.processing.threads import ProcessingThreadPool
+from runtime.topology.topology import Topology
+
+log = get_logger("runtime.app")
+
+
+class AppState(Enum):
+    """Kafka Streams' client states."""
+
+    CREATED = "CREATED"
+    REBALANCING = "REBALANCING"
+    RUNNING = "RUNNING"
+    PENDING_SHUTDOWN = "PENDING_SHUTDOWN"
+    NOT_RUNNING = "NOT_RUNNING"
+    PENDING_ERROR = "PENDING_ERROR"
+    ERROR = "ERROR"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_TRANSITIONS: dict[AppState, set[AppState]] = {
+    AppState.CREATED: {AppState.REBALANCING, AppState.PENDING_SHUTDOWN, AppState.PENDING_ERROR},
+    AppState.REBALANCING: {
+        AppState.RUNNING,
+        AppState.REBALANCING,
+        AppState.PENDING_SHUTDOWN,
+        AppState.PENDING_ERROR,
+    },
+    AppState.RUNNING: {AppState.REBALANCING, AppState.PENDING_SHUTDOWN, AppState.PENDING_ERROR},
+    AppState.PENDING_SHUTDOWN: {AppState.NOT_RUNNING},
+    AppState.NOT_RUNNING: set(),
+    AppState.PENDING_ERROR: {AppState.ERROR},
+    AppState.ERROR: set(),
+}
+
+StateListener = Callable[[AppState, AppState], None]
+
+
+class IllegalStateError(RuntimeError):
+    """An operation the app's current state does not allow."""
+
+
+class App:
+    """A stream-processing application instance (one per process, usually)."""
+
+    def __init__(self, topology: Topology, config: Mapping[str, Any] | StreamsConfig) -> None:
+        self.config = (
+            config if isinstance(config, StreamsConfig) else StreamsConfig.from_dict(config)
+        )
+        self.topology = topology
+        self._lock = threading.RLock()
+        self._state = AppState.CREATED
+        self._listeners: list[StateListener] = []
+        self._finished = threading.Event()
+        self._failure: BaseException | None = None
+        self._task_manager = TaskManager()
+        self._collector = RecordCollector()
+        self._task_manager.set_release_hook(self._hand_over_output)
+        self._pool = ProcessingThreadPool(
+            self.config.client_id, self._task_manager, self.config.task_timeslice_ms
+        )
+        self._polling: PollingThread | None = None
+        self._layout: TopicLayout | None = None
+        self._started_at: float | None = None
+
+    # --- lifecycle ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Check topics, start the polling thread and `processing.threads` threads.
+
+        Raises TopicError (missing topics, co-partitioning) before any thread
+        starts; the app then stays CREATED.
+        """
+        with self._lock:
+            if self._state is not AppState.CREATED:
+                raise IllegalStateError(f"start() needs state CREATED, the app is {self._state}")
+            config = self.config
+            admin = AdminClient(admin_config(config))
+            extra = {config.dead_letter_queue_topic: 1} if config.dead_letter_queue_topic else {}
+            self._layout = resolve_topics(
+                admin, self.topology, config.application_id, config.replication_factor, extra
+            )
+            settings = TaskSettings(
+                application_id=config.application_id,
+                default_key_serde=config.default_key_serde,
+                default_value_serde=config.default_value_serde,
+                error_policy=ErrorPolicy(
+                    deserialization=config.deserialization_exception_handler,
+                    processing=config.processing_exception_handler,
+                    dead_letter_topic=config.dead_letter_queue_topic,
+                ),
+                partition_counts=self._layout.partitions,
+            )
+            self._polling = PollingThread(
+                config,
+                self.topology,
+                self._layout,
+                settings,
+                self._task_manager,
+                self._collector,
+                PollingThreadHooks(
+                    on_assigned=self._on_assigned,
+                    on_revoking=self._on_revoking,
+                    on_task_failures=self._on_task_failures,
+                ),
+            )
+            self._set_state(AppState.REBALANCING)
+            self._started_at = time.time()
+            self._polling.start()
+            for _ in range(config.processing_threads):
+                self._pool.add()
+            threading.Thread(
+                target=self._supervise, name=f"{config.client_id}-Supervisor", daemon=True
+            ).start()
+            log.info(
+                "app_started",
+                application_id=config.application_id,
+                processing_threads=config.processing_threads,
+                guarantee=config.processing_guarantee,
+            )
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Shut down gracefully: stop processing, commit, leave the group.
+
+        Returns True if everything stopped within `timeout` seconds (default:
+        `shutdown.timeout.ms`). Safe to call more than once and from any thread
+        but the app's own.
+        """
+        if timeout is None:
+            timeout = self.config.shutdown_timeout_ms / 1000.0
+        with self._lock:
+            if self._state is AppState.CREATED:
+                self._set_state(AppState.PENDING_SHUTDOWN)
+                self._set_state(AppState.NOT_RUNNING)
+                self._finished.set()
+                return True
+            if self._state in (AppState.REBALANCING, AppState.RUNNING):
+                self._set_state(AppState.PENDING_SHUTDOWN)
+                log.info("app_closing")
+                # Processing stops first, so the final commit covers everything processed.
+                stop_processing = True
+            else:
+                stop_processing = False
+        deadline = time.monotonic() + timeout
+        if stop_processing:
+            self._pool.stop_all(timeout=max(0.0, deadline - time.monotonic()))
+            if self._polling is not None:
+                self._polling.request_stop(commit=True)
+        return self._finished.wait(max(0.0, deadline - time.monotonic()))
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the app is NOT_RUNNING or ERROR; True if it is."""
+        return self._finished.wait(timeout)
+
+    def _supervise(self) -> None:
+        """Turn the polling thread's end into the final state (supervisor thread)."""
+        polling = self._polling
+        assert polling is not None
+        polling.join()
+        self._pool.stop_all(timeout=self.config.shutdown_timeout_ms / 1000.0)
+        with self._lock:
+            failure = self._failure or polling.fatal_error
+            if failure is not None:
+                self._failure = failure
+                if self._state is not AppState.PENDING_ERROR:
+                    self._force_state(AppState.PENDING_ERROR)
+                self._set_state(AppState.ERROR)
+                log.error("app_failed", error=f"{type(failure).__name__}: {failure}")
+            else:
+                if self._state is not AppState.PENDING_SHUTDOWN:
+                    self._force_state(AppState.PENDING_SHUTDOWN)
+                self._set_state(AppState.NOT_RUNNING)
+                log.info("app_closed")
+        self._finished.set()
+
+    # --- processing threads at runtime -------------------------------------------
+
+    def add_processing_thread(self) -> str | None:
+        """Start one more processing thread; its name, or None unless running."""
+        with self._lock:
+            if self._state not in (AppState.RUNNING, AppState.REBALANCING):
+                return None
+            return self._pool.add()
+
+    def remove_processing_thread(self, timeout: float | None = None) -> str | None:
+        """Stop one processing thread after its current batch; its name or None.
+
+        Raises TimeoutError if the thread has not finished within `timeout`.
+        """
+        with self._lock:
+            if self._state not in (AppState.RUNNING, AppState.REBALANCING):
+                return None
+        return self._pool.remove(timeout)
+
+    @property
+    def processing_threads(self) -> list[str]:
+        return self._pool.names()
+
+    # --- state -----------------------------------------------------------------
+
+    @property
+    def state(self) -> AppState:
+        return self._state
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The error that put the app into ERROR, if any."""
+        return self._failure
+
+    def set_state_listener(self, listener: StateListener) -> None:
+        """`listener(new_state, old_state)`, called on every state change."""
+        with self._lock:
+            self._listeners = [listener]
+
+    def _set_state(self, new: AppState) -> None:
+        with self._lock:
+            old = self._state
+            if new not in _TRANSITIONS[old]:
+                raise IllegalStateError(f"state change {old} -> {new} is not allowed")
+            self._force_state(new)
+
+    def _force_state(self, new: AppState) -> None:
+        with self._lock:
+            old = self._state
+            if old is new:
+                return
+            self._state = new
+            listeners = list(self._listeners)
+        log.info("app_state_changed", old=str(old), new=str(new))
+        for listener in listeners:
+            try:
+                listener(new, old)
+            except Exception as exc:
+                log.warning("state_listener_failed", error=str(exc))
+
+    # --- hooks from the polling thread -----------------------------------------
+
+    def _on_assigned(self) -> None:
+        with self._lock:
+            if self._state in (AppState.REBALANCING,):
+                self._set_state(AppState.RUNNING)
+
+    def _on_revoking(self) -> None:
+        with self._lock:
+            if self._state is AppState.RUNNING:
+                self._set_state(AppState.REBALANCING)
+
+    def _on_task_failures(self, failures: list[TaskFailedError]) -> None:
+        """A task failed with log_and_fail: shut this client down without committing."""
+        for failure in failures:
+            log.error(
+                "task_failed", task_id=failure.task_id, stage=failure.stage, error=str(failure)
+            )
+        with self._lock:
+            if self._failure is None:
+                self._failure = failures[0]
+            if self._state in (AppState.RUNNING, AppState.REBALANCING, AppState.PENDING_SHUTDOWN):
+                self._force_state(AppState.PENDING_ERROR)
+        self._pool.stop_all(timeout=self.config.shutdown_timeout_ms / 1000.0)
+        assert self._polling is not None
+        self._polling.request_stop(commit=False)
+
+    def _hand_over_output(self, task: StreamTask) -> None:
+        output = task.take_output()
+        if output:
+            self._collector.hand_over(output)
+
+    # --- observability -----------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """A snapshot for the admin socket, the demo and tests (any thread)."""
+        polling = self._polling
+        owners = self._task_manager.owners()
+        failed = self._task_manager.failed_task_ids()
+        tasks = []
+        for task in sorted(self._task_manager.tasks(), key=lambda t: t.id):
+            tasks.append(
+                {
+                    "id": task.id,
+                    "state": "FAILED" if task.id in failed else "RUNNING",
+                    "owner": owners.get(task.id),
+                    "partitions": [f"{t}-{task.partition}" for t in task.queues],
+                    "buffered": task.buffered,
+                    "processed": task.processed_count,
+                    "skipped": task.skipped_count,
+                    "dead_lettered": task.dead_lettered_count,
+                }
+            )
+        threads = [
+            {
+                "name": t.name,
+                "alive": t.is_alive(),
+                "task": t.current_task,
+                "batches": t.batches,
+                "busy_seconds": round(t.busy_seconds, 3),
+            }
+            for t in self._pool.threads()
+        ]
+        lag = dict(polling.lag) if polling else {}
+        return {
+            "application_id": self.config.application_id,
+            "client_id": self.config.client_id,
+            "state": str(self._state),
+            "started_at": self._started_at,
+            "processing_guarantee": self.config.processing_guarantee,
+            "assignment_strategy": polling.assignment_strategy if polling else None,
+            "threads": threads,
+            "tasks": tasks,
+            "consumed": polling.consumed_total if polling else 0,
+            "processed": sum(t["processed"] for t in tasks),
+            "produced": polling.produced_total if polling else 0,
+            "skipped": sum(t["skipped"] for t in tasks),
+            "dead_lettered": sum(t["dead_lettered"] for t in tasks),
+            "commits": polling.commits_total if polling else 0,
+            "commit_failures": polling.commit_failures_total if polling else 0,
+            "last_commit": polling.last_commit_wall_time if polling else None,
+            "lag": {f"{t}-{p}": v for (t, p), v in sorted(lag.items())},
+            "total_lag": sum(lag.values()),
+            "broker_down_since": polling.broker_down_since if polling else None,
+            "failure": repr(self._failure) if self._failure else None,
+        }

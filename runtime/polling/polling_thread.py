@@ -1,0 +1,546 @@
+"""The polling thread: the only user of the shared consumer and producer.
+
+Its loop reads like the design: poll -> route records into task buffers ->
+pause/resume partitions -> drain the record collector into the producer ->
+act on parked task failures -> maybe commit. Rebalance callbacks run inside
+`consume()`, so on this thread too: they create tasks for assigned partitions
+and commit then close tasks for revoked ones (correctness rule 6).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from runtime.collector.collector import OutputRecord, RecordCollector
+from runtime.config import StreamsConfig
+from runtime.logging import get_logger
+from runtime.polling.clients import consumer_config, producer_config
+from runtime.polling.topics import TopicLayout
+from runtime.processing.errors import TaskFailedError
+from runtime.processing.task import InputQueue, StreamTask, TaskSettings, task_id_of
+from runtime.processing.task_manager import TaskManager
+from runtime.topology.topology import Topology
+
+log = get_logger("runtime.polling")
+
+# How long the commit waits for processing threads to release their tasks
+# before it logs that it is still waiting (it keeps waiting: a batch is
+# bounded by task.timeslice.ms unless user code hangs).
+_LOCK_WARN_AFTER_S = 5.0
+_LAG_REFRESH_S = 1.0
+
+
+class FatalError(RuntimeError):
+    """The polling thread cannot go on (a failed delivery, a failed task, a bug)."""
+
+
+class PollingThreadHooks:
+    """What the polling thread reports to the app (called on the polling thread)."""
+
+    def __init__(
+        self,
+        on_assigned: Callable[[], None],
+        on_revoking: Callable[[], None],
+        on_task_failures: Callable[[list[TaskFailedError]], None],
+    ) -> None:
+        self.on_assigned = on_assigned
+        self.on_revoking = on_revoking
+        self.on_task_failures = on_task_failures
+
+
+class PollingThread(threading.Thread):
+    """Owns the consumer, the producer, task creation and the commit protocol."""
+
+    def __init__(
+        self,
+        config: StreamsConfig,
+        topology: Topology,
+        layout: TopicLayout,
+        settings: TaskSettings,
+        task_manager: TaskManager,
+        collector: RecordCollector,
+        hooks: PollingThreadHooks,
+    ) -> None:
+        super().__init__(name=f"{config.client_id}-PollingThread", daemon=True)
+        self._config = config
+        self._topology = topology
+        self._layout = layout
+        self._settings = settings
+        self._task_manager = task_manager
+        self._collector = collector
+        self._hooks = hooks
+        self._subtopologies = {s.id: s for s in topology.subtopologies}
+        self._bound = config.buffered_records_per_partition
+        self._stop_event = threading.Event()
+        self._commit_now = threading.Event()
+        self._abort = False  # stop without the final commit (a fatal error)
+        self._tasks: dict[str, StreamTask] = {}
+        self._queues: dict[tuple[str, int], InputQueue] = {}
+        self._paused: list[InputQueue] = []
+        self._delivery_errors: list[str] = []
+        self._last_commit = time.monotonic()
+        self._last_lag_refresh = 0.0
+        self.fatal_error: BaseException | None = None
+        # Figures for status and metrics: written here, read racily elsewhere.
+        self.consumed_total = 0
+        self.produced_total = 0
+        self.commits_total = 0
+        self.commit_failures_total = 0
+        self.last_commit_wall_time: float | None = None
+        self.last_commit_duration_s = 0.0
+        self.lag: dict[tuple[str, int], int] = {}
+        self.broker_down_since: float | None = None
+        self.assigned: list[tuple[str, int]] = []
+
+        multi_source = any(len(s.sources) > 1 for s in topology.subtopologies)
+        # Co-partitioned inputs must land on the same member: range does that
+        # for topics with equal partition counts; otherwise cooperative-sticky
+        # avoids stop-the-world rebalances.
+        self.assignment_strategy = "range" if multi_source else "cooperative-sticky"
+        self._consumer = Consumer(
+            consumer_config(
+                config,
+                self.assignment_strategy,
+                {"error_cb": self._on_client_error},
+            )
+        )
+        self._producer = Producer(
+            producer_config(
+                config,
+                {"error_cb": self._on_client_error, "on_delivery": self._on_delivery_error},
+            )
+        )
+
+    # --- requests from other threads ------------------------------------------
+
+    def request_stop(self, commit: bool = True) -> None:
+        """Ask for shutdown; with commit=False the final commit is skipped."""
+        if not commit:
+            self._abort = True
+        self._stop_event.set()
+
+    def request_commit(self) -> None:
+        self._commit_now.set()
+
+    # --- the loop ---------------------------------------------------------------
+
+    def run(self) -> None:
+        log.info("polling_thread_started", assignment_strategy=self.assignment_strategy)
+        try:
+            self._consumer.subscribe(
+                sorted(self._layout.subtopology_of),
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
+                on_lost=self._on_lost,
+            )
+            while not self._stop_event.is_set():
+                self.poll_once()
+            if not self._abort:
+                self.commit_all("shutdown")
+        except BaseException as exc:  # noqa: BLE001 - reported to the app, never lost
+            self.fatal_error = exc
+            log.error("polling_thread_failed", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self._close_clients()
+            log.info("polling_thread_stopped")
+
+    def poll_once(self) -> None:
+        paused_or_output = bool(self._paused) or self._collector.buffered > 0
+        timeout = 0.005 if paused_or_output else self._config.poll_ms / 1000.0
+        records = self._consumer.consume(self._config.max_poll_records, timeout)
+        if records:
+            self.route_records(records)
+        if self._paused:
+            self.resume_drained_partitions()
+        self.drain_collector()
+        self._producer.poll(0)
+        self.check_failures()
+        self.maybe_commit()
+        now = time.monotonic()
+        if now - self._last_lag_refresh >= _LAG_REFRESH_S:
+            self._last_lag_refresh = now
+            self.refresh_lag()
+
+    def route_records(self, records: list[Message]) -> None:
+        """Append consumed records to their task's input queue; pause full ones."""
+        queues = self._queues
+        last_topic: str | None = None
+        last_partition = -1
+        queue: InputQueue | None = None
+        touched: list[InputQueue] = []
+        routed = 0
+        for message in records:
+            if message.error() is not None:
+                self._on_consume_error(message)
+                continue
+            topic = message.topic()
+            partition = message.partition()
+            if partition != last_partition or topic != last_topic:
+                last_topic, last_partition = topic, partition
+                queue = queues.get((topic, partition))  # type: ignore[arg-type]
+                if queue is not None:
+                    touched.append(queue)
+            if queue is None:
+                continue  # a record of a partition revoked since it was fetched
+            queue.records.append(message)
+            routed += 1
+        self.consumed_total += routed
+        if routed and self.broker_down_since is not None:
+            self.note_broker_ok()
+        bound = self._bound
+        to_pause = []
+        for queue in touched:
+            if not queue.paused and len(queue.records) >= bound:
+                queue.paused = True
+                self._paused.append(queue)
+                to_pause.append(TopicPartition(queue.topic, queue.partition))
+        if to_pause:
+            self._consumer.pause(to_pause)
+        if routed:
+            self._task_manager.notify_work()
+
+    def resume_drained_partitions(self) -> None:
+        bound = self._bound
+        to_resume = [q for q in self._paused if len(q.records) < bound]
+        if not to_resume:
+            return
+        self._paused = [q for q in self._paused if q.paused and len(q.records) >= bound]
+        for queue in to_resume:
+            queue.paused = False
+        live = [q for q in to_resume if (q.topic, q.partition) in self._queues]
+        if live:
+            self._consumer.resume([TopicPartition(q.topic, q.partition) for q in live])
+
+    def drain_collector(self) -> int:
+        """Move every buffered output record into the producer."""
+        buffers = self._collector.take_all()
+        if not buffers:
+            return 0
+        produced = 0
+        for records in buffers.values():
+            produced += self._produce(records)
+        self.produced_total += produced
+        return produced
+
+    def _produce(self, records: list[OutputRecord]) -> int:
+        produce = self._producer.produce
+        for record in records:
+            while True:
+                try:
+                    produce(
+                        record.topic,
+                        record.value,
+                        record.key,
+                        partition=record.partition,
+                        timestamp=record.timestamp,
+                        headers=record.headers,
+                    )
+                    break
+                except BufferError:
+                    # The producer's queue is full (a slow or absent broker):
+                    # serve delivery reports until there is room.
+                    self._producer.poll(0.1)
+        return len(records)
+
+    def check_failures(self) -> None:
+        failures = self._task_manager.drain_failures()
+        if failures:
+            self._hooks.on_task_failures(failures)
+        if self._delivery_errors:
+            raise FatalError(f"output could not be delivered: {self._delivery_errors[0]}")
+
+    def maybe_commit(self) -> None:
+        due = time.monotonic() - self._last_commit >= self._config.commit_interval_ms / 1000.0
+        if due or self._commit_now.is_set() or self._any_task_requested_commit():
+            self._commit_now.clear()
+            self.commit_all("interval" if due else "requested")
+
+    def _any_task_requested_commit(self) -> bool:
+        return any(t.commit_requested for t in self._tasks.values())
+
+    # --- the commit protocol (rule 4) -----------------------------------------
+
+    @contextmanager
+    def all_tasks_locked(self) -> Iterator[None]:
+        """Stop scheduling and wait until no processing thread holds a task."""
+        future = self._task_manager.lock_all_tasks()
+        try:
+            started = time.monotonic()
+            while True:
+                try:
+                    future.result(timeout=0.05)
+                    break
+                except TimeoutError:
+                    # Keep the producer serving delivery reports meanwhile.
+                    self._producer.poll(0)
+                    if time.monotonic() - started > _LOCK_WARN_AFTER_S:
+                        log.warning("commit_waiting_for_processing_threads")
+                        started = time.monotonic()
+            yield
+        finally:
+            self._task_manager.unlock_all_tasks()
+
+    def commit_all(self, reason: str) -> bool:
+        """Lock tasks, drain, flush, commit offsets. Returns True if committed."""
+        self._last_commit = time.monotonic()
+        if not self._tasks:
+            return True
+        with self.all_tasks_locked():
+            return self._commit_locked(reason)
+
+    def _commit_locked(self, reason: str, tasks: list[StreamTask] | None = None) -> bool:
+        started = time.monotonic()
+        tasks = list(self._tasks.values()) if tasks is None else tasks
+        offsets: list[TopicPartition] = []
+        per_task: list[tuple[StreamTask, dict[str, int]]] = []
+        for task in tasks:
+            task.commit_requested = False
+            moved = task.offsets_to_commit()
+            if moved:
+                per_task.append((task, moved))
+                offsets.extend(TopicPartition(t, task.partition, o) for t, o in moved.items())
+        # Output first, acknowledged, then the offsets that produced it (rule 3).
+        self.drain_collector()
+        self.flush_producer()
+        if self._delivery_errors:
+            raise FatalError(f"output could not be delivered: {self._delivery_errors[0]}")
+        if not offsets:
+            return True
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            # At-least-once: the offsets are committed with the next commit;
+            # nothing is lost, at worst reprocessed.
+            self.commit_failures_total += 1
+            log.warning("commit_failed", reason=reason, error=str(exc))
+            return False
+        for task, moved in per_task:
+            task.mark_committed(moved)
+        self.commits_total += 1
+        if self.broker_down_since is not None:
+            self.note_broker_ok()
+        self.last_commit_wall_time = time.time()
+        self.last_commit_duration_s = time.monotonic() - started
+        log.debug("committed", reason=reason, partitions=len(offsets))
+        return True
+
+    def flush_producer(self) -> None:
+        """Wait until every produced record is acknowledged (or failed)."""
+        waited_since = time.monotonic()
+        while True:
+            remaining = self._producer.flush(1.0)
+            if remaining == 0:
+                return
+            if time.monotonic() - waited_since > 5.0:
+                log.warning("flush_waiting", unacknowledged=remaining)
+                waited_since = time.monotonic()
+            if self._abort:
+                raise FatalError("shutdown without commit requested during flush")
+
+    # --- rebalance (inside consume(), on this thread) -----------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        try:
+            created = self._create_tasks(partitions)
+            self.assigned = sorted(self._queues)
+            log.info(
+                "partitions_assigned",
+                partitions=len(partitions),
+                tasks_created=created,
+                tasks=sorted(self._tasks),
+            )
+            self._hooks.on_assigned()
+        except BaseException as exc:
+            self._fail_in_callback(exc)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        try:
+            self._hooks.on_revoking()
+            affected = self._tasks_of(partitions)
+            log.info("partitions_revoked", partitions=len(partitions), tasks=sorted(affected))
+            if not affected:
+                return
+            with self.all_tasks_locked():
+                if not self._abort:
+                    self._commit_locked("revocation")
+                self._close_tasks(affected)
+        except BaseException as exc:
+            self._fail_in_callback(exc)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        try:
+            self._hooks.on_revoking()
+            affected = self._tasks_of(partitions)
+            log.warning("partitions_lost", partitions=len(partitions), tasks=sorted(affected))
+            with self.all_tasks_locked():
+                # The group moved on without us: these offsets can no longer be
+                # committed. Produced output stays; the new owner reprocesses.
+                self._close_tasks(affected)
+        except BaseException as exc:
+            self._fail_in_callback(exc)
+
+    def _fail_in_callback(self, exc: BaseException) -> None:
+        log.error("rebalance_callback_failed", error=f"{type(exc).__name__}: {exc}")
+        self.fatal_error = exc
+        self._abort = True
+        self._stop_event.set()
+
+    def _tasks_of(self, partitions: list[TopicPartition]) -> list[str]:
+        ids = set()
+        for tp in partitions:
+            sub = self._layout.subtopology_of.get(tp.topic)
+            if sub is not None:
+                task_id = task_id_of(sub, tp.partition)
+                if task_id in self._tasks:
+                    ids.add(task_id)
+        return sorted(ids)
+
+    def _create_tasks(self, partitions: list[TopicPartition]) -> int:
+        created = 0
+        for tp in partitions:
+            sub_id = self._layout.subtopology_of.get(tp.topic)
+            if sub_id is None:
+                continue
+            task_id = task_id_of(sub_id, tp.partition)
+            task = self._tasks.get(task_id)
+            if task is None:
+                topics = [
+                    t
+                    for t in self._layout.sources[sub_id]
+                    if tp.partition < self._layout.partitions[t]
+                ]
+                task = StreamTask(self._subtopologies[sub_id], tp.partition, topics, self._settings)
+                self._tasks[task_id] = task
+                self._task_manager.add_task(task)
+                created += 1
+                log.info("task_created", task_id=task_id)
+            self._queues[(tp.topic, tp.partition)] = task.queues[tp.topic]
+        return created
+
+    def _close_tasks(self, task_ids: list[str]) -> None:
+        """Remove and close tasks; all tasks must be locked by the caller."""
+        for task_id in task_ids:
+            task = self._tasks.pop(task_id)
+            self._task_manager.remove_task(task_id)
+            for topic in task.queues:
+                self._queues.pop((topic, task.partition), None)
+            self._paused = [q for q in self._paused if (q.topic, q.partition) in self._queues]
+            try:
+                task.close()
+            except Exception as exc:  # a user close() failing must not stop the rebalance
+                log.warning("task_close_failed", task_id=task_id, error=str(exc))
+            # Output produced during close (or still taken) belongs to the
+            # collector, so the next drain sends it.
+            self._collector.hand_over(task.take_output())
+            log.info("task_closed", task_id=task_id)
+        self.assigned = sorted(self._queues)
+
+    # --- client callbacks (on this thread, from poll/consume/flush) ----------------
+
+    def _on_client_error(self, error: KafkaError) -> None:
+        code = error.code()
+        if code in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._TIMED_OUT):
+            if self.broker_down_since is None:
+                self.broker_down_since = time.time()
+                log.warning("broker_unreachable", error=error.str())
+            return
+        if error.fatal():
+            log.error("client_fatal_error", error=error.str())
+            self.fatal_error = KafkaException(error)
+            self._abort = True
+            self._stop_event.set()
+            return
+        log.warning("client_error", error=error.str())
+
+    def _on_delivery_error(self, error: KafkaError | None, message: Message) -> None:
+        if error is None:
+            return
+        self._delivery_errors.append(f"{message.topic()}[{message.partition()}]: {error.str()}")
+
+    def _on_consume_error(self, message: Message) -> None:
+        error = message.error()
+        assert error is not None
+        if error.code() == KafkaError._PARTITION_EOF:
+            return
+        if error.fatal():
+            raise KafkaException(error)
+        log.warning("consume_error", error=error.str())
+
+    def note_broker_ok(self) -> None:
+        if self.broker_down_since is not None:
+            log.info(
+                "broker_reachable_again", down_s=round(time.time() - self.broker_down_since, 1)
+            )
+            self.broker_down_since = None
+
+    def refresh_lag(self) -> None:
+        """Records behind the end of each assigned partition (cached watermarks)."""
+        lag: dict[tuple[str, int], int] = {}
+        for topic, partition in list(self._queues):
+            try:
+                _low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), cached=True
+                )
+            except KafkaException:
+                continue
+            if high < 0:
+                continue
+            task = self._tasks.get(task_id_of(self._layout.subtopology_of[topic], partition))
+            done = task.processed_offsets.get(topic, -1) + 1 if task else 0
+            if done == 0:
+                committed = task.committed_offsets.get(topic) if task else None
+                done = committed + 1 if committed is not None else 0
+            lag[(topic, partition)] = max(0, high - done)
+        self.lag = lag
+
+    def _close_clients(self) -> None:
+        try:
+            if self._abort:
+                # Leave the group without committing: close() would call
+                # on_revoke, which must not commit after a fatal error.
+                self._tasks_close_all_dirty()
+            self._consumer.close()
+        except Exception as exc:
+            log.warning("consumer_close_failed", error=str(exc))
+        try:
+            self.drain_collector()
+            remaining = self._producer.flush(self._config.shutdown_timeout_ms / 1000.0)
+            if remaining:
+                log.warning("producer_close_unflushed", unacknowledged=remaining)
+        except Exception as exc:
+            log.warning("producer_close_failed", error=str(exc))
+        for task_id in list(self._tasks):
+            task = self._tasks.pop(task_id)
+            try:
+                task.close()
+            except Exception as exc:
+                log.warning("task_close_failed", task_id=task_id, error=str(exc))
+
+    def _tasks_close_all_dirty(self) -> None:
+        """Close every task without committing (after a fatal error).
+
+        The app stops processing threads before this runs; a thread that did
+        not stop in time still holds its task, which is then left to it.
+        """
+        for task_id in list(self._tasks):
+            task = self._tasks.pop(task_id)
+            try:
+                self._task_manager.remove_task(task_id)
+                task.close()
+            except Exception as exc:
+                log.warning("task_close_failed", task_id=task_id, error=str(exc))
+        self._queues.clear()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "consumed": self.consumed_total,
+            "produced": self.produced_total,
+            "commits": self.commits_total,
+            "commit_failures": self.commit_failures_total,
+        }

@@ -1,0 +1,150 @@
+"""Start-up checks of the topology's topics, and creation of internal topics.
+
+Run once by `App.start` before any thread starts, with a short-lived admin
+client. Fails with `TopicError` naming every problem at once: a missing source
+or sink topic, co-partitioned topics with different partition counts, an
+internal topic that exists with the wrong partition count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from runtime.logging import get_logger
+from runtime.topology.topology import Topology
+
+log = get_logger("runtime.topics")
+
+
+class TopicError(RuntimeError):
+    """The topology's topics do not match the cluster (a start-up error)."""
+
+
+@dataclass(frozen=True)
+class TopicLayout:
+    """Where the topology's topics are, as resolved at start-up."""
+
+    # subtopology id -> full source topic names
+    sources: dict[int, list[str]]
+    # full topic name -> partition count, for every source and sink topic
+    partitions: dict[str, int]
+    # full source topic name -> subtopology id
+    subtopology_of: dict[str, int]
+
+    def task_partitions(self, subtopology_id: int) -> int:
+        return max(self.partitions[t] for t in self.sources[subtopology_id])
+
+
+def resolve_topics(
+    admin: AdminClient,
+    topology: Topology,
+    application_id: str,
+    replication_factor: int,
+    extra_outputs: dict[str, int],
+    timeout: float = 30.0,
+) -> TopicLayout:
+    """Check existing topics, create internal ones, return the layout.
+
+    `extra_outputs` are topics the runtime writes besides the topology's sinks
+    (the dead-letter topic): created with the given partition count if missing.
+    """
+
+    def full(name: str, internal: bool) -> str:
+        return f"{application_id}-{name}" if internal else name
+
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise TopicError(f"cannot read topic metadata from the cluster: {exc}") from exc
+    existing = {name: len(t.partitions) for name, t in metadata.topics.items() if not t.error}
+
+    problems: list[str] = []
+    partitions: dict[str, int] = {}
+    sources: dict[int, list[str]] = {}
+    subtopology_of: dict[str, int] = {}
+
+    # Subtopologies are ordered so that a repartition topic's writer comes
+    # before its reader; an internal topic's partition count defaults to the
+    # writer's task count, as Kafka Streams does.
+    internal_specs = {spec.name: spec for spec in topology.internal_topics()}
+    to_create: dict[str, int] = {}
+    for sub in topology.subtopologies:
+        names = []
+        for spec in sub.sources:
+            name = full(spec.name, spec.internal)
+            names.append(name)
+            subtopology_of[name] = sub.id
+            if spec.internal:
+                continue
+            if name not in existing:
+                problems.append(f"source topic {name!r} (subtopology {sub.id}) does not exist")
+            else:
+                partitions[name] = existing[name]
+        sources[sub.id] = names
+
+    # Resolve internal topic partition counts in subtopology order.
+    for sub in topology.subtopologies:
+        own = [partitions[n] for n in sources[sub.id] if n in partitions]
+        for spec in sub.sinks:
+            name = full(spec.name, spec.internal)
+            if spec.internal:
+                wanted = internal_specs[spec.name].partitions or (max(own) if own else 1)
+                if name in existing and existing[name] != wanted:
+                    problems.append(
+                        f"internal topic {name!r} has {existing[name]} partitions, "
+                        f"the topology needs {wanted}"
+                    )
+                partitions[name] = wanted
+                if name not in existing:
+                    to_create[name] = wanted
+            elif name not in existing:
+                problems.append(f"output topic {name!r} (subtopology {sub.id}) does not exist")
+            else:
+                partitions[name] = existing[name]
+        for name in sources[sub.id]:
+            if name not in partitions and name.startswith(f"{application_id}-"):
+                problems.append(f"internal topic {name!r} has no writer in the topology")
+
+    for sub in topology.subtopologies:
+        for group in sub.copartition_groups:
+            counts = {full(t, t in internal_specs): 0 for t in group}
+            for name in counts:
+                counts[name] = partitions.get(name, -1)
+            if len({c for c in counts.values() if c >= 0}) > 1:
+                listed = ", ".join(f"{n}={c}" for n, c in sorted(counts.items()))
+                problems.append(
+                    f"co-partitioned topics of subtopology {sub.id} have different "
+                    f"partition counts: {listed}"
+                )
+
+    for name, count in extra_outputs.items():
+        if name in existing:
+            partitions[name] = existing[name]
+        else:
+            partitions[name] = count
+            to_create[name] = count
+
+    if problems:
+        raise TopicError("; ".join(problems))
+
+    if to_create:
+        _create(admin, to_create, replication_factor, timeout)
+    return TopicLayout(sources=sources, partitions=partitions, subtopology_of=subtopology_of)
+
+
+def _create(admin: AdminClient, topics: dict[str, int], replication: int, timeout: float) -> None:
+    futures = admin.create_topics(
+        [NewTopic(name, count, replication) for name, count in topics.items()],
+        operation_timeout=timeout,
+        request_timeout=timeout,
+    )
+    for name, future in futures.items():
+        try:
+            future.result(timeout)
+            log.info("topic_created", topic=name, partitions=topics[name])
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise TopicError(f"cannot create topic {name!r}: {exc}") from exc

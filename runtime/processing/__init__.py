@@ -1,0 +1,6 @@
+"""Tasks, the task manager/scheduler and the processing thread pool.
+
+Processing threads lock one task at a time through the task manager, process
+its buffered records and release it; they never call a Kafka client. The
+polling thread adds/removes tasks and locks all of them for commits.
+"""

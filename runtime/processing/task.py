@@ -1,0 +1,406 @@
+"""A stream task: one subtopology instantiated for one partition number.
+
+The polling thread appends consumed messages to the task's input queues
+(`InputQueue.append`, a deque append, safe against the one consumer popping
+at the other end). Everything else runs on the one processing thread that
+holds the task's lock in the task manager: deserialization, the processor
+graph, punctuation, output accumulation. The polling thread reads offsets and
+takes output only while every task is locked for a commit or after the task
+was closed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Message
+
+from runtime.collector.collector import OutputRecord
+from runtime.collector.partitioner import default_partition
+from runtime.logging import get_logger
+from runtime.processing.errors import (
+    DEAD_LETTER_QUEUE,
+    LOG_AND_CONTINUE,
+    ErrorPolicy,
+    TaskFailedError,
+    dead_letter_headers,
+)
+from runtime.topology.context import PunctuationType
+from runtime.topology.record import Headers
+from runtime.topology.topology import Subtopology, TaskGraph
+
+log = get_logger("runtime.task")
+
+# How many records between two looks at the clock in the processing loop.
+_CLOCK_CHECK_EVERY = 32
+
+
+def task_id_of(subtopology_id: int, partition: int) -> str:
+    """Kafka Streams' task id: `<subtopology>_<partition>`."""
+    return f"{subtopology_id}_{partition}"
+
+
+class InputQueue:
+    """The bounded buffer of one input partition of a task.
+
+    Written by the polling thread, read by the processing thread holding the
+    task. The bound is enforced by the polling thread pausing the partition.
+    """
+
+    __slots__ = ("topic", "partition", "records", "paused")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.records: deque[Message] = deque()
+        self.paused = False  # polling thread only
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def head_timestamp(self) -> int:
+        try:
+            return int(self.records[0].timestamp()[1])
+        except IndexError:
+            return -1
+
+
+class _Punctuation:
+    __slots__ = ("interval_ms", "type", "callback", "next_ms", "cancelled")
+
+    def __init__(
+        self,
+        interval_ms: int,
+        ptype: PunctuationType,
+        callback: Callable[[int], None],
+        next_ms: int,
+    ) -> None:
+        self.interval_ms = interval_ms
+        self.type = ptype
+        self.callback = callback
+        self.next_ms = next_ms
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class TaskSettings:
+    """What every task of one app shares (resolved once at start-up, read-only)."""
+
+    def __init__(
+        self,
+        application_id: str,
+        default_key_serde: Any,
+        default_value_serde: Any,
+        error_policy: ErrorPolicy,
+        partition_counts: dict[str, int],
+    ) -> None:
+        self.application_id = application_id
+        self.default_key_serde = default_key_serde
+        self.default_value_serde = default_value_serde
+        self.error_policy = error_policy
+        self.partition_counts = partition_counts
+
+
+class StreamTask:
+    """One subtopology x partition number; implements the graph's TaskContext."""
+
+    def __init__(
+        self,
+        subtopology: Subtopology,
+        partition: int,
+        topics: list[str],
+        settings: TaskSettings,
+    ) -> None:
+        self.id = task_id_of(subtopology.id, partition)
+        self.subtopology = subtopology
+        self.partition = partition
+        self._settings = settings
+        self.queues: dict[str, InputQueue] = {t: InputQueue(t, partition) for t in topics}
+        self._queue_list = list(self.queues.values())
+        # Offsets: last processed per input topic (processing thread writes,
+        # polling thread reads while the task is locked for a commit).
+        self.processed_offsets: dict[str, int] = {}
+        self.committed_offsets: dict[str, int] = {}
+        self.stream_time = -1
+        self.output: list[OutputRecord] = []
+        self.commit_requested = False
+        self.closed = False
+        # Counters, read racily by the status snapshot.
+        self.processed_count = 0
+        self.skipped_count = 0
+        self.dead_lettered_count = 0
+        self._punctuations: list[_Punctuation] = []
+        self.next_wall_punctuation = float("inf")  # time.monotonic() seconds
+        self._round_robin = partition
+        self._record_topic = ""
+        self._record_offset = -1
+        self.graph: TaskGraph = subtopology.instantiate()
+        self._sources = {
+            self.resolve_topic(name, source.internal): source
+            for name, source in self.graph.sources.items()
+        }
+        self._single_queue = self._queue_list[0] if len(self._queue_list) == 1 else None
+        self._single_source = self._sources[topics[0]] if len(topics) == 1 else None
+        self.graph.init(self)
+        log.debug("task_created", task_id=self.id, topics=topics)
+
+    # --- TaskContext (processing thread holding the task) -------------------
+
+    @property
+    def task_id(self) -> str:
+        return self.id
+
+    @property
+    def application_id(self) -> str:
+        return self._settings.application_id
+
+    @property
+    def default_key_serde(self) -> Any:
+        return self._settings.default_key_serde
+
+    @property
+    def default_value_serde(self) -> Any:
+        return self._settings.default_value_serde
+
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        timestamp: int,
+        headers: Headers | None,
+        partition: int | None,
+    ) -> None:
+        if partition is None:
+            count = self._settings.partition_counts[topic]
+            if key is not None:
+                partition = default_partition(key, count)
+            else:
+                self._round_robin += 1
+                partition = self._round_robin % count
+        self.output.append(OutputRecord(topic, partition, key, value, timestamp, headers))
+
+    def partition_count(self, topic: str) -> int:
+        try:
+            return self._settings.partition_counts[topic]
+        except KeyError:
+            raise KeyError(f"topic {topic!r} is not an output topic of this topology") from None
+
+    def resolve_topic(self, name: str, internal: bool) -> str:
+        return f"{self._settings.application_id}-{name}" if internal else name
+
+    def schedule(
+        self, interval_ms: int, punctuation_type: PunctuationType, callback: Callable[[int], None]
+    ) -> _Punctuation:
+        if interval_ms < 1:
+            raise ValueError("punctuation interval must be at least 1 ms")
+        if punctuation_type is PunctuationType.WALL_CLOCK_TIME:
+            next_ms = int(time.time() * 1000) + interval_ms
+        else:
+            next_ms = (self.stream_time + interval_ms) if self.stream_time >= 0 else -1
+        punctuation = _Punctuation(interval_ms, punctuation_type, callback, next_ms)
+        self._punctuations.append(punctuation)
+        self._update_wall_deadline()
+        return punctuation
+
+    def request_commit(self) -> None:
+        self.commit_requested = True
+
+    def state_store(self, name: str) -> Any:
+        raise KeyError(f"task {self.id} has no state store {name!r}")
+
+    # --- processing (processing thread holding the task) --------------------
+
+    @property
+    def buffered(self) -> int:
+        if self._single_queue is not None:
+            return len(self._single_queue.records)
+        return sum(len(q.records) for q in self._queue_list)
+
+    def head_timestamp(self) -> int:
+        """Oldest head record's timestamp across the queues (-1 when empty)."""
+        heads = [q.head_timestamp() for q in self._queue_list if q.records]
+        return min(heads) if heads else -1
+
+    def punctuation_due(self, now: float) -> bool:
+        return now >= self.next_wall_punctuation
+
+    def process(self, deadline: float) -> int:
+        """Process buffered records until the deadline or the buffers are empty.
+
+        Returns the number of records taken from the buffers. Raises
+        TaskFailedError when a handler says fail; the offset of the failing
+        record is then not marked processed.
+        """
+        count = 0
+        single = self._single_queue
+        if single is not None:
+            records = single.records
+            source = self._single_source
+            assert source is not None
+            topic = single.topic
+            while records:
+                message = records.popleft()
+                self._process_message(message, topic, source)
+                count += 1
+                if count % _CLOCK_CHECK_EVERY == 0 and time.monotonic() >= deadline:
+                    break
+        else:
+            while True:
+                queue = self._next_queue()
+                if queue is None:
+                    break
+                message = queue.records.popleft()
+                self._process_message(message, queue.topic, self._sources[queue.topic])
+                count += 1
+                if count % _CLOCK_CHECK_EVERY == 0 and time.monotonic() >= deadline:
+                    break
+        self.processed_count += count
+        if self._punctuations:
+            self._punctuate()
+        return count
+
+    def _next_queue(self) -> InputQueue | None:
+        """The non-empty queue whose head record is oldest (Kafka's PartitionGroup)."""
+        best: InputQueue | None = None
+        best_ts = 0
+        for queue in self._queue_list:
+            if queue.records:
+                ts = queue.head_timestamp()
+                if best is None or ts < best_ts:
+                    best, best_ts = queue, ts
+        return best
+
+    def _process_message(self, message: Message, topic: str, source: Any) -> None:
+        offset = message.offset()
+        timestamp = message.timestamp()[1]
+        self._record_topic = topic
+        self._record_offset = offset
+        try:
+            record = source.deserialize(
+                message.key(),
+                message.value(),
+                timestamp,
+                message.headers(),
+                topic,
+                self.partition,
+                offset,
+            )
+        except Exception as exc:
+            self._handle_error("deserialization", exc, message)
+        else:
+            if timestamp > self.stream_time:
+                self.stream_time = timestamp
+            try:
+                source.process(record)
+            except Exception as exc:
+                self._handle_error("processing", exc, message)
+        self.processed_offsets[topic] = offset
+
+    def _handle_error(self, stage: str, exc: Exception, message: Message | None) -> None:
+        policy = self._settings.error_policy
+        handler = policy.handler_for(stage)
+        topic = self._record_topic
+        offset = self._record_offset
+        log.warning(
+            f"{stage}_error",
+            task_id=self.id,
+            topic=topic,
+            partition=self.partition,
+            offset=offset,
+            handler=handler,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+        if policy.dead_letter_topic is not None and message is not None:
+            headers = dead_letter_headers(exc, stage, topic, self.partition, offset)
+            original = message.headers()
+            if original:
+                headers = list(original) + headers
+            self.send(
+                policy.dead_letter_topic,
+                message.key(),
+                message.value(),
+                message.timestamp()[1],
+                headers,
+                None,
+            )
+            self.dead_lettered_count += 1
+        if handler in (LOG_AND_CONTINUE, DEAD_LETTER_QUEUE):
+            self.skipped_count += 1
+            return
+        raise TaskFailedError(self.id, stage, exc) from exc
+
+    def _punctuate(self) -> None:
+        now_ms = int(time.time() * 1000)
+        for punctuation in list(self._punctuations):
+            if punctuation.cancelled:
+                self._punctuations.remove(punctuation)
+                continue
+            if punctuation.type is PunctuationType.STREAM_TIME:
+                if self.stream_time < 0:
+                    continue
+                if punctuation.next_ms < 0:
+                    punctuation.next_ms = self.stream_time + punctuation.interval_ms
+                    continue
+                if self.stream_time < punctuation.next_ms:
+                    continue
+                fire_at = self.stream_time
+            else:
+                if now_ms < punctuation.next_ms:
+                    continue
+                fire_at = now_ms
+            punctuation.next_ms = fire_at + punctuation.interval_ms
+            try:
+                punctuation.callback(fire_at)
+            except Exception as exc:
+                self._record_topic, self._record_offset = "<punctuation>", -1
+                self._handle_error("processing", exc, None)
+        self._update_wall_deadline()
+
+    def _update_wall_deadline(self) -> None:
+        wall = [
+            p.next_ms
+            for p in self._punctuations
+            if p.type is PunctuationType.WALL_CLOCK_TIME and not p.cancelled
+        ]
+        if not wall:
+            self.next_wall_punctuation = float("inf")
+        else:
+            delay_s = (min(wall) - time.time() * 1000) / 1000.0
+            self.next_wall_punctuation = time.monotonic() + max(0.0, delay_s)
+
+    def take_output(self) -> list[OutputRecord]:
+        """Swap out the output accumulated since the last hand-over."""
+        output, self.output = self.output, []
+        return output
+
+    # --- offsets and lifecycle (polling thread, task locked or closed) -------
+
+    def offsets_to_commit(self) -> dict[str, int]:
+        """Next offsets to commit per input topic, only those that moved."""
+        moved = {}
+        for topic, offset in self.processed_offsets.items():
+            if self.committed_offsets.get(topic) != offset:
+                moved[topic] = offset + 1
+        return moved
+
+    def mark_committed(self, offsets: dict[str, int]) -> None:
+        for topic, next_offset in offsets.items():
+            self.committed_offsets[topic] = next_offset - 1
+
+    def close(self) -> None:
+        """Close the processor graph and drop buffered input (it is re-fetched)."""
+        if self.closed:
+            return
+        self.closed = True
+        for queue in self._queue_list:
+            queue.records.clear()
+        try:
+            self.graph.close()
+        finally:
+            log.debug("task_closed", task_id=self.id)

@@ -1,0 +1,194 @@
+"""Task manager and scheduler: who may process which task, and when.
+
+Holds the processable tasks and an exclusive lock per task. Processing threads
+call `acquire_next` / `release`; the polling thread adds and removes tasks,
+locks every task for a commit (`lock_all_tasks` returns a future that
+completes once no thread holds a task) and collects errors parked by
+processing threads (`drain_failures`). One condition variable guards it all;
+a processing thread takes it once per batch, never per record.
+
+Scheduling: the unlocked task with the most buffered records goes first; ties
+go to the task whose head record is oldest. A task with a wall-clock
+punctuation due is eligible with an empty buffer. A failed or paused task is
+never handed out.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from runtime.processing.errors import TaskFailedError
+from runtime.processing.task import StreamTask
+
+# Longest a waiting processing thread sleeps before looking again; wake-ups
+# normally come from notify_work, this only bounds punctuation lateness.
+_MAX_IDLE_WAIT = 0.1
+
+
+class TaskManager:
+    """Processable tasks and their locks. Thread-safe; see each method for callers."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._tasks: dict[str, StreamTask] = {}
+        self._owners: dict[str, str] = {}  # task id -> thread name holding it
+        self._failed: dict[str, TaskFailedError] = {}
+        self._failures_to_report: list[TaskFailedError] = []
+        self._paused: set[str] = set()
+        self._pause_all = False
+        self._lock_all_future: Future[None] | None = None
+        self._on_release: Callable[[StreamTask], None] | None = None
+
+    def set_release_hook(self, hook: Callable[[StreamTask], None]) -> None:
+        """Called (by the releasing processing thread) with each task before it
+        is unlocked: the app hands its output to the record collector here."""
+        self._on_release = hook
+
+    # --- polling thread -------------------------------------------------------
+
+    def add_task(self, task: StreamTask) -> None:
+        with self._cond:
+            self._tasks[task.id] = task
+            self._failed.pop(task.id, None)
+            self._cond.notify_all()
+
+    def remove_task(self, task_id: str) -> StreamTask | None:
+        """Remove a task; it must not be held (call while all tasks are locked)."""
+        with self._cond:
+            if task_id in self._owners:
+                raise RuntimeError(f"task {task_id} is held by {self._owners[task_id]}")
+            self._failed.pop(task_id, None)
+            self._paused.discard(task_id)
+            return self._tasks.pop(task_id, None)
+
+    def tasks(self) -> list[StreamTask]:
+        with self._cond:
+            return list(self._tasks.values())
+
+    def get(self, task_id: str) -> StreamTask | None:
+        with self._cond:
+            return self._tasks.get(task_id)
+
+    def owners(self) -> dict[str, str]:
+        with self._cond:
+            return dict(self._owners)
+
+    def lock_all_tasks(self) -> Future[None]:
+        """Stop handing out tasks; the future completes when none is held.
+
+        The caller waits on the future with its own deadline, then must call
+        `unlock_all_tasks`.
+        """
+        with self._cond:
+            future: Future[None] = Future()
+            self._lock_all_future = future
+            if not self._owners:
+                future.set_result(None)
+            return future
+
+    def unlock_all_tasks(self) -> None:
+        with self._cond:
+            self._lock_all_future = None
+            self._cond.notify_all()
+
+    def notify_work(self) -> None:
+        """Wake idle processing threads: new records were routed."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def drain_failures(self) -> list[TaskFailedError]:
+        """Failures parked since the last call; the tasks stay unscheduled."""
+        with self._cond:
+            failures, self._failures_to_report = self._failures_to_report, []
+            return failures
+
+    def failed_task_ids(self) -> set[str]:
+        with self._cond:
+            return set(self._failed)
+
+    def pause(self, task_id: str | None = None) -> None:
+        """Stop scheduling one task (or all when None) until resumed."""
+        with self._cond:
+            if task_id is None:
+                self._pause_all = True
+            else:
+                self._paused.add(task_id)
+
+    def resume(self, task_id: str | None = None) -> None:
+        with self._cond:
+            if task_id is None:
+                self._pause_all = False
+                self._paused.clear()
+            else:
+                self._paused.discard(task_id)
+            self._cond.notify_all()
+
+    # --- processing threads ---------------------------------------------------
+
+    def acquire_next(
+        self, thread_name: str, timeout: float, should_stop: Callable[[], bool]
+    ) -> StreamTask | None:
+        """Lock and return the next task to process, or None after `timeout`
+        (or as soon as `should_stop()` is true when woken)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if should_stop():
+                    return None
+                now = time.monotonic()
+                task, next_due = self._pick(now)
+                if task is not None:
+                    self._owners[task.id] = thread_name
+                    return task
+                remaining = deadline - now
+                if remaining <= 0:
+                    return None
+                self._cond.wait(min(remaining, _MAX_IDLE_WAIT, max(0.0, next_due - now)))
+
+    def release(self, task: StreamTask, thread_name: str, error: TaskFailedError | None) -> None:
+        """Unlock a task after a batch; park `error` if the batch failed."""
+        hook = self._on_release
+        if hook is not None:
+            hook(task)
+        with self._cond:
+            if self._owners.get(task.id) == thread_name:
+                del self._owners[task.id]
+            if error is not None:
+                self._failed[task.id] = error
+                self._failures_to_report.append(error)
+            future = self._lock_all_future
+            if future is not None and not self._owners and not future.done():
+                future.set_result(None)
+            self._cond.notify_all()
+
+    def _pick(self, now: float) -> tuple[StreamTask | None, float]:
+        """Choose under the lock: most buffered first, then oldest head."""
+        if self._lock_all_future is not None or self._pause_all:
+            return None, float("inf")
+        best: StreamTask | None = None
+        best_buffered = 0
+        best_head = 0
+        next_due = float("inf")
+        for task_id, task in self._tasks.items():
+            if task_id in self._owners or task_id in self._failed or task_id in self._paused:
+                continue
+            buffered = task.buffered
+            if buffered == 0:
+                due = task.next_wall_punctuation
+                if due <= now:
+                    buffered = 0  # eligible, lowest priority
+                else:
+                    next_due = min(next_due, due)
+                    continue
+            if best is None or buffered > best_buffered:
+                best, best_buffered, best_head = task, buffered, -2
+            elif buffered == best_buffered:
+                if best_head == -2:
+                    best_head = best.head_timestamp()
+                head = task.head_timestamp()
+                if head < best_head:
+                    best, best_head = task, head
+        return best, next_due

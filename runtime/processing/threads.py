@@ -1,0 +1,139 @@
+"""Processing threads and the resizable pool that owns them.
+
+A processing thread loops: lock the next task from the scheduler, process it
+for one time slice, hand its output to the collector, release it. It never
+calls a Kafka client. The pool keeps thread names `<client.id>-ProcessingThread-<n>`
+with the lowest free index, as Kafka Streams does for stream threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from runtime.logging import get_logger
+from runtime.processing.errors import TaskFailedError
+from runtime.processing.task_manager import TaskManager
+
+log = get_logger("runtime.processing")
+
+
+class ProcessingThread(threading.Thread):
+    """One worker of the pool. Created and stopped by ProcessingThreadPool."""
+
+    def __init__(self, name: str, index: int, task_manager: TaskManager, timeslice_s: float):
+        super().__init__(name=name, daemon=True)
+        self.index = index
+        self._task_manager = task_manager
+        self._timeslice_s = timeslice_s
+        self._stop_requested = threading.Event()
+        self.batches = 0
+        self.busy_seconds = 0.0
+        self.current_task: str | None = None
+
+    def request_stop(self) -> None:
+        """Finish the current batch, release the task, exit. Any thread may call."""
+        self._stop_requested.set()
+        self._task_manager.notify_work()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_requested.is_set()
+
+    def run(self) -> None:
+        log.info("processing_thread_started")
+        manager = self._task_manager
+        should_stop = self._stop_requested.is_set
+        try:
+            while not should_stop():
+                task = manager.acquire_next(self.name, 0.5, should_stop)
+                if task is None:
+                    continue
+                self.current_task = task.id
+                error: TaskFailedError | None = None
+                started = time.monotonic()
+                try:
+                    task.process(started + self._timeslice_s)
+                except TaskFailedError as exc:
+                    error = exc
+                except Exception as exc:  # a bug outside the handlers: park it too
+                    error = TaskFailedError(task.id, "processing", exc)
+                finally:
+                    self.current_task = None
+                    self.busy_seconds += time.monotonic() - started
+                    self.batches += 1
+                    manager.release(task, self.name, error)
+        finally:
+            log.info("processing_thread_stopped")
+
+
+class ProcessingThreadPool:
+    """The live set of processing threads. Thread-safe; any thread may call."""
+
+    def __init__(self, client_id: str, task_manager: TaskManager, timeslice_ms: int) -> None:
+        self._prefix = f"{client_id}-ProcessingThread-"
+        self._task_manager = task_manager
+        self._timeslice_s = timeslice_ms / 1000.0
+        self._lock = threading.Lock()
+        self._threads: list[ProcessingThread] = []
+
+    def add(self) -> str:
+        """Start a thread with the lowest free index; returns its name."""
+        with self._lock:
+            self._reap()
+            used = {t.index for t in self._threads}
+            index = 1
+            while index in used:
+                index += 1
+            thread = ProcessingThread(
+                f"{self._prefix}{index}", index, self._task_manager, self._timeslice_s
+            )
+            self._threads.append(thread)
+            thread.start()
+        log.info("processing_thread_added", name=thread.name)
+        return thread.name
+
+    def remove(self, timeout: float | None = None) -> str | None:
+        """Stop the highest-index live thread after its batch; None if none alive.
+
+        Raises TimeoutError if it has not exited within `timeout` seconds (it
+        still exits once its batch ends).
+        """
+        with self._lock:
+            self._reap()
+            alive = [t for t in self._threads if not t.stopping]
+            if not alive:
+                return None
+            thread = max(alive, key=lambda t: t.index)
+            thread.request_stop()
+        thread.join(timeout)
+        if thread.is_alive():
+            raise TimeoutError(f"{thread.name} did not finish its batch within {timeout} s")
+        with self._lock:
+            if thread in self._threads:
+                self._threads.remove(thread)
+        log.info("processing_thread_removed", name=thread.name)
+        return thread.name
+
+    def stop_all(self, timeout: float) -> None:
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.request_stop()
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()]
+
+    def names(self) -> list[str]:
+        with self._lock:
+            self._reap()
+            return [t.name for t in sorted(self._threads, key=lambda t: t.index) if not t.stopping]
+
+    def threads(self) -> list[ProcessingThread]:
+        with self._lock:
+            return sorted(self._threads, key=lambda t: t.index)
+
+    def _reap(self) -> None:
+        self._threads = [t for t in self._threads if t.is_alive() or not t.ident]

@@ -1,0 +1,152 @@
+"""The task manager's scheduling decisions and locks (no threads but the test's)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from runtime.processing.errors import TaskFailedError
+from runtime.processing.task_manager import TaskManager
+from tests.fakes.tasks import FakeTask
+
+
+def never() -> bool:
+    return False
+
+
+def manager_with(*tasks: FakeTask) -> TaskManager:
+    manager = TaskManager()
+    for task in tasks:
+        manager.add_task(task)  # type: ignore[arg-type]
+    return manager
+
+
+def test_most_buffered_task_goes_first() -> None:
+    a, b, c = FakeTask("0_0"), FakeTask("0_1"), FakeTask("0_2")
+    for i in range(3):
+        a.add(i)
+    for i in range(7):
+        b.add(i)
+    c.add(0)
+    manager = manager_with(a, b, c)
+    assert manager.acquire_next("t1", 0.1, never) is b
+    assert manager.acquire_next("t2", 0.1, never) is a
+    assert manager.acquire_next("t3", 0.1, never) is c
+
+
+def test_ties_go_to_the_oldest_head_record() -> None:
+    a, b = FakeTask("0_0"), FakeTask("0_1")
+    a.add(0, timestamp=500)
+    b.add(0, timestamp=100)
+    manager = manager_with(a, b)
+    assert manager.acquire_next("t1", 0.1, never) is b
+
+
+def test_a_held_task_is_not_handed_out_twice() -> None:
+    a = FakeTask("0_0")
+    a.add(0)
+    manager = manager_with(a)
+    assert manager.acquire_next("t1", 0.1, never) is a
+    assert manager.acquire_next("t2", 0.05, never) is None
+    manager.release(a, "t1", None)  # type: ignore[arg-type]
+    # a is empty now only if processed; it still has its record, so t2 gets it
+    assert manager.acquire_next("t2", 0.1, never) is a
+
+
+def test_empty_tasks_are_not_scheduled_and_wait_times_out() -> None:
+    manager = manager_with(FakeTask("0_0"))
+    started = time.monotonic()
+    assert manager.acquire_next("t1", 0.2, never) is None
+    assert time.monotonic() - started >= 0.19
+
+
+def test_waiting_thread_wakes_when_records_arrive() -> None:
+    a = FakeTask("0_0")
+    manager = manager_with(a)
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(manager.acquire_next("t1", 5.0, never)))
+    waiter.start()
+    time.sleep(0.05)  # let the waiter block; the assertion below does not depend on it
+    a.add(1)
+    manager.notify_work()
+    waiter.join(2.0)
+    assert got == [a]
+
+
+def test_wall_clock_punctuation_makes_an_empty_task_eligible() -> None:
+    a = FakeTask("0_0")
+    a.next_wall_punctuation = time.monotonic() - 1
+    manager = manager_with(a)
+    assert manager.acquire_next("t1", 0.1, never) is a
+
+
+def test_lock_all_waits_for_holders_and_blocks_scheduling() -> None:
+    a, b = FakeTask("0_0"), FakeTask("0_1")
+    a.add(0)
+    b.add(0)
+    manager = manager_with(a, b)
+    held = manager.acquire_next("t1", 0.1, never)
+    future = manager.lock_all_tasks()
+    assert not future.done()
+    assert manager.acquire_next("t2", 0.05, never) is None
+    manager.release(held, "t1", None)  # type: ignore[arg-type]
+    assert future.done()
+    manager.unlock_all_tasks()
+    assert manager.acquire_next("t2", 0.1, never) is not None
+
+
+def test_lock_all_with_nothing_held_completes_at_once() -> None:
+    manager = manager_with(FakeTask("0_0"))
+    assert manager.lock_all_tasks().done()
+
+
+def test_failed_task_is_parked_and_not_scheduled_again() -> None:
+    a = FakeTask("0_0")
+    a.add(0)
+    a.add(1)
+    manager = manager_with(a)
+    task = manager.acquire_next("t1", 0.1, never)
+    error = TaskFailedError("0_0", "processing", ValueError("boom"))
+    manager.release(task, "t1", error)  # type: ignore[arg-type]
+    assert manager.acquire_next("t1", 0.05, never) is None
+    assert manager.drain_failures() == [error]
+    assert manager.drain_failures() == []
+    assert manager.failed_task_ids() == {"0_0"}
+
+
+def test_paused_tasks_are_skipped_until_resumed() -> None:
+    a = FakeTask("0_0")
+    a.add(0)
+    manager = manager_with(a)
+    manager.pause("0_0")
+    assert manager.acquire_next("t1", 0.05, never) is None
+    manager.resume("0_0")
+    assert manager.acquire_next("t1", 0.1, never) is a
+
+
+def test_removing_a_held_task_is_refused() -> None:
+    a = FakeTask("0_0")
+    a.add(0)
+    manager = manager_with(a)
+    manager.acquire_next("t1", 0.1, never)
+    with pytest.raises(RuntimeError, match="held by t1"):
+        manager.remove_task("0_0")
+
+
+def test_should_stop_returns_none_promptly() -> None:
+    manager = manager_with(FakeTask("0_0"))
+    assert manager.acquire_next("t1", 5.0, lambda: True) is None
+
+
+def test_release_hook_runs_before_unlock() -> None:
+    a = FakeTask("0_0")
+    a.add(0)
+    manager = manager_with(a)
+    seen: list[dict[str, str]] = []
+    manager.set_release_hook(lambda task: seen.append(manager.owners()))  # type: ignore[arg-type,func-returns-value]
+    task = manager.acquire_next("t1", 0.1, never)
+    manager.release(task, "t1", None)  # type: ignore[arg-type]
+    assert seen == [{"0_0": "t1"}]
