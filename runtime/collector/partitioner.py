@@ -15,6 +15,7 @@ import ctypes
 import glob
 import os
 from collections.abc import Callable
+from typing import Any
 
 
 def murmur2_python(data: bytes) -> int:
@@ -78,7 +79,7 @@ def _load_librdkafka_partitioner() -> Callable[[bytes, int], int] | None:
             ctypes.c_void_p,
         ]
 
-        def partition(key: bytes, partitions: int, _fn: ctypes._CFuncPtr = fn) -> int:
+        def partition(key: bytes, partitions: int, _fn: Any = fn) -> int:
             result: int = _fn(None, key, len(key), partitions, None, None)
             return result
 

@@ -180,7 +180,7 @@ class PollingThread(threading.Thread):
                 self._on_consume_error(message)
                 continue
             topic = message.topic()
-            partition = message.partition()
+            partition: int = message.partition()  # type: ignore[assignment]  # set on consumed records
             if partition != last_partition or topic != last_topic:
                 last_topic, last_partition = topic, partition
                 queue = queues.get((topic, partition))  # type: ignore[arg-type]
@@ -239,7 +239,7 @@ class PollingThread(threading.Thread):
                         record.key,
                         partition=record.partition,
                         timestamp=record.timestamp,
-                        headers=record.headers,
+                        headers=record.headers,  # type: ignore[arg-type]
                     )
                     break
                 except BufferError:

@@ -277,8 +277,8 @@ class StreamTask:
         return best
 
     def _process_message(self, message: Message, topic: str, source: Any) -> None:
-        offset = message.offset()
-        timestamp = message.timestamp()[1]
+        offset: int = message.offset()  # type: ignore[assignment]  # never None for consumed records
+        timestamp: int = message.timestamp()[1]
         self._record_topic = topic
         self._record_offset = offset
         try:
@@ -320,7 +320,7 @@ class StreamTask:
             headers = dead_letter_headers(exc, stage, topic, self.partition, offset)
             original = message.headers()
             if original:
-                headers = list(original) + headers
+                headers = list(original) + headers  # type: ignore[assignment]
             self.send(
                 policy.dead_letter_topic,
                 message.key(),
