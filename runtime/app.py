@@ -325,6 +325,7 @@ class App:
             for t in self._pool.threads()
         ]
         lag = dict(polling.lag) if polling else {}
+        closed = polling.closed_task_totals if polling else {}
         return {
             "application_id": self.config.application_id,
             "client_id": self.config.client_id,
@@ -335,10 +336,11 @@ class App:
             "threads": threads,
             "tasks": tasks,
             "consumed": polling.consumed_total if polling else 0,
-            "processed": sum(t["processed"] for t in tasks),
+            "processed": closed.get("processed", 0) + sum(t["processed"] for t in tasks),
             "produced": polling.produced_total if polling else 0,
-            "skipped": sum(t["skipped"] for t in tasks),
-            "dead_lettered": sum(t["dead_lettered"] for t in tasks),
+            "skipped": closed.get("skipped", 0) + sum(t["skipped"] for t in tasks),
+            "dead_lettered": closed.get("dead_lettered", 0)
+            + sum(t["dead_lettered"] for t in tasks),
             "commits": polling.commits_total if polling else 0,
             "commit_failures": polling.commit_failures_total if polling else 0,
             "last_commit": polling.last_commit_wall_time if polling else None,

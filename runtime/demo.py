@@ -52,7 +52,9 @@ class LoadGenerator(threading.Thread):
 
     def __init__(self, bootstrap: str, rate: int) -> None:
         super().__init__(name="demo-load", daemon=True)
-        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+        self._producer = Producer(
+            {"bootstrap.servers": bootstrap, "linger.ms": 20, "log.connection.close": False}
+        )
         self._rate = rate
         self._stop_event = threading.Event()
         self.sent = 0
@@ -99,7 +101,7 @@ def run_demo(duration: float | None, rate: int, threads: int, partitions: int) -
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log.connection.close": False})
         futures = admin.create_topics([NewTopic(t, partitions, 1) for t in (INPUT, OUTPUT, ALERTS)])
         for future in futures.values():
             future.result(30)

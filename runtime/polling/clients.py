@@ -64,6 +64,7 @@ def admin_config(config: StreamsConfig) -> dict[str, Any]:
     settings: dict[str, Any] = {
         "bootstrap.servers": config.bootstrap_servers,
         "client.id": f"{config.client_id}-admin",
+        "log.connection.close": False,
     }
     settings.update(config.admin_overrides)
     return settings

@@ -97,6 +97,8 @@ class PollingThread(threading.Thread):
         self.lag: dict[tuple[str, int], int] = {}
         self.broker_down_since: float | None = None
         self.assigned: list[tuple[str, int]] = []
+        # Counts of tasks closed here, so totals survive rebalances.
+        self.closed_task_totals = {"processed": 0, "skipped": 0, "dead_lettered": 0}
 
         multi_source = any(len(s.sources) > 1 for s in topology.subtopologies)
         # Co-partitioned inputs must land on the same member: range does that
@@ -438,8 +440,15 @@ class PollingThread(threading.Thread):
             # Output produced during close (or still taken) belongs to the
             # collector, so the next drain sends it.
             self._collector.hand_over(task.take_output())
+            self._retire_counts(task)
             log.info("task_closed", task_id=task_id)
         self.assigned = sorted(self._queues)
+
+    def _retire_counts(self, task: StreamTask) -> None:
+        totals = self.closed_task_totals
+        totals["processed"] += task.processed_count
+        totals["skipped"] += task.skipped_count
+        totals["dead_lettered"] += task.dead_lettered_count
 
     # --- client callbacks (on this thread, from poll/consume/flush) ----------------
 
@@ -517,6 +526,7 @@ class PollingThread(threading.Thread):
             log.warning("producer_close_failed", error=str(exc))
         for task_id in list(self._tasks):
             task = self._tasks.pop(task_id)
+            self._retire_counts(task)
             try:
                 task.close()
             except Exception as exc:
@@ -530,6 +540,7 @@ class PollingThread(threading.Thread):
         """
         for task_id in list(self._tasks):
             task = self._tasks.pop(task_id)
+            self._retire_counts(task)
             try:
                 self._task_manager.remove_task(task_id)
                 task.close()
