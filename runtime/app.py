@@ -17,7 +17,7 @@ from typing import Any
 from confluent_kafka.admin import AdminClient
 
 from runtime.collector.collector import RecordCollector
-from runtime.config import StreamsConfig
+from runtime.config import ConfigError, StreamsConfig
 from runtime.logging import get_logger
 from runtime.polling.clients import admin_config
 from runtime.polling.polling_thread import PollingThread, PollingThreadHooks
@@ -300,8 +300,9 @@ class App:
         polling = self._polling
         owners = self._task_manager.owners()
         failed = self._task_manager.failed_task_ids()
-        tasks = []
-        for task in sorted(self._task_manager.tasks(), key=lambda t: t.id):
+        live_tasks = sorted(self._task_manager.tasks(), key=lambda t: t.id)
+        tasks: list[dict[str, Any]] = []
+        for task in live_tasks:
             tasks.append(
                 {
                     "id": task.id,
@@ -336,9 +337,9 @@ class App:
             "threads": threads,
             "tasks": tasks,
             "consumed": polling.consumed_total if polling else 0,
-            "processed": closed.get("processed", 0) + sum(t["processed"] for t in tasks),
+            "processed": closed.get("processed", 0) + sum(t.processed_count for t in live_tasks),
             "produced": polling.produced_total if polling else 0,
-            "skipped": closed.get("skipped", 0) + sum(t["skipped"] for t in tasks),
+            "skipped": closed.get("skipped", 0) + sum(t.skipped_count for t in live_tasks),
             "dead_lettered": closed.get("dead_lettered", 0)
             + sum(t["dead_lettered"] for t in tasks),
             "commits": polling.commits_total if polling else 0,

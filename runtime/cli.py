@@ -66,10 +66,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"streams-runtime: cannot load topology {args.target}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    app = App(topology, config)
     try:
+        app = App(topology, config)
         app.start()
-    except TopicError as exc:
+    except (ConfigError, TopicError) as exc:
         print(f"streams-runtime: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
