@@ -4,7 +4,15 @@ The public API: build a topology with `StreamsBuilder` (DSL) or `Processor`
 (Processor API), run it with `App`. Names here are a stable contract.
 """
 
-from runtime.app import App, AppState, IllegalStateError
+from runtime.app import (
+    REPLACE_THREAD,
+    SHUTDOWN_APPLICATION,
+    SHUTDOWN_CLIENT,
+    App,
+    AppState,
+    ExceptionHandlerResponse,
+    IllegalStateError,
+)
 from runtime.config import ConfigError, StreamsConfig, load_config
 from runtime.polling.topics import TopicError
 from runtime.topology import (
@@ -21,7 +29,11 @@ from runtime.topology import (
 )
 
 __all__ = [
+    "REPLACE_THREAD",
+    "SHUTDOWN_APPLICATION",
+    "SHUTDOWN_CLIENT",
     "App",
+    "ExceptionHandlerResponse",
     "AppState",
     "BranchedKStream",
     "ConfigError",

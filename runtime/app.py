@@ -17,7 +17,7 @@ from typing import Any
 from confluent_kafka.admin import AdminClient
 
 from runtime.collector.collector import RecordCollector
-from runtime.config import ConfigError, StreamsConfig
+from runtime.config import StreamsConfig
 from runtime.logging import get_logger
 from runtime.polling.clients import admin_config
 from runtime.polling.polling_thread import PollingThread, PollingThreadHooks
@@ -64,6 +64,21 @@ _TRANSITIONS: dict[AppState, set[AppState]] = {
 StateListener = Callable[[AppState, AppState], None]
 
 
+class ExceptionHandlerResponse(Enum):
+    """What the uncaught exception handler asks for (Kafka Streams' names)."""
+
+    REPLACE_THREAD = "REPLACE_THREAD"
+    SHUTDOWN_CLIENT = "SHUTDOWN_CLIENT"
+    SHUTDOWN_APPLICATION = "SHUTDOWN_APPLICATION"
+
+
+REPLACE_THREAD = ExceptionHandlerResponse.REPLACE_THREAD
+SHUTDOWN_CLIENT = ExceptionHandlerResponse.SHUTDOWN_CLIENT
+SHUTDOWN_APPLICATION = ExceptionHandlerResponse.SHUTDOWN_APPLICATION
+
+UncaughtExceptionHandler = Callable[[BaseException], ExceptionHandlerResponse]
+
+
 class IllegalStateError(RuntimeError):
     """An operation the app's current state does not allow."""
 
@@ -88,6 +103,8 @@ class App:
             self.config.client_id, self._task_manager, self.config.task_timeslice_ms
         )
         self._polling: PollingThread | None = None
+        self._exception_handler: UncaughtExceptionHandler | None = None
+        self.failed_threads = 0
         self._layout: TopicLayout | None = None
         self._started_at: float | None = None
 
@@ -220,6 +237,24 @@ class App:
                 return None
         return self._pool.remove(timeout)
 
+    def set_processing_threads(self, count: int, timeout: float | None = None) -> list[str]:
+        """Add or remove threads until `count` are alive; returns their names."""
+        if count < 0:
+            raise ValueError("thread count must be >= 0")
+        with self._lock:
+            if self._state not in (AppState.RUNNING, AppState.REBALANCING):
+                raise IllegalStateError(f"cannot resize threads in state {self._state}")
+        return self._pool.set_count(count, timeout)
+
+    def pause(self, task_id: str | None = None) -> None:
+        """Stop scheduling one task (or all); input keeps buffering up to the bound."""
+        self._task_manager.pause(task_id)
+        log.info("tasks_paused", task_id=task_id or "all")
+
+    def resume(self, task_id: str | None = None) -> None:
+        self._task_manager.resume(task_id)
+        log.info("tasks_resumed", task_id=task_id or "all")
+
     @property
     def processing_threads(self) -> list[str]:
         return self._pool.names()
@@ -273,20 +308,66 @@ class App:
             if self._state is AppState.RUNNING:
                 self._set_state(AppState.REBALANCING)
 
+    def set_uncaught_exception_handler(self, handler: UncaughtExceptionHandler) -> None:
+        """`handler(exc)` decides what a failed processing thread leads to.
+
+        It is called on the polling thread with the error (a TaskFailedError
+        whose `cause` is the user's exception) and returns REPLACE_THREAD (the
+        failed task is rewound to its last commit and retried, the thread is
+        replaced), SHUTDOWN_CLIENT (default: this instance stops, state ERROR)
+        or SHUTDOWN_APPLICATION (treated as SHUTDOWN_CLIENT for now: other
+        instances are not told yet). The failing batch is never committed.
+        """
+        self._exception_handler = handler
+
+    def _decide(self, failure: TaskFailedError) -> ExceptionHandlerResponse:
+        handler = self._exception_handler
+        if handler is None:
+            return SHUTDOWN_CLIENT
+        try:
+            response = handler(failure)
+        except Exception as exc:
+            log.error("exception_handler_failed", error=f"{type(exc).__name__}: {exc}")
+            return SHUTDOWN_CLIENT
+        if not isinstance(response, ExceptionHandlerResponse):
+            log.error("exception_handler_bad_response", response=repr(response))
+            return SHUTDOWN_CLIENT
+        return response
+
     def _on_task_failures(self, failures: list[TaskFailedError]) -> None:
-        """A task failed with log_and_fail: shut this client down without committing."""
+        """Apply the failure policy to tasks that failed (polling thread)."""
+        polling = self._polling
+        assert polling is not None
+        fatal: list[TaskFailedError] = []
         for failure in failures:
+            self.failed_threads += 1
+            response = self._decide(failure)
             log.error(
-                "task_failed", task_id=failure.task_id, stage=failure.stage, error=str(failure)
+                "processing_thread_failed",
+                task_id=failure.task_id,
+                failed_thread=failure.thread_name,
+                stage=failure.stage,
+                error=str(failure),
+                response=response.value,
             )
+            if response is REPLACE_THREAD:
+                if failure.thread_name is not None:
+                    self._pool.replace(failure.thread_name)
+                polling.rewind_task(failure.task_id)
+            else:
+                if response is SHUTDOWN_APPLICATION:
+                    log.warning("shutdown_application_is_local_only")
+                fatal.append(failure)
+        if not fatal:
+            return
+        failures = fatal
         with self._lock:
             if self._failure is None:
                 self._failure = failures[0]
             if self._state in (AppState.RUNNING, AppState.REBALANCING, AppState.PENDING_SHUTDOWN):
                 self._force_state(AppState.PENDING_ERROR)
         self._pool.stop_all(timeout=self.config.shutdown_timeout_ms / 1000.0)
-        assert self._polling is not None
-        self._polling.request_stop(commit=False)
+        polling.request_stop(commit=False)
 
     def _hand_over_output(self, task: StreamTask) -> None:
         output = task.take_output()
@@ -306,7 +387,9 @@ class App:
             tasks.append(
                 {
                     "id": task.id,
-                    "state": "FAILED" if task.id in failed else "RUNNING",
+                    "state": "FAILED"
+                    if task.id in failed
+                    else ("PAUSED" if self._task_manager.is_paused(task.id) else "RUNNING"),
                     "owner": owners.get(task.id),
                     "partitions": [f"{t}-{task.partition}" for t in task.queues],
                     "buffered": task.buffered,
@@ -343,6 +426,8 @@ class App:
             "dead_lettered": closed.get("dead_lettered", 0)
             + sum(t["dead_lettered"] for t in tasks),
             "commits": polling.commits_total if polling else 0,
+            "last_commit_duration_s": polling.last_commit_duration_s if polling else 0.0,
+            "failed_threads": self.failed_threads,
             "commit_failures": polling.commit_failures_total if polling else 0,
             "last_commit": polling.last_commit_wall_time if polling else None,
             "lag": {f"{t}-{p}": v for (t, p), v in sorted(lag.items())},

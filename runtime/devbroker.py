@@ -10,7 +10,7 @@ main thread). ``stop()`` is additionally safe to call from any thread and more t
 also runs at interpreter exit), so a failing test or a signal handler can always clean up.
 :func:`run_foreground` installs signal handlers and so must run on the main thread.
 
-Two Tansu quirks worth knowing (measured with Tansu 0.6.0):
+Tansu quirks worth knowing (measured with Tansu 0.6.0):
 
 * If the listener port is taken, Tansu prints "listening on ..." and only then fails to bind
   and exits. A readiness probe could therefore be answered by *another* broker on that port.
@@ -18,7 +18,9 @@ Two Tansu quirks worth knowing (measured with Tansu 0.6.0):
   carries it.
 * ListOffsets(latest) reports the base offset of the last record batch plus one, not the
   real high watermark, whenever the last batch holds more than one record. Fetch responses
-  carry the correct high watermark. See ``tests/kafka_helpers.consume_all``.
+  carry the correct high watermark. See ``tests/kafka_helpers.end_offsets``.
+* On SIGTERM it waits 5 s for connected clients before exiting; on SIGINT it exits at once,
+  so :meth:`DevBroker.stop` sends SIGINT.
 """
 
 from __future__ import annotations
@@ -253,9 +255,11 @@ class DevBroker:
             time.sleep(0.05)
 
     def stop(self, grace: float = _STOP_GRACE_S) -> None:
-        """Stop the broker: SIGTERM, then SIGKILL after ``grace`` seconds. Idempotent.
+        """Stop the broker: SIGINT, then SIGKILL after ``grace`` seconds. Idempotent.
 
-        Any thread may call this; a paused broker is resumed first so it can handle SIGTERM.
+        SIGINT rather than SIGTERM: on SIGTERM Tansu waits 5 s for connected clients to go
+        away, on SIGINT (Ctrl-C) it exits at once; with memory storage nothing is lost either
+        way. Any thread may call this; a paused broker is resumed first so it can exit.
         """
         with self._lock:
             proc = self._proc
@@ -266,7 +270,7 @@ class DevBroker:
                     pgid = None
                 if pgid is not None and pgid == proc.pid:
                     self._signal_group(pgid, signal.SIGCONT)
-                    self._signal_group(pgid, signal.SIGTERM)
+                    self._signal_group(pgid, signal.SIGINT)
                     try:
                         proc.wait(timeout=grace)
                     except subprocess.TimeoutExpired:

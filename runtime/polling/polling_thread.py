@@ -15,7 +15,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from runtime.collector.collector import OutputRecord, RecordCollector
 from runtime.config import StreamsConfig
@@ -386,6 +394,30 @@ class PollingThread(threading.Thread):
                 self._close_tasks(affected)
         except BaseException as exc:
             self._fail_in_callback(exc)
+
+    def rewind_task(self, task_id: str) -> bool:
+        """Close a failed task and start it again from its committed offsets.
+
+        The failed batch is not committed: its input is fetched and processed
+        again (output it already produced may repeat: at-least-once). Called
+        on this thread, by the failure policy. Returns False if the task is gone.
+        """
+        task = self._tasks.get(task_id)
+        if task is None:
+            return False
+        partitions = [TopicPartition(topic, task.partition) for topic in task.queues]
+        assigned = [tp for tp in partitions if (tp.topic, tp.partition) in self._queues]
+        with self.all_tasks_locked():
+            self._close_tasks([task_id])
+            committed = self._consumer.committed(assigned, timeout=10)
+            for tp in committed:
+                # No committed offset yet: start where auto.offset.reset says.
+                offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+                self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+            self._consumer.resume(assigned)
+            self._create_tasks(assigned)
+        log.info("task_rewound", task_id=task_id)
+        return True
 
     def _fail_in_callback(self, exc: BaseException) -> None:
         log.error("rebalance_callback_failed", error=f"{type(exc).__name__}: {exc}")

@@ -44,6 +44,7 @@ class TaskFailedError(Exception):
         self.task_id = task_id
         self.stage = stage
         self.cause = cause
+        self.thread_name: str | None = None  # set when parked by the releasing thread
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,12 @@ class TaskManager:
             failures, self._failures_to_report = self._failures_to_report, []
             return failures
 
+    def clear_failure(self, task_id: str) -> None:
+        """Make a failed task schedulable again (after the polling thread rewound it)."""
+        with self._cond:
+            self._failed.pop(task_id, None)
+            self._cond.notify_all()
+
     def failed_task_ids(self) -> set[str]:
         with self._cond:
             return set(self._failed)
@@ -116,6 +122,10 @@ class TaskManager:
                 self._pause_all = True
             else:
                 self._paused.add(task_id)
+
+    def is_paused(self, task_id: str) -> bool:
+        with self._cond:
+            return self._pause_all or task_id in self._paused
 
     def resume(self, task_id: str | None = None) -> None:
         with self._cond:
@@ -157,6 +167,7 @@ class TaskManager:
             if self._owners.get(task.id) == thread_name:
                 del self._owners[task.id]
             if error is not None:
+                error.thread_name = thread_name
                 self._failed[task.id] = error
                 self._failures_to_report.append(error)
             future = self._lock_all_future

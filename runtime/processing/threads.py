@@ -115,6 +115,33 @@ class ProcessingThreadPool:
         log.info("processing_thread_removed", name=thread.name)
         return thread.name
 
+    def replace(self, name: str) -> str | None:
+        """Stop the named thread (after its batch) and start one in its place.
+
+        Returns the new thread's name (the same index, so the same name), or
+        None if no such thread is alive. Does not wait for the old thread.
+        """
+        with self._lock:
+            old = next((t for t in self._threads if t.name == name and not t.stopping), None)
+            if old is None:
+                return None
+            old.request_stop()
+            self._threads.remove(old)
+            thread = ProcessingThread(name, old.index, self._task_manager, self._timeslice_s)
+            self._threads.append(thread)
+            thread.start()
+        log.info("processing_thread_replaced", name=name)
+        return name
+
+    def set_count(self, count: int, timeout: float | None = None) -> list[str]:
+        """Add or remove threads until `count` are alive; returns the live names."""
+        while len(self.names()) < count:
+            self.add()
+        while len(self.names()) > count:
+            if self.remove(timeout) is None:
+                break
+        return self.names()
+
     def stop_all(self, timeout: float) -> None:
         with self._lock:
             threads = list(self._threads)
