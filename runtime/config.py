@@ -328,6 +328,9 @@ class StreamsConfig:
     replication_factor: int = setting("replication.factor", "int", -1, "Replication factor of topics the runtime creates; -1: the broker's default.", min=1, also=(-1,))
     log_level: LogLevel = setting("log.level", "enum", "info", "Log level of the runtime.", choices=_LOG_LEVELS)
     shutdown_timeout_ms: int = setting("shutdown.timeout.ms", "int", 30000, "How long (ms) a graceful shutdown may take, final commit included.", min=0)
+    admin_socket: str | None = setting("admin.socket", "str", None, "Path of the admin Unix socket (`streams-runtime admin`); unset: no socket.", nullable=True)
+    metrics_port: int | None = setting("metrics.port", "int", None, "Port of the HTTP endpoint for `/metrics`, `/healthz`, `/readyz`; 0: any free port; unset: off.", min=0, max=65535, nullable=True)
+    metrics_host: str = setting("metrics.host", "str", "127.0.0.1", "Address the metrics endpoint listens on.")
     # fmt: on
 
     consumer_overrides: dict[str, Any] = passthrough(

@@ -160,11 +160,12 @@ class DevBroker:
                     self._start_once(deadline)
                     return self
                 except _PortTaken as exc:
-                    self._cleanup()
-                    if attempt == attempts or time.monotonic() >= deadline:
+                    last = attempt == attempts or time.monotonic() >= deadline
+                    self._cleanup(keep_log=last)
+                    if last:
                         raise RuntimeError(str(exc)) from None
                 except BaseException:
-                    self._cleanup()
+                    self._cleanup(keep_log=True)  # the error message names the log
                     raise
             raise AssertionError("unreachable")
 
@@ -281,8 +282,8 @@ class DevBroker:
                     proc.wait()
             self._cleanup()
 
-    def _cleanup(self) -> None:
-        """Forget the process (reaping it if it exited) and close/remove our log file."""
+    def _cleanup(self, keep_log: bool = False) -> None:
+        """Forget the process (reaping it if it exited); close our log, remove it unless kept."""
         proc = self._proc
         if proc is not None:
             if proc.poll() is None:
@@ -294,7 +295,7 @@ class DevBroker:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
-        if self._owns_log and self._log_path is not None:
+        if self._owns_log and self._log_path is not None and not keep_log:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._log_path)
             self._log_path = None

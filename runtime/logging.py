@@ -47,17 +47,18 @@ class _StreamSwitch:
     """A file-like object forwarding to the currently configured stream.
 
     structlog's WriteLogger binds ``file.write`` when a logger is first used; pointing it at
-    this switch lets a later :func:`configure_logging` redirect cached loggers too.
+    this switch lets a later :func:`configure_logging` redirect cached loggers too. A target
+    of None means whatever ``sys.stderr`` is at write time (pytest swaps it per test).
     """
 
-    def __init__(self, target: TextIO) -> None:
+    def __init__(self, target: TextIO | None) -> None:
         self.target = target
 
     def write(self, text: str) -> int:
-        return self.target.write(text)
+        return (self.target or sys.stderr).write(text)
 
     def flush(self) -> None:
-        self.target.flush()
+        (self.target or sys.stderr).flush()
 
 
 class _RendererSwitch:
@@ -75,7 +76,7 @@ class _RendererSwitch:
         return self.console(logger, method_name, event_dict)
 
 
-_stream = _StreamSwitch(sys.stderr)
+_stream = _StreamSwitch(None)
 _renderer = _RendererSwitch()
 
 
@@ -98,8 +99,8 @@ def configure_logging(level: str = "info", json: bool | None = None, stream: Any
 
     ``level``: debug, info, warning, error or critical (case-insensitive).
     ``json``: True forces JSON lines, False the console renderer; None (default) picks JSON
-    unless ``stream`` is a terminal. ``stream``: any text stream; default ``sys.stderr``
-    (looked up at call time, so pytest's capture works).
+    unless ``stream`` is a terminal. ``stream``: any text stream; default ``sys.stderr``, looked
+    up at each write, so redirections and pytest's capture work.
 
     Every event carries ``timestamp`` (ISO 8601, UTC), ``level``, ``event``, ``thread`` and
     the bound contextvars. Any thread may call this, though start-up belongs on the main one.
@@ -110,12 +111,13 @@ def configure_logging(level: str = "info", json: bool | None = None, stream: Any
         raise ValueError(
             f"unknown log level {level!r}; expected one of {', '.join(_LEVELS)}"
         ) from None
-    target: TextIO = stream if stream is not None else sys.stderr
-    use_json = (not _is_terminal(target)) if json is None else json
+    target: TextIO | None = stream
+    shown_on: TextIO = stream if stream is not None else sys.stderr
+    use_json = (not _is_terminal(shown_on)) if json is None else json
 
     with _configure_lock:
         _stream.target = target
-        _renderer.console = structlog.dev.ConsoleRenderer(colors=_is_terminal(target))
+        _renderer.console = structlog.dev.ConsoleRenderer(colors=_is_terminal(shown_on))
         _renderer.json = use_json
         structlog.configure(
             processors=[

@@ -1,0 +1,14 @@
+"""Operating a running daemon: the admin loop, its Unix socket, its client, signals.
+
+`daemon.run_daemon(app)` is what `streams-runtime run` does after `app.start()`:
+an asyncio loop (uvloop) on the main thread that turns signals, admin-socket
+requests and metrics scrapes into calls on the `App`. Blocking `App` calls run
+on the loop's executor threads (named `admin_N`), never on the loop itself.
+
+- `server`: the newline-delimited JSON protocol (`parse_request`, `AdminHandler`,
+  any thread) and the asyncio Unix socket server (loop thread only).
+- `client`: `request()` for scripts and tests, and the `streams-runtime admin`
+  command's table output (any thread; one connection per call).
+- `daemon`: signal handling (gunicorn's shape: handlers only enqueue), the
+  admin socket and the metrics endpoint, the exit code.
+"""

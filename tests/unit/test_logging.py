@@ -1,0 +1,68 @@
+"""configure_logging: JSON lines carrying thread, level, timestamp and bound context."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from collections.abc import Iterator
+from datetime import datetime
+
+import pytest
+import structlog
+
+from runtime.logging import configure_logging, get_logger
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    yield
+    structlog.contextvars.clear_contextvars()
+    configure_logging()
+
+
+def test_json_line_has_thread_level_timestamp_and_contextvars() -> None:
+    stream = io.StringIO()
+    configure_logging("info", json=True, stream=stream)
+
+    def work() -> None:
+        structlog.contextvars.bind_contextvars(task_id="1_3")
+        get_logger("runtime.test").info("batch_processed", records=42)
+        get_logger().debug("filtered_out")
+
+    thread = threading.Thread(target=work, name="processing-7")
+    thread.start()
+    thread.join()
+
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1
+    event = json.loads(lines[0])
+    assert event["event"] == "batch_processed"
+    assert event["level"] == "info"
+    assert event["thread"] == "processing-7"
+    assert event["task_id"] == "1_3"
+    assert event["logger"] == "runtime.test"
+    assert event["records"] == 42
+    assert datetime.fromisoformat(event["timestamp"]).utcoffset() is not None
+
+
+def test_reconfigure_redirects_already_used_loggers() -> None:
+    first, second = io.StringIO(), io.StringIO()
+    configure_logging("debug", json=True, stream=first)
+    log = get_logger("cached")
+    log.info("one")
+    configure_logging("debug", json=False, stream=second)
+    log.info("two")
+
+    assert json.loads(first.getvalue())["event"] == "one"
+    assert "two" in second.getvalue()
+    assert "two" not in first.getvalue()
+    assert not second.getvalue().startswith("{")
+
+
+def test_default_stream_follows_sys_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("info", json=True)
+    get_logger("follows").info("to_current_stderr")
+
+    captured = capsys.readouterr()
+    assert json.loads(captured.err)["event"] == "to_current_stderr"
