@@ -29,9 +29,10 @@ from runtime.collector.collector import OutputRecord, RecordCollector
 from runtime.config import StreamsConfig
 from runtime.logging import get_logger
 from runtime.polling.clients import consumer_config, producer_config
+from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.topics import TopicLayout
 from runtime.processing.errors import TaskFailedError
-from runtime.processing.task import InputQueue, StreamTask, TaskSettings, task_id_of
+from runtime.processing.task import StreamTask, TaskSettings, task_id_of
 from runtime.processing.task_manager import TaskManager
 from runtime.topology.topology import Topology
 
@@ -84,13 +85,11 @@ class PollingThread(threading.Thread):
         self._collector = collector
         self._hooks = hooks
         self._subtopologies = {s.id: s for s in topology.subtopologies}
-        self._bound = config.buffered_records_per_partition
+        self._buffers = InputBuffers(config.buffered_records_per_partition)
         self._stop_event = threading.Event()
         self._commit_now = threading.Event()
         self._abort = False  # stop without the final commit (a fatal error)
         self._tasks: dict[str, StreamTask] = {}
-        self._queues: dict[tuple[str, int], InputQueue] = {}
-        self._paused: list[InputQueue] = []
         self._delivery_errors: list[str] = []
         self._last_commit = time.monotonic()
         self._last_lag_refresh = 0.0
@@ -161,12 +160,12 @@ class PollingThread(threading.Thread):
             log.info("polling_thread_stopped")
 
     def poll_once(self) -> None:
-        paused_or_output = bool(self._paused) or self._collector.buffered > 0
+        paused_or_output = self._buffers.any_paused or self._collector.buffered > 0
         timeout = 0.005 if paused_or_output else self._config.poll_ms / 1000.0
         records = self._consumer.consume(self._config.max_poll_records, timeout)
         if records:
             self.route_records(records)
-        if self._paused:
+        if self._buffers.any_paused:
             self.resume_drained_partitions()
         self.drain_collector()
         self._producer.poll(0)
@@ -179,53 +178,19 @@ class PollingThread(threading.Thread):
 
     def route_records(self, records: list[Message]) -> None:
         """Append consumed records to their task's input queue; pause full ones."""
-        queues = self._queues
-        last_topic: str | None = None
-        last_partition = -1
-        queue: InputQueue | None = None
-        touched: list[InputQueue] = []
-        routed = 0
-        for message in records:
-            if message.error() is not None:
-                self._on_consume_error(message)
-                continue
-            topic = message.topic()
-            partition: int = message.partition()  # type: ignore[assignment]  # set on consumed records
-            if partition != last_partition or topic != last_topic:
-                last_topic, last_partition = topic, partition
-                queue = queues.get((topic, partition))  # type: ignore[arg-type]
-                if queue is not None:
-                    touched.append(queue)
-            if queue is None:
-                continue  # a record of a partition revoked since it was fetched
-            queue.records.append(message)
-            routed += 1
+        routed, to_pause = self._buffers.route(records, self._on_consume_error)
         self.consumed_total += routed
         if routed and self.broker_down_since is not None:
             self.note_broker_ok()
-        bound = self._bound
-        to_pause = []
-        for queue in touched:
-            if not queue.paused and len(queue.records) >= bound:
-                queue.paused = True
-                self._paused.append(queue)
-                to_pause.append(TopicPartition(queue.topic, queue.partition))
         if to_pause:
-            self._consumer.pause(to_pause)
+            self._consumer.pause([TopicPartition(t, p) for t, p in to_pause])
         if routed:
             self._task_manager.notify_work()
 
     def resume_drained_partitions(self) -> None:
-        bound = self._bound
-        to_resume = [q for q in self._paused if len(q.records) < bound]
-        if not to_resume:
-            return
-        self._paused = [q for q in self._paused if q.paused and len(q.records) >= bound]
-        for queue in to_resume:
-            queue.paused = False
-        live = [q for q in to_resume if (q.topic, q.partition) in self._queues]
-        if live:
-            self._consumer.resume([TopicPartition(q.topic, q.partition) for q in live])
+        to_resume = self._buffers.to_resume()
+        if to_resume:
+            self._consumer.resume([TopicPartition(t, p) for t, p in to_resume])
 
     def drain_collector(self) -> int:
         """Move every buffered output record into the producer."""
@@ -358,7 +323,7 @@ class PollingThread(threading.Thread):
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         try:
             created = self._create_tasks(partitions)
-            self.assigned = sorted(self._queues)
+            self.assigned = self._buffers.partitions()
             log.info(
                 "partitions_assigned",
                 partitions=len(partitions),
@@ -406,7 +371,7 @@ class PollingThread(threading.Thread):
         if task is None:
             return False
         partitions = [TopicPartition(topic, task.partition) for topic in task.queues]
-        assigned = [tp for tp in partitions if (tp.topic, tp.partition) in self._queues]
+        assigned = [tp for tp in partitions if (tp.topic, tp.partition) in self._buffers]
         with self.all_tasks_locked():
             self._close_tasks([task_id])
             committed = self._consumer.committed(assigned, timeout=10)
@@ -454,7 +419,7 @@ class PollingThread(threading.Thread):
                 self._task_manager.add_task(task)
                 created += 1
                 log.info("task_created", task_id=task_id)
-            self._queues[(tp.topic, tp.partition)] = task.queues[tp.topic]
+            self._buffers.register(task.queues[tp.topic])
         return created
 
     def _close_tasks(self, task_ids: list[str]) -> None:
@@ -463,8 +428,7 @@ class PollingThread(threading.Thread):
             task = self._tasks.pop(task_id)
             self._task_manager.remove_task(task_id)
             for topic in task.queues:
-                self._queues.pop((topic, task.partition), None)
-            self._paused = [q for q in self._paused if (q.topic, q.partition) in self._queues]
+                self._buffers.unregister(topic, task.partition)
             try:
                 task.close()
             except Exception as exc:  # a user close() failing must not stop the rebalance
@@ -474,7 +438,7 @@ class PollingThread(threading.Thread):
             self._collector.hand_over(task.take_output())
             self._retire_counts(task)
             log.info("task_closed", task_id=task_id)
-        self.assigned = sorted(self._queues)
+        self.assigned = self._buffers.partitions()
 
     def _retire_counts(self, task: StreamTask) -> None:
         totals = self.closed_task_totals
@@ -523,7 +487,7 @@ class PollingThread(threading.Thread):
     def refresh_lag(self) -> None:
         """Records behind the end of each assigned partition (cached watermarks)."""
         lag: dict[tuple[str, int], int] = {}
-        for topic, partition in list(self._queues):
+        for topic, partition in self._buffers.partitions():
             try:
                 _low, high = self._consumer.get_watermark_offsets(
                     TopicPartition(topic, partition), cached=True
@@ -578,7 +542,7 @@ class PollingThread(threading.Thread):
                 task.close()
             except Exception as exc:
                 log.warning("task_close_failed", task_id=task_id, error=str(exc))
-        self._queues.clear()
+        self._buffers.clear()
 
     def status(self) -> dict[str, Any]:
         return {

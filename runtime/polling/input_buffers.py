@@ -1,0 +1,105 @@
+"""Routing of consumed records into the bounded input queues of tasks.
+
+Owned by the polling thread. It maps each assigned partition to its task's
+input queue, appends records, and decides which partitions to pause (their
+queue reached `buffered.records.per.partition`) and which to resume (their
+queue drained below it). The consumer calls themselves stay in the polling
+thread; this class only decides, which keeps it testable without Kafka.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from runtime.processing.task import InputQueue
+
+PartitionKey = tuple[str, int]
+
+
+class InputBuffers:
+    """Partition -> input queue, with the pause/resume bookkeeping (rule 5)."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self._queues: dict[PartitionKey, InputQueue] = {}
+        self._paused: list[InputQueue] = []
+
+    def register(self, queue: InputQueue) -> None:
+        self._queues[(queue.topic, queue.partition)] = queue
+
+    def unregister(self, topic: str, partition: int) -> None:
+        queue = self._queues.pop((topic, partition), None)
+        if queue is not None and queue.paused:
+            queue.paused = False
+            self._paused = [q for q in self._paused if q is not queue]
+
+    def clear(self) -> None:
+        self._queues.clear()
+        self._paused.clear()
+
+    def __contains__(self, key: PartitionKey) -> bool:
+        return key in self._queues
+
+    def partitions(self) -> list[PartitionKey]:
+        return sorted(self._queues)
+
+    @property
+    def any_paused(self) -> bool:
+        return bool(self._paused)
+
+    def paused(self) -> list[PartitionKey]:
+        return [(q.topic, q.partition) for q in self._paused]
+
+    def route(
+        self, records: Iterable[Any], on_error: Callable[[Any], None]
+    ) -> tuple[int, list[PartitionKey]]:
+        """Append records to their queues; returns (routed, partitions to pause).
+
+        Records of a partition no longer registered (revoked since they were
+        fetched) are dropped: they are fetched again by the next owner.
+        """
+        queues = self._queues
+        last_topic: str | None = None
+        last_partition = -1
+        queue: InputQueue | None = None
+        touched: list[InputQueue] = []
+        routed = 0
+        for message in records:
+            if message.error() is not None:
+                on_error(message)
+                continue
+            topic = message.topic()
+            partition = message.partition()
+            # consume() returns runs of one partition: look the queue up per run.
+            if partition != last_partition or topic != last_topic:
+                last_topic, last_partition = topic, partition
+                queue = queues.get((topic, partition))
+                if queue is not None:
+                    touched.append(queue)
+            if queue is None:
+                continue
+            queue.records.append(message)
+            routed += 1
+        to_pause: list[PartitionKey] = []
+        bound = self.bound
+        for queue in touched:
+            if not queue.paused and len(queue.records) >= bound:
+                queue.paused = True
+                self._paused.append(queue)
+                to_pause.append((queue.topic, queue.partition))
+        return routed, to_pause
+
+    def to_resume(self) -> list[PartitionKey]:
+        """Paused partitions whose queue drained below the bound (now unpaused)."""
+        bound = self.bound
+        resumed: list[PartitionKey] = []
+        still: list[InputQueue] = []
+        for queue in self._paused:
+            if len(queue.records) < bound:
+                queue.paused = False
+                resumed.append((queue.topic, queue.partition))
+            else:
+                still.append(queue)
+        self._paused = still
+        return resumed
