@@ -213,7 +213,9 @@ class PollingThread(threading.Thread):
                         record.value,
                         record.key,
                         partition=record.partition,
-                        timestamp=record.timestamp,
+                        # 0 asks the producer for "now": used when the
+                        # input had no timestamp (-1).
+                        timestamp=record.timestamp if record.timestamp > 0 else 0,
                         headers=record.headers,  # type: ignore[arg-type]
                     )
                     break
