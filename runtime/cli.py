@@ -1,8 +1,11 @@
-"""The `streams-runtime` command: run, broker, demo (and admin, later).
+"""The `streams-runtime` command: run, admin, broker, demo.
 
-Runs on the main thread. Signal handlers only set flags; the main loop acts on
-them (gunicorn's shape): SIGTERM/SIGINT close the app gracefully, SIGTTIN adds a
-processing thread, SIGTTOU removes one.
+Runs on the main thread. `run` starts the app, then hands the main thread to
+the admin loop (`runtime.admin.daemon.run_daemon`): signals in gunicorn's shape
+(SIGTERM/SIGINT close the app gracefully, SIGTTIN adds a processing thread,
+SIGTTOU removes one), the admin socket and the metrics endpoint. Exit codes:
+0 clean shutdown, 1 the app failed, 2 bad input (config, topology, topics).
+`admin` talks to a running daemon over its socket (`runtime.admin.client`).
 """
 
 from __future__ import annotations
@@ -10,9 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,9 +50,10 @@ def load_topology(target: str) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runtime.app import App, AppState
+    from runtime.admin.daemon import DaemonSetupError, preflight, run_daemon
+    from runtime.app import App
     from runtime.config import ConfigError, load_config
-    from runtime.logging import configure_logging, get_logger
+    from runtime.logging import configure_logging
     from runtime.polling.topics import TopicError
 
     try:
@@ -60,46 +62,41 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"streams-runtime: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     configure_logging(config.log_level)
-    log = get_logger("runtime.cli")
     try:
         topology = load_topology(args.target)
     except Exception as exc:
         print(f"streams-runtime: cannot load topology {args.target}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
+        preflight(config)
         app = App(topology, config)
         app.start()
-    except (ConfigError, TopicError) as exc:
+    except (ConfigError, TopicError, DaemonSetupError) as exc:
         print(f"streams-runtime: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
-    requests: list[str] = []
-    wake = threading.Event()
+    return run_daemon(app)
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        requests.append(signal.Signals(signum).name)
-        wake.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGTTIN, signal.SIGTTOU):
-        signal.signal(sig, on_signal)
+def cmd_admin(args: argparse.Namespace) -> int:
+    from runtime.admin.client import resolve_socket, run_admin
 
-    closing = False
-    while not app.wait(0.0):
-        wake.wait(0.2)
-        wake.clear()
-        while requests:
-            name = requests.pop(0)
-            log.info("signal_received", signal=name)
-            if name in ("SIGTERM", "SIGINT") and not closing:
-                closing = True
-                threading.Thread(target=app.close, name="closer", daemon=True).start()
-            elif name == "SIGTTIN":
-                log.info("signal_add_thread", thread=app.add_processing_thread())
-            elif name == "SIGTTOU":
-                threading.Thread(
-                    target=app.remove_processing_thread, name="remover", daemon=True
-                ).start()
-    return EXIT_OK if app.state is AppState.NOT_RUNNING else EXIT_FAILED
+    command = args.admin_command
+    arguments: dict[str, Any] = {}
+    if command == "threads" and args.action is not None:
+        command = f"threads.{args.action}"
+        if args.action == "set":
+            arguments["count"] = args.count
+        if args.action in ("remove", "set") and args.wait is not None:
+            arguments["timeout"] = args.wait
+    elif command in ("pause", "resume") and args.task is not None:
+        arguments["task"] = args.task
+    try:
+        path = resolve_socket(args.socket, args.config)
+    except (OSError, ValueError) as exc:
+        print(f"streams-runtime admin: cannot read {args.config}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return run_admin(path, command, arguments, as_json=args.json, timeout=args.timeout)
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
@@ -143,11 +140,45 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--threads", type=int, default=2, help="processing threads")
     demo.add_argument("--partitions", type=int, default=8)
     demo.set_defaults(func=cmd_demo)
+
+    admin = sub.add_parser(
+        "admin",
+        help="control a running daemon through its admin socket",
+        description="Talk to a running daemon over its admin socket (admin.socket).",
+    )
+    admin.add_argument(
+        "--socket", metavar="PATH", help="the admin socket (default: $STREAMS_RUNTIME_ADMIN_SOCKET)"
+    )
+    admin.add_argument("--config", metavar="app.toml", help="read admin.socket from this file")
+    admin.add_argument("--json", action="store_true", help="print the raw result as JSON")
+    admin.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for a reply (default 10)"
+    )
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="COMMAND")
+    admin_sub.add_parser("status", help="state, threads, tasks, counters, lag, last commit")
+    admin_sub.add_parser("tasks", help="tasks with owner, buffered records and lag")
+    threads = admin_sub.add_parser("threads", help="list, add, remove or set processing threads")
+    threads.add_argument("action", nargs="?", choices=("add", "remove", "set"))
+    threads.add_argument("count", nargs="?", type=int, help="thread count for `set`")
+    threads.add_argument(
+        "--wait", type=float, metavar="S", help="seconds to wait for a thread's batch to end"
+    )
+    for name, verb in (("pause", "stop"), ("resume", "restart")):
+        p = admin_sub.add_parser(name, help=f"{verb} processing a task (default: all tasks)")
+        p.add_argument("task", nargs="?", help="task id such as 0_1 (default: all)")
+    admin_sub.add_parser("shutdown", help="graceful shutdown (as SIGTERM)")
+    admin.set_defaults(func=cmd_admin)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "admin_command", None) == "threads":
+        if args.action == "set" and args.count is None:
+            parser.error("admin threads set needs a thread count N")
+        if args.action != "set" and args.count is not None:
+            parser.error("a thread count goes with `admin threads set N` only")
     result: int = args.func(args)
     return result
 

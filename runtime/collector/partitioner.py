@@ -65,7 +65,10 @@ def _load_librdkafka_partitioner() -> Callable[[bytes, int], int] | None:
     candidates += glob.glob(os.path.join(package_dir, ".dylibs", "librdkafka*"))
     for path in candidates:
         try:
-            lib = ctypes.CDLL(path)
+            # PyDLL keeps the GIL across the call: the hash takes nanoseconds,
+            # while dropping and re-taking the GIL (what CDLL does) costs
+            # microseconds and invites a thread switch per record.
+            lib = ctypes.PyDLL(path)
             fn = lib.rd_kafka_msg_partitioner_murmur2
         except (OSError, AttributeError):
             continue
@@ -88,8 +91,25 @@ def _load_librdkafka_partitioner() -> Callable[[bytes, int], int] | None:
 
 
 _native = _load_librdkafka_partitioner()
+_hash_partition: Callable[[bytes, int], int] = _native or partition_python
 
-default_partition: Callable[[bytes, int], int] = _native or partition_python
-"""`default_partition(key_bytes, partitions)`: the Java default partition for a key."""
+# Keys repeat (per user, per word, per device): remember recent answers.
+# Racy use from several threads is harmless: entries are pure functions of
+# their key, and a clear() only costs recomputation.
+_CACHE_LIMIT = 65536
+_cache: dict[tuple[bytes, int], int] = {}
+
+
+def default_partition(key: bytes, partitions: int) -> int:
+    """The Java client's default partition for a serialized key."""
+    cache_key = (key, partitions)
+    partition = _cache.get(cache_key)
+    if partition is None:
+        partition = _hash_partition(key, partitions)
+        if len(_cache) >= _CACHE_LIMIT:
+            _cache.clear()
+        _cache[cache_key] = partition
+    return partition
+
 
 uses_librdkafka = _native is not None

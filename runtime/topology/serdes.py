@@ -98,7 +98,8 @@ class JsonSerde:
         return json.dumps(obj, separators=(",", ":")).encode("utf-8")
 
     def deserialize(self, data: bytes | None) -> Any:
-        return None if data is None else json.loads(data)
+        # Decoding first skips json's encoding detection on bytes.
+        return None if data is None else json.loads(data.decode("utf-8"))
 
     def __repr__(self) -> str:
         return "serdes.JSON"

@@ -1,0 +1,313 @@
+"""Client side of the admin socket, and the `streams-runtime admin` command.
+
+`request(path, command, **arguments)` sends one request and returns its result
+(raising `AdminCommandFailed` for an `{"ok": false}` reply); `AdminConnection`
+keeps one connection for several requests. `format_*` render results as the
+tables the command prints; `--json` prints the raw result instead.
+
+Threads: everything here may be called from any thread; each connection is
+used by one thread at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "AdminCommandFailed",
+    "AdminConnection",
+    "AdminUnavailable",
+    "format_status",
+    "format_tasks",
+    "format_threads",
+    "request",
+    "resolve_socket",
+    "run_admin",
+]
+
+SOCKET_ENV = "STREAMS_RUNTIME_ADMIN_SOCKET"
+"""Same variable `load_config` maps to `admin.socket`: daemon and client agree."""
+
+DEFAULT_TIMEOUT_S = 10.0
+_MAX_REPLY_BYTES = 64 << 20
+
+
+class AdminUnavailable(RuntimeError):
+    """No daemon answers on the socket (absent, refused, closed, timed out)."""
+
+
+class AdminCommandFailed(RuntimeError):
+    """The daemon answered `{"ok": false, "error": ...}`."""
+
+
+class AdminConnection:
+    """One connection to the admin socket; `call` sends a request, waits for the reply."""
+
+    def __init__(self, path: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.path = path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        self._buffer = b""
+        try:
+            self._sock.connect(path)
+        except FileNotFoundError:
+            self._sock.close()
+            raise AdminUnavailable(
+                f"no admin socket at {path} (is the daemon running with admin.socket set?)"
+            ) from None
+        except OSError as exc:
+            self._sock.close()
+            raise AdminUnavailable(f"cannot connect to admin socket {path}: {exc}") from None
+
+    def __enter__(self) -> AdminConnection:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def send_line(self, line: bytes, timeout: float | None = None) -> dict[str, Any]:
+        """Send raw bytes (a newline is added if missing) and return the parsed reply."""
+        if not line.endswith(b"\n"):
+            line += b"\n"
+        if timeout is not None:
+            self._sock.settimeout(timeout)
+        try:
+            self._sock.sendall(line)
+            return self.read_reply()
+        except TimeoutError:
+            raise AdminUnavailable(f"no reply from {self.path} in time") from None
+        except OSError as exc:
+            raise AdminUnavailable(f"admin socket {self.path}: {exc}") from None
+
+    def read_reply(self) -> dict[str, Any]:
+        """Read one reply line; AdminUnavailable if the daemon closes first."""
+        while b"\n" not in self._buffer:
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                raise AdminUnavailable(f"the daemon closed the connection on {self.path}")
+            self._buffer += chunk
+            if len(self._buffer) > _MAX_REPLY_BYTES:
+                raise AdminUnavailable("reply too long")
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        reply = json.loads(line)
+        if not isinstance(reply, dict) or "ok" not in reply:
+            raise AdminUnavailable(f"not an admin reply: {line[:200]!r}")
+        return reply
+
+    def call(self, command: str, timeout: float | None = None, **arguments: Any) -> Any:
+        """The result of one command; raises AdminCommandFailed for an error reply."""
+        payload = {"command": command, **arguments}
+        reply = self.send_line(json.dumps(payload).encode(), timeout)
+        if not reply["ok"]:
+            raise AdminCommandFailed(str(reply.get("error")))
+        return reply.get("result")
+
+
+def _timeout_for(arguments: Mapping[str, Any], timeout: float) -> float:
+    """Commands that wait for a thread's batch get their own timeout plus a margin."""
+    waits = arguments.get("timeout")
+    return max(timeout, float(waits) + 5.0) if isinstance(waits, int | float) else timeout
+
+
+def request(path: str, command: str, timeout: float = DEFAULT_TIMEOUT_S, **arguments: Any) -> Any:
+    """Send one command on a new connection and return its result."""
+    with AdminConnection(path, _timeout_for(arguments, timeout)) as conn:
+        return conn.call(command, **arguments)
+
+
+def resolve_socket(explicit: str | None, config_path: str | None = None) -> str | None:
+    """The socket path: `--socket`, else the config file's `admin.socket`, else the env."""
+    if explicit:
+        return explicit
+    from_env = os.environ.get(SOCKET_ENV)
+    if from_env:
+        return from_env
+    if config_path:
+        import tomllib
+
+        with open(config_path, "rb") as f:
+            document = tomllib.load(f)
+        value = document.get("admin.socket")
+        table = document.get("admin")
+        if value is None and isinstance(table, dict):
+            value = table.get("socket")
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+# --- rendering ------------------------------------------------------------------------
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [list(header)] + [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
+
+
+def _age(wall_time: float | None, now: float) -> str:
+    if wall_time is None:
+        return "never"
+    seconds = max(0.0, now - wall_time)
+    if seconds < 120:
+        return f"{seconds:.1f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def format_tasks(tasks: Sequence[Mapping[str, Any]]) -> str:
+    if not tasks:
+        return "no tasks assigned"
+    rows = [
+        (
+            t.get("id"),
+            t.get("state"),
+            t.get("owner"),
+            t.get("buffered"),
+            t.get("lag"),
+            t.get("processed"),
+            ",".join(t.get("partitions", [])),
+        )
+        for t in tasks
+    ]
+    return _table(("TASK", "STATE", "OWNER", "BUFFERED", "LAG", "PROCESSED", "PARTITIONS"), rows)
+
+
+def format_threads(result: Mapping[str, Any]) -> str:
+    threads = result.get("threads") or []
+    if not threads:
+        return "no processing threads"
+    live = set(result.get("names") or [])
+    rows = [
+        (
+            t["name"],
+            "alive" if t.get("alive") and t["name"] in live else "stopping",
+            t.get("task"),
+            t.get("batches"),
+            t.get("busy_seconds"),
+        )
+        for t in threads
+    ]
+    return _table(("THREAD", "STATE", "TASK", "BATCHES", "BUSY_S"), rows)
+
+
+def format_status(status: Mapping[str, Any], now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    threads = status.get("threads") or []
+    alive = [t["name"] for t in threads if t.get("alive")]
+    tasks = status.get("tasks") or []
+    by_state: dict[str, int] = {}
+    for t in tasks:
+        by_state[str(t.get("state"))] = by_state.get(str(t.get("state")), 0) + 1
+    daemon = status.get("daemon") or {}
+    down = status.get("broker_down_since")
+    lines = [
+        ("state", status.get("state")),
+        (
+            "application",
+            f"{status.get('application_id')} (client {status.get('client_id')}, "
+            f"{status.get('processing_guarantee')}, pid {daemon.get('pid', '?')})",
+        ),
+        ("threads", f"{len(alive)} alive" + (": " + ", ".join(alive) if alive else "")),
+        (
+            "tasks",
+            f"{len(tasks)}"
+            + (
+                " (" + ", ".join(f"{k} {v}" for k, v in sorted(by_state.items())) + ")"
+                if tasks
+                else ""
+            ),
+        ),
+        (
+            "records",
+            f"consumed {status.get('consumed', 0)}  processed {status.get('processed', 0)}  "
+            f"produced {status.get('produced', 0)}  skipped {status.get('skipped', 0)}  "
+            f"dead-lettered {status.get('dead_lettered', 0)}",
+        ),
+        ("lag", f"{status.get('total_lag', 0)} records"),
+        (
+            "last commit",
+            f"{_age(status.get('last_commit'), now)} ({status.get('commits', 0)} commits"
+            + (
+                f", last took {1000 * float(status['last_commit_duration_s']):.0f} ms)"
+                if status.get("last_commit") is not None and "last_commit_duration_s" in status
+                else ")"
+            ),
+        ),
+        ("broker", "reachable" if down is None else f"unreachable since {_age(down, now)}"),
+    ]
+    if status.get("failed_threads"):
+        lines.append(("failed threads", status["failed_threads"]))
+    if status.get("failure"):
+        lines.append(("failure", status["failure"]))
+    metrics = daemon.get("metrics")
+    if metrics:
+        lines.append(("metrics", f"{metrics.get('url')}/metrics"))
+    width = max(len(k) for k, _ in lines)
+    head = "\n".join(f"{k.ljust(width)}  {v}" for k, v in lines)
+    return head + "\n\n" + format_tasks(tasks)
+
+
+def _format(command: str, result: Any) -> str:
+    if command == "status":
+        return format_status(result)
+    if command == "tasks":
+        return format_tasks(result["tasks"])
+    if command == "threads":
+        return format_threads(result)
+    if command == "threads.add":
+        return f"added {result['added']}; threads: {', '.join(result['names']) or 'none'}"
+    if command == "threads.remove":
+        return f"removed {result['removed']}; threads: {', '.join(result['names']) or 'none'}"
+    if command == "threads.set":
+        return f"threads: {', '.join(result['names']) or 'none'}"
+    if command in ("pause", "resume"):
+        what = result.get(command + "d")
+        target = "all tasks" if what == "all" else f"task {what}"
+        note = " (not assigned to this process now)" if result.get("assigned") is False else ""
+        return f"{command}d {target}{note}"
+    if command == "shutdown":
+        return f"shutting down (state {result.get('state')})"
+    return json.dumps(result, indent=2)
+
+
+def run_admin(
+    socket_path: str | None,
+    command: str,
+    arguments: Mapping[str, Any],
+    as_json: bool = False,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> int:
+    """The `streams-runtime admin` command: 0 ok, 1 failed or unreachable, 2 no socket."""
+    if not socket_path:
+        print(
+            f"streams-runtime admin: no socket; pass --socket PATH, --config app.toml "
+            f"(with admin.socket) or set {SOCKET_ENV}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        result = request(socket_path, command, timeout=timeout, **arguments)
+    except AdminUnavailable as exc:
+        print(f"streams-runtime admin: {exc}", file=sys.stderr)
+        return 1
+    except AdminCommandFailed as exc:
+        print(f"streams-runtime admin: {command}: {exc}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        print(_format(command, result))
+    return 0

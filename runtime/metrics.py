@@ -1,0 +1,431 @@
+"""Prometheus metrics and health endpoints, read from `App.status()` at scrape time.
+
+Nothing here sits on a hot path: `AppCollector` asks the app for one status
+snapshot per scrape and turns it into metric families, so processing and polling
+threads keep plain integer counters and pay nothing for metrics.
+
+HTTP: `MetricsServer` answers `GET /metrics` (Prometheus text format),
+`/healthz` (200 unless the app is in ERROR: the process is up and not failed)
+and `/readyz` (200 only while RUNNING) with a minimal HTTP/1.1 handler on an
+asyncio loop. The daemon runs it on its admin loop (no extra thread);
+`start_metrics_server` runs it on a background thread for embedded apps.
+
+Threads: `AppCollector.collect` runs on whichever thread scrapes (an executor
+thread of the admin loop). `MetricsServer` belongs to the loop it was started on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import Executor
+from typing import Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from runtime.logging import get_logger
+
+__all__ = [
+    "APP_STATES",
+    "FAMILIES",
+    "METRIC_NAMES",
+    "AppCollector",
+    "BackgroundMetricsServer",
+    "MetricsServer",
+    "make_registry",
+    "start_metrics_server",
+]
+
+log = get_logger("runtime.metrics")
+
+APP_STATES = (
+    "CREATED",
+    "REBALANCING",
+    "RUNNING",
+    "PENDING_SHUTDOWN",
+    "NOT_RUNNING",
+    "PENDING_ERROR",
+    "ERROR",
+)
+_TASK_STATES = ("RUNNING", "PAUSED", "FAILED")
+
+# name -> (type, help). Counters are exposed with a `_total` suffix, the summary
+# as `_count` and `_sum`, the info metric with `_info`.
+FAMILIES: dict[str, tuple[str, str]] = {
+    "streams_app": ("info", "The application: id, client id, processing guarantee."),
+    "streams_app_state": ("gauge", "1 for the app's current state, 0 for the others."),
+    "streams_records_consumed": ("counter", "Records the polling thread consumed."),
+    "streams_records_processed": ("counter", "Records the processing threads processed."),
+    "streams_records_produced": (
+        "counter",
+        "Records handed to the producer (output, changelogs, DLQ).",
+    ),
+    "streams_records_skipped": (
+        "counter",
+        "Records that failed and were skipped by a handler (log_and_continue or dead_letter_queue).",
+    ),
+    "streams_records_dead_lettered": ("counter", "Records written to the dead-letter topic."),
+    "streams_poison_records": (
+        "counter",
+        "Records that failed deserialization or processing and were handled (skipped, dead-lettered included).",
+    ),
+    "streams_commits": ("counter", "Successful commits."),
+    "streams_commit_failures": (
+        "counter",
+        "Failed commit attempts (retried with the next commit).",
+    ),
+    "streams_commit_duration_seconds": ("gauge", "Duration of the last successful commit."),
+    "streams_last_commit_timestamp_seconds": (
+        "gauge",
+        "Wall-clock time of the last successful commit (absent before the first).",
+    ),
+    "streams_task_buffered_records": ("gauge", "Input records buffered per task."),
+    "streams_consumer_lag": (
+        "gauge",
+        "Records between the processed position and the end of each input partition.",
+    ),
+    "streams_tasks": ("gauge", "Tasks of this process by state."),
+    "streams_processing_threads_alive": ("gauge", "Processing threads alive."),
+    "streams_failed_processing_threads": (
+        "counter",
+        "Processing threads that failed with an uncaught error.",
+    ),
+    "streams_broker_unreachable": ("gauge", "1 while the brokers are unreachable, else 0."),
+    "streams_process_batch_seconds": (
+        "summary",
+        "Time processing threads spent per task batch (count and sum, per thread).",
+    ),
+}
+
+
+def _sample_names(name: str, kind: str) -> tuple[str, ...]:
+    if kind == "counter":
+        return (name + "_total",)
+    if kind == "summary":
+        return (name + "_count", name + "_sum")
+    if kind == "info":
+        return (name + "_info",)
+    return (name,)
+
+
+METRIC_NAMES: frozenset[str] = frozenset(
+    sample for name, (kind, _) in FAMILIES.items() for sample in _sample_names(name, kind)
+)
+"""Every sample name the runtime exports (dashboards and alerts may use only these)."""
+
+
+def _counter(name: str, value: Any) -> CounterMetricFamily:
+    return CounterMetricFamily(name, FAMILIES[name][1], value=float(value or 0))
+
+
+def _gauge(name: str, value: Any = None, labels: list[str] | None = None) -> GaugeMetricFamily:
+    if labels is not None:
+        return GaugeMetricFamily(name, FAMILIES[name][1], labels=labels)
+    return GaugeMetricFamily(name, FAMILIES[name][1], value=float(value or 0))
+
+
+class AppCollector(Collector):
+    """A prometheus-client collector reading one `app.status()` per scrape."""
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # registration must not call status()
+
+    def collect(self) -> Iterator[Metric]:
+        status = self._app.status()
+        yield from self.families(status)
+
+    @staticmethod
+    def families(status: dict[str, Any]) -> Iterator[Metric]:
+        """The metric families for one status snapshot."""
+        info = InfoMetricFamily("streams_app", FAMILIES["streams_app"][1])
+        info.add_metric(
+            [],
+            {
+                "application_id": str(status.get("application_id", "")),
+                "client_id": str(status.get("client_id", "")),
+                "processing_guarantee": str(status.get("processing_guarantee", "")),
+            },
+        )
+        yield info
+
+        state = _gauge("streams_app_state", labels=["state"])
+        current = str(status.get("state", ""))
+        for name in APP_STATES if current in APP_STATES else (*APP_STATES, current):
+            state.add_metric([name], 1.0 if name == current else 0.0)
+        yield state
+
+        yield _counter("streams_records_consumed", status.get("consumed"))
+        yield _counter("streams_records_processed", status.get("processed"))
+        yield _counter("streams_records_produced", status.get("produced"))
+        yield _counter("streams_records_skipped", status.get("skipped"))
+        yield _counter("streams_records_dead_lettered", status.get("dead_lettered"))
+        # A dead-lettered record is also counted as skipped by the task, so the
+        # skipped count is every failed record that was handled.
+        yield _counter("streams_poison_records", status.get("skipped"))
+        yield _counter("streams_commits", status.get("commits"))
+        yield _counter("streams_commit_failures", status.get("commit_failures"))
+        yield _gauge("streams_commit_duration_seconds", status.get("last_commit_duration_s"))
+        if status.get("last_commit") is not None:
+            yield _gauge("streams_last_commit_timestamp_seconds", status["last_commit"])
+
+        tasks = status.get("tasks") or []
+        buffered = _gauge("streams_task_buffered_records", labels=["task"])
+        for task in tasks:
+            buffered.add_metric([str(task["id"])], float(task.get("buffered", 0)))
+        yield buffered
+
+        lag = _gauge("streams_consumer_lag", labels=["topic", "partition"])
+        for key, value in (status.get("lag") or {}).items():
+            topic, _, partition = str(key).rpartition("-")
+            lag.add_metric([topic, partition], float(value))
+        yield lag
+
+        by_state = Counter(str(task.get("state", "RUNNING")) for task in tasks)
+        task_states = _gauge("streams_tasks", labels=["state"])
+        for name in sorted(set(_TASK_STATES) | set(by_state)):
+            task_states.add_metric([name], float(by_state.get(name, 0)))
+        yield task_states
+
+        threads = status.get("threads") or []
+        alive = sum(1 for t in threads if t.get("alive"))
+        yield _gauge("streams_processing_threads_alive", alive)
+        yield _counter("streams_failed_processing_threads", status.get("failed_threads"))
+        down = status.get("broker_down_since") is not None
+        yield _gauge("streams_broker_unreachable", 1 if down else 0)
+
+        batches = SummaryMetricFamily(
+            "streams_process_batch_seconds",
+            FAMILIES["streams_process_batch_seconds"][1],
+            labels=["thread"],
+        )
+        for t in threads:
+            batches.add_metric(
+                [str(t["name"])],
+                count_value=int(t.get("batches", 0)),
+                sum_value=float(t.get("busy_seconds", 0.0)),
+            )
+        yield batches
+
+
+def make_registry(app: Any, process_metrics: bool = True) -> CollectorRegistry:
+    """A registry of its own (not the global one) with the app's metrics.
+
+    `process_metrics` adds prometheus-client's `process_*` metrics (CPU, memory,
+    open files) read from /proc.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AppCollector(app))
+    if process_metrics:
+        ProcessCollector(registry=registry)
+    return registry
+
+
+# --- HTTP ------------------------------------------------------------------------
+
+_MAX_HEADER_LINES = 100
+_READ_TIMEOUT_S = 10.0
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+class MetricsServer:
+    """`/metrics`, `/healthz`, `/readyz` on an asyncio server (its loop's thread only).
+
+    `port` 0 picks a free port; after `start()`, `port` is the real one.
+    Scrapes call `app.status()` on `executor` (None: the loop's default).
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        registry: CollectorRegistry | None = None,
+        executor: Executor | None = None,
+    ) -> None:
+        self.app = app
+        self.host = host
+        self.port = port
+        self.registry = registry if registry is not None else make_registry(app)
+        self._executor = executor
+        self._server: asyncio.AbstractServer | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        """Listen; raises OSError if the address is taken or invalid."""
+        self._server = await asyncio.start_server(
+            self._serve, self.host, self.port, limit=16 * 1024, reuse_address=True
+        )
+        sockets = self._server.sockets
+        if sockets:
+            self.port = int(sockets[0].getsockname()[1])
+        log.info("metrics_listening", host=self.host, port=self.port, url=self.url + "/metrics")
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server.wait_closed(), 2.0)
+
+    def state(self) -> str:
+        return str(self.app.state)
+
+    async def respond(self, method: str, path: str) -> tuple[int, str, bytes, dict[str, str]]:
+        """(status, content type, body, extra headers) for one request."""
+        text = "text/plain; charset=utf-8"
+        if method not in ("GET", "HEAD"):
+            return 405, text, b"method not allowed\n", {"Allow": "GET, HEAD"}
+        if path == "/metrics":
+            loop = asyncio.get_running_loop()
+            body = await loop.run_in_executor(self._executor, generate_latest, self.registry)
+            return 200, CONTENT_TYPE_LATEST, body, {}
+        if path == "/healthz":
+            state = self.state()
+            return (503 if state == "ERROR" else 200), text, f"{state}\n".encode(), {}
+        if path == "/readyz":
+            state = self.state()
+            return (200 if state == "RUNNING" else 503), text, f"{state}\n".encode(), {}
+        return 404, text, b"not found; try /metrics, /healthz or /readyz\n", {}
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(_read_request(reader), _READ_TIMEOUT_S)
+            extra: dict[str, str]
+            if request is None:
+                status, ctype, body, extra = 400, "text/plain", b"bad request\n", {}
+                method = "GET"
+            else:
+                method, path = request
+                try:
+                    status, ctype, body, extra = await self.respond(method, path)
+                except Exception as exc:
+                    log.warning("metrics_scrape_failed", error=repr(exc))
+                    status, ctype, body, extra = 500, "text/plain", b"scrape failed\n", {}
+            head = [
+                f"HTTP/1.1 {status} {_REASONS.get(status, '')}",
+                f"Content-Type: {ctype}",
+                f"Content-Length: {len(body)}",
+                "Connection: close",
+                *(f"{k}: {v}" for k, v in extra.items()),
+            ]
+            writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+            if method != "HEAD":
+                writer.write(body)
+            await writer.drain()
+        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
+            pass
+        except Exception as exc:
+            log.warning("metrics_connection_failed", error=repr(exc))
+        finally:
+            writer.close()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str] | None:
+    """(method, path) of an HTTP/1.x request head, or None if it is malformed."""
+    try:
+        first = await reader.readline()
+        for _ in range(_MAX_HEADER_LINES):
+            line = await reader.readline()
+            if line in (b"\r\n", b"\n", b""):
+                break
+        else:
+            return None
+    except (ValueError, asyncio.LimitOverrunError):
+        return None
+    parts = first.decode("latin-1").split()
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        return None
+    return parts[0], parts[1].split("?", 1)[0]
+
+
+class BackgroundMetricsServer:
+    """A `MetricsServer` on its own loop in a daemon thread (for embedded apps)."""
+
+    def __init__(self, server: MetricsServer) -> None:
+        self.server = server
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="metrics-http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def start(self) -> BackgroundMetricsServer:
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop serving and end the thread. Any thread but the server's; idempotent."""
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has ended already
+                loop.call_soon_threadsafe(stop.set)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        import uvloop
+
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            try:
+                await self.server.start()
+            except BaseException as exc:
+                self._error = exc
+                return
+            finally:
+                self._ready.set()
+            await self._stop.wait()
+            await self.server.stop()
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main())
+
+
+def start_metrics_server(
+    app: Any, host: str = "127.0.0.1", port: int = 0
+) -> BackgroundMetricsServer:
+    """Serve `/metrics`, `/healthz`, `/readyz` for `app` from a background thread.
+
+    For apps embedded in another program (the daemon serves metrics from its
+    own loop instead). Returns once listening; `.port` is the bound port,
+    `.close()` stops it. Raises OSError if the address cannot be bound.
+    """
+    return BackgroundMetricsServer(MetricsServer(app, host, port)).start()

@@ -1,0 +1,170 @@
+"""Persistent key-value store on RocksDB (rocksdict, raw bytes mode).
+
+Writes between commits stay in a pending overlay (key -> value, or None for a
+delete) that reads of the same task consult first (read-your-writes, merged
+into `range`/`all`). `commit()` turns the overlay into one `WriteBatch` and
+applies it with a single `db.write`: RocksDB applies a batch atomically (its
+WAL stays on), so a crash leaves either the whole commit on disk or none of it.
+The overlay holds the last write per key, so the batch carries each key once.
+
+Threads: the processing thread holding the task (reads, writes); the polling
+thread at commit (`flush`/`commit`) while the task is locked; the restoration
+thread (`restore_batch`) before the task is processed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from pathlib import Path
+
+from rocksdict import Options, Rdict, ReadOptions, WriteBatch
+
+from runtime.state.store import KeyValue, SortedKeys, StoreClosedError, merge_overlay
+
+# Entries read from RocksDB per iterator. Iterators are re-created per chunk, so
+# none outlives a `next()` call: an open rocksdict iterator keeps the database
+# (and its LOCK file) alive after `close()`.
+_CHUNK = 1024
+
+
+def _options() -> Options:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    return options
+
+
+class RocksDBKeyValueStore:
+    """One RocksDB database per store, at `path` (created if missing)."""
+
+    def __init__(self, name: str, path: str | os.PathLike[str]) -> None:
+        self._name = name
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._db: Rdict | None = Rdict(str(self.path), _options())
+        self._pending: dict[bytes, bytes | None] = {}
+        self._pending_keys = SortedKeys()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def persistent(self) -> bool:
+        return True
+
+    @property
+    def is_open(self) -> bool:
+        return self._db is not None
+
+    @property
+    def pending_writes(self) -> int:
+        """Keys written since the last commit."""
+        return len(self._pending)
+
+    def _open_db(self) -> Rdict:
+        db = self._db
+        if db is None:
+            raise StoreClosedError(f"store {self._name!r} is closed")
+        return db
+
+    # --- reads and writes (processing thread) ----------------------------------
+
+    def get(self, key: bytes) -> bytes | None:
+        pending = self._pending
+        if key in pending:
+            return pending[key]
+        value: bytes | None = self._open_db().get(key)
+        return value
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if value is None:
+            raise ValueError("put(key, None): use delete(key)")
+        pending = self._pending
+        if key not in pending:
+            self._pending_keys.add(key)
+        pending[key] = value
+
+    def delete(self, key: bytes) -> None:
+        pending = self._pending
+        if key not in pending:
+            self._pending_keys.add(key)
+        pending[key] = None
+
+    def range(self, lo: bytes | None, hi: bytes | None) -> Iterator[KeyValue]:
+        self._open_db()
+        pending = self._pending
+        overlay = [(k, pending[k]) for k in self._pending_keys.between(lo, hi)]
+        return merge_overlay(overlay, self._db_range(lo, hi))
+
+    def all(self) -> Iterator[KeyValue]:
+        return self.range(None, None)
+
+    def _db_range(self, lo: bytes | None, hi: bytes | None) -> Iterator[KeyValue]:
+        start = lo
+        while True:
+            db = self._open_db()
+            read_options = ReadOptions()
+            if hi is not None:
+                read_options.set_iterate_upper_bound(hi + b"\x00")  # exclusive bound
+            chunk: list[KeyValue] = list(
+                islice(db.items(from_key=start, read_opt=read_options), _CHUNK)
+            )
+            yield from chunk
+            if len(chunk) < _CHUNK:
+                return
+            start = chunk[-1][0] + b"\x00"  # the smallest key after the last one
+
+    def approximate_num_entries(self) -> int:
+        estimate = self._open_db().property_int_value("rocksdb.estimate-num-keys") or 0
+        return int(estimate) + sum(1 for v in self._pending.values() if v is not None)
+
+    # --- commit, restoration, lifecycle (polling / restoration thread) --------
+
+    def commit(self) -> int:
+        """Apply the pending writes as one atomic write batch; returns their count."""
+        db = self._open_db()
+        pending = self._pending
+        if not pending:
+            return 0
+        batch = WriteBatch(raw_mode=True)
+        for key, value in pending.items():
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        db.write(batch)
+        count = len(pending)
+        self._pending = {}
+        self._pending_keys.clear()
+        return count
+
+    def flush(self) -> None:
+        self.commit()
+
+    def restore_batch(self, records: Iterable[tuple[bytes, bytes | None]]) -> int:
+        """Apply changelog records (None value: delete) straight to disk, atomically.
+
+        Pending writes, if any, stay on top (they are newer). Returns the count.
+        """
+        db = self._open_db()
+        batch = WriteBatch(raw_mode=True)
+        count = 0
+        for key, value in records:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+            count += 1
+        if count:
+            db.write(batch)
+        return count
+
+    def close(self) -> None:
+        """Close the database; writes not committed are dropped."""
+        db, self._db = self._db, None
+        self._pending = {}
+        self._pending_keys.clear()
+        if db is not None:
+            db.close()
