@@ -32,7 +32,6 @@ from prometheus_client.core import (
     Metric,
     SummaryMetricFamily,
 )
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from runtime.logging import get_logger
@@ -237,6 +236,9 @@ def make_registry(app: Any, process_metrics: bool = True) -> CollectorRegistry:
 
 # --- HTTP ------------------------------------------------------------------------
 
+# The classic text format every Prometheus version parses (generate_latest writes it
+# for names like ours; newer prometheus-client versions advertise 1.0.0 by default).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _MAX_HEADER_LINES = 100
 _READ_TIMEOUT_S = 10.0
 _REASONS = {
@@ -305,7 +307,7 @@ class MetricsServer:
         if path == "/metrics":
             loop = asyncio.get_running_loop()
             body = await loop.run_in_executor(self._executor, generate_latest, self.registry)
-            return 200, CONTENT_TYPE_LATEST, body, {}
+            return 200, CONTENT_TYPE, body, {}
         if path == "/healthz":
             state = self.state()
             return (503 if state == "ERROR" else 200), text, f"{state}\n".encode(), {}

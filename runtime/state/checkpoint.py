@@ -14,6 +14,7 @@ logged, never raised.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -109,7 +110,5 @@ def _parse(text: str) -> Offsets:
 
 def delete_checkpoint(path: str | os.PathLike[str]) -> None:
     """Remove the checkpoint (e.g. when the local state can no longer be trusted)."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass

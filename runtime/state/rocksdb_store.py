@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
+from typing import cast
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch
 
@@ -108,9 +109,9 @@ class RocksDBKeyValueStore:
             read_options = ReadOptions()
             if hi is not None:
                 read_options.set_iterate_upper_bound(hi + b"\x00")  # exclusive bound
-            chunk: list[KeyValue] = list(
-                islice(db.items(from_key=start, read_opt=read_options), _CHUNK)
-            )
+            items = cast("Iterable[KeyValue]", db.items(from_key=start, read_opt=read_options))
+            chunk = list(islice(items, _CHUNK))
+            del items, db  # drop the rocksdict iterator before yielding
             yield from chunk
             if len(chunk) < _CHUNK:
                 return
