@@ -3,8 +3,9 @@
 Writes between commits stay in a pending overlay (key -> value, or None for a
 delete) that reads of the same task consult first (read-your-writes, merged
 into `range`/`all`). `commit()` turns the overlay into one `WriteBatch` and
-applies it with a single `db.write`: RocksDB applies a batch atomically (its
-WAL stays on), so a crash leaves either the whole commit on disk or none of it.
+applies it with a single synced `db.write`: RocksDB applies a batch atomically
+(its WAL stays on), so a crash leaves either the whole commit on disk or none
+of it, and a commit that returned survives a power loss.
 The overlay holds the last write per key, so the batch carries each key once.
 
 Threads: the processing thread holding the task (reads, writes); the polling
@@ -20,7 +21,7 @@ from itertools import islice
 from pathlib import Path
 from typing import cast
 
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch
+from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from runtime.state.store import KeyValue, SortedKeys, StoreClosedError, merge_overlay
 
@@ -28,6 +29,12 @@ from runtime.state.store import KeyValue, SortedKeys, StoreClosedError, merge_ov
 # none outlives a `next()` call: an open rocksdict iterator keeps the database
 # (and its LOCK file) alive after `close()`.
 _CHUNK = 1024
+
+
+# Commits are synced to disk: the checkpoint written after a commit must never
+# claim changelog offsets whose writes a power loss could still take back.
+_SYNC = WriteOptions()
+_SYNC.sync = True
 
 
 def _options() -> Options:
@@ -135,7 +142,7 @@ class RocksDBKeyValueStore:
                 batch.delete(key)
             else:
                 batch.put(key, value)
-        db.write(batch)
+        db.write(batch, _SYNC)
         count = len(pending)
         self._pending = {}
         self._pending_keys.clear()
@@ -148,6 +155,8 @@ class RocksDBKeyValueStore:
         """Apply changelog records (None value: delete) straight to disk, atomically.
 
         Pending writes, if any, stay on top (they are newer). Returns the count.
+        Not synced (restoration writes many batches): call `sync()` before a
+        checkpoint names the restored offsets.
         """
         db = self._open_db()
         batch = WriteBatch(raw_mode=True)
@@ -161,6 +170,10 @@ class RocksDBKeyValueStore:
         if count:
             db.write(batch)
         return count
+
+    def sync(self) -> None:
+        """Sync RocksDB's write-ahead log to disk (after restoration batches)."""
+        self._open_db().flush_wal(True)
 
     def close(self) -> None:
         """Close the database; writes not committed are dropped."""

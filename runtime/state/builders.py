@@ -1,0 +1,288 @@
+"""Store specs and the one call that builds a task's layered stores.
+
+The layers, outermost first (Kafka Streams' order):
+
+    [WindowStore]  composite keys, expiry             (window stores only)
+    Metered        counts (latency totals if asked)
+    Caching        folds writes per key until commit; on_flush forwards
+    ChangeLogging  one changelog record per emitted write
+    inner          RocksDB or in-memory
+
+Caching sits above change-logging so that folded writes produce one changelog
+record per key per commit. With caching off (`cache.max.bytes=0`, or
+`StoreSpec.caching=False`) but an `on_flush` listener, the caching layer stays
+as a pass-through that forwards every write at once.
+
+Layout on disk: `<state.dir>/<application.id>/<task id>/rocksdb/<store>`, and
+the task's checkpoint file `<task dir>/.checkpoint`.
+
+Threads: `build_store` runs on whichever thread creates the task (the polling
+thread); the returned store then follows the package docstring.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from runtime.state.cache import CacheBudget, CachingKeyValueStore, FlushListener
+from runtime.state.changelog import (
+    ChangeLoggingKeyValueStore,
+    ChangelogSink,
+    changelog_topic_name,
+    wall_clock_ms,
+)
+from runtime.state.checkpoint import Offsets
+from runtime.state.memory_store import InMemoryKeyValueStore
+from runtime.state.metered import MeteredKeyValueStore, metered
+from runtime.state.rocksdb_store import RocksDBKeyValueStore
+from runtime.state.store import KeyValueStore, ReadOnlyKeyValueStore
+from runtime.state.windowed_store import ReadOnlyWindowStore, WindowStore
+
+StoreKind = Literal["rocksdb", "memory", "window"]
+_KINDS = ("rocksdb", "memory", "window")
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """What a topology declares about one store; the same for every task."""
+
+    name: str
+    kind: StoreKind = "rocksdb"
+    changelog: bool = True
+    caching: bool = True
+    window_size_ms: int | None = None  # window stores only
+    retention_ms: int | None = None  # window stores only (default: window size)
+    send_old_values: bool = False  # on_flush also gets the previous value
+    timed_metrics: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ValueError(f"invalid store name {self.name!r}")
+        if self.kind not in _KINDS:
+            raise ValueError(f"store {self.name!r}: kind must be one of {_KINDS}")
+        if self.kind == "window":
+            if self.window_size_ms is None or self.window_size_ms <= 0:
+                raise ValueError(f"window store {self.name!r} needs window_size_ms > 0")
+            if self.retention_ms is not None and self.retention_ms < self.window_size_ms:
+                raise ValueError(f"window store {self.name!r}: retention below window size")
+        elif self.window_size_ms is not None or self.retention_ms is not None:
+            raise ValueError(f"store {self.name!r}: window settings on a {self.kind} store")
+
+
+def task_directory(state_dir: str | os.PathLike[str], application_id: str, task_id: str) -> Path:
+    """`<state.dir>/<application.id>/<task id>`."""
+    return Path(state_dir) / application_id / task_id
+
+
+def rocksdb_path(task_dir: str | os.PathLike[str], store_name: str) -> Path:
+    return Path(task_dir) / "rocksdb" / store_name
+
+
+class LayeredStore:
+    """One built store: `store` for processors, the rest for the task runtime.
+
+    `store` is what `TaskContext.state_store(name)` returns: the metered top
+    of the key-value stack, or the `WindowStore` over it. `base` is the inner
+    RocksDB or in-memory store (restoration target), `changelog` the
+    change-logging layer (None when not logged), `cache` the caching layer
+    (None when absent).
+    """
+
+    def __init__(
+        self,
+        spec: StoreSpec,
+        store: MeteredKeyValueStore | WindowStore,
+        metered_layer: MeteredKeyValueStore,
+        cache: CachingKeyValueStore | None,
+        changelog: ChangeLoggingKeyValueStore | None,
+        base: RocksDBKeyValueStore | InMemoryKeyValueStore,
+    ) -> None:
+        self.spec = spec
+        self.store = store
+        self.metered = metered_layer
+        self.cache = cache
+        self.changelog = changelog
+        self.base = base
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def persistent(self) -> bool:
+        return self.base.persistent
+
+    @property
+    def changelog_topic(self) -> str | None:
+        return self.changelog.topic if self.changelog is not None else None
+
+    # --- commit (polling thread, task locked) --------------------------------
+
+    def flush(self) -> None:
+        """Emit the cache (changelog records, downstream updates), then write the
+        pending batch to RocksDB atomically."""
+        self.store.flush()
+
+    def update_changelog_offset(self, next_offset: int) -> None:
+        """After the producer acknowledged this commit's changelog records."""
+        if self.changelog is not None:
+            self.changelog.update_changelog_offset(next_offset)
+
+    def checkpoint_offsets(self) -> Offsets:
+        """This store's entries of the task checkpoint (persistent, logged stores)."""
+        if self.changelog is None or not self.persistent:
+            return {}
+        return self.changelog.checkpoint_offsets()
+
+    # --- restoration (restoration thread, before processing) -----------------
+
+    def apply_checkpoint(self, offsets: Offsets | None) -> int | None:
+        """Take this store's position from the task's checkpoint.
+
+        Returns the changelog offset to restore from, or None for "from the
+        beginning" (no checkpoint, not persistent, or not in the file).
+        """
+        if self.changelog is None or not self.persistent or not offsets:
+            return None
+        position = offsets.get((self.changelog.topic, self.changelog.partition))
+        if position is not None:
+            self.changelog.update_changelog_offset(position)
+        return position
+
+    def restore_batch(
+        self, records: Iterable[tuple[bytes, bytes | None]], next_offset: int | None = None
+    ) -> int:
+        """Apply changelog records straight to the inner store (no changelog, no
+        cache, no downstream); `next_offset` is the position after them.
+
+        Call `sync()` before writing a checkpoint that names restored offsets."""
+        count = self.base.restore_batch(records)
+        if isinstance(self.store, WindowStore):
+            self.store.restored()
+        if next_offset is not None and self.changelog is not None:
+            self.changelog.update_changelog_offset(next_offset)
+        return count
+
+    def sync(self) -> None:
+        """Make restored writes durable (commits are synced already)."""
+        if isinstance(self.base, RocksDBKeyValueStore):
+            self.base.sync()
+
+    # --- queries, metrics, lifecycle ------------------------------------------
+
+    def read_only(self) -> ReadOnlyKeyValueStore | ReadOnlyWindowStore:
+        if isinstance(self.store, WindowStore):
+            return ReadOnlyWindowStore(self.store)
+        return ReadOnlyKeyValueStore(self.store)
+
+    def metrics(self) -> dict[str, float]:
+        snapshot = self.metered.metrics()
+        if self.cache is not None:
+            snapshot.update(
+                cache_hits=self.cache.hits,
+                cache_misses=self.cache.misses,
+                cache_evictions=self.cache.evictions,
+                cache_bytes=self.cache.cached_bytes,
+            )
+        if self.changelog is not None:
+            snapshot["changelog_records"] = self.changelog.records_logged
+        return snapshot
+
+    def close(self) -> None:
+        """Close without flushing: call `flush` first for a clean close."""
+        self.store.close()
+
+
+def build_store(
+    spec: StoreSpec,
+    task_dir: str | os.PathLike[str],
+    application_id: str,
+    partition: int,
+    cache_budget: CacheBudget | None,
+    changelog_sink: ChangelogSink | None,
+    on_flush: FlushListener | None = None,
+    clock: Callable[[], int] = wall_clock_ms,
+) -> LayeredStore:
+    """Open (creating if needed) one store of a task and wrap it in its layers.
+
+    `changelog_sink` is the task's `send` (required when `spec.changelog`);
+    `on_flush(key, value, old_value, timestamp)` receives the folded
+    downstream updates; `clock` gives the current record's timestamp.
+    """
+    base: RocksDBKeyValueStore | InMemoryKeyValueStore
+    if spec.kind == "memory":
+        base = InMemoryKeyValueStore(spec.name)
+    else:
+        base = RocksDBKeyValueStore(spec.name, rocksdb_path(task_dir, spec.name))
+    stack: KeyValueStore = base
+    changelog = None
+    if spec.changelog:
+        if changelog_sink is None:
+            base.close()
+            raise ValueError(f"store {spec.name!r} is change-logged but no changelog sink given")
+        changelog = ChangeLoggingKeyValueStore(
+            base, changelog_sink, changelog_topic_name(application_id, spec.name), partition, clock
+        )
+        stack = changelog
+    cache = None
+    caching = spec.caching and cache_budget is not None and cache_budget.enabled
+    if caching or on_flush is not None:
+        budget = cache_budget if caching and cache_budget is not None else CacheBudget(0)
+        cache = CachingKeyValueStore(stack, budget, on_flush, clock, spec.send_old_values)
+        stack = cache
+    metered_layer = metered(stack, timed=spec.timed_metrics)
+    store: MeteredKeyValueStore | WindowStore = metered_layer
+    if spec.kind == "window":
+        assert spec.window_size_ms is not None
+        retention = spec.retention_ms if spec.retention_ms is not None else spec.window_size_ms
+        store = WindowStore(metered_layer, spec.window_size_ms, retention, base=base)
+    return LayeredStore(spec, store, metered_layer, cache, changelog, base)
+
+
+def build_task_stores(
+    specs: Iterable[StoreSpec],
+    task_dir: str | os.PathLike[str],
+    application_id: str,
+    partition: int,
+    cache_budget: CacheBudget | None,
+    changelog_sink: ChangelogSink | None,
+    on_flush: Callable[[str], FlushListener | None] | None = None,
+    clock: Callable[[], int] = wall_clock_ms,
+) -> dict[str, LayeredStore]:
+    """All stores of one task, by name; `on_flush(store name)` picks each listener.
+
+    On failure, the stores already opened are closed again.
+    """
+    stores: dict[str, LayeredStore] = {}
+    try:
+        for spec in specs:
+            if spec.name in stores:
+                raise ValueError(f"duplicate store name {spec.name!r}")
+            listener = on_flush(spec.name) if on_flush is not None else None
+            stores[spec.name] = build_store(
+                spec,
+                task_dir,
+                application_id,
+                partition,
+                cache_budget,
+                changelog_sink,
+                listener,
+                clock,
+            )
+    except BaseException:
+        for built in stores.values():
+            built.close()
+        raise
+    return stores
+
+
+def task_checkpoint_offsets(stores: Iterable[LayeredStore]) -> Offsets:
+    """The offsets of a task's checkpoint file: all its persistent logged stores."""
+    offsets: Offsets = {}
+    for store in stores:
+        offsets.update(store.checkpoint_offsets())
+    return offsets
