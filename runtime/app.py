@@ -19,13 +19,15 @@ from confluent_kafka.admin import AdminClient
 from runtime.collector.collector import RecordCollector
 from runtime.config import StreamsConfig
 from runtime.logging import get_logger
-from runtime.polling.clients import admin_config
+from runtime.polling.clients import admin_config, restore_consumer_config
 from runtime.polling.polling_thread import PollingThread, PollingThreadHooks
 from runtime.polling.topics import TopicLayout, resolve_topics
 from runtime.processing.errors import ErrorPolicy, TaskFailedError
 from runtime.processing.task import StreamTask, TaskSettings
 from runtime.processing.task_manager import TaskManager
 from runtime.processing.threads import ProcessingThreadPool
+from runtime.state.cache import CacheBudget
+from runtime.state.restoration import RestorationThread
 from runtime.topology.topology import Topology
 
 log = get_logger("runtime.app")
@@ -79,6 +81,14 @@ SHUTDOWN_APPLICATION = ExceptionHandlerResponse.SHUTDOWN_APPLICATION
 UncaughtExceptionHandler = Callable[[BaseException], ExceptionHandlerResponse]
 
 
+def _sum_dicts(dicts: Any) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
 class IllegalStateError(RuntimeError):
     """An operation the app's current state does not allow."""
 
@@ -103,6 +113,7 @@ class App:
             self.config.client_id, self._task_manager, self.config.task_timeslice_ms
         )
         self._polling: PollingThread | None = None
+        self._restoration: RestorationThread | None = None
         self._exception_handler: UncaughtExceptionHandler | None = None
         self.failed_threads = 0
         self._layout: TopicLayout | None = None
@@ -135,7 +146,13 @@ class App:
                     dead_letter_topic=config.dead_letter_queue_topic,
                 ),
                 partition_counts=self._layout.partitions,
+                state_dir=config.state_dir,
+                cache_budget=CacheBudget(config.cache_max_bytes),
             )
+            if self._layout.changelogs:
+                self._restoration = RestorationThread(
+                    f"{config.client_id}-RestorationThread", restore_consumer_config(config)
+                )
             self._polling = PollingThread(
                 config,
                 self.topology,
@@ -148,9 +165,12 @@ class App:
                     on_revoking=self._on_revoking,
                     on_task_failures=self._on_task_failures,
                 ),
+                self._restoration,
             )
             self._set_state(AppState.REBALANCING)
             self._started_at = time.time()
+            if self._restoration is not None:
+                self._restoration.start()
             self._polling.start()
             for _ in range(config.processing_threads):
                 self._pool.add()
@@ -203,6 +223,9 @@ class App:
         assert polling is not None
         polling.join()
         self._pool.stop_all(timeout=self.config.shutdown_timeout_ms / 1000.0)
+        if self._restoration is not None:
+            self._restoration.request_stop()
+            self._restoration.join(timeout=self.config.shutdown_timeout_ms / 1000.0)
         with self._lock:
             failure = self._failure or polling.fatal_error
             if failure is not None:
@@ -398,6 +421,24 @@ class App:
                     "dead_lettered": task.dead_lettered_count,
                 }
             )
+        restoration = self._restoration
+        progress = dict(restoration.progress) if restoration else {}
+        for task in polling.restoring_tasks() if polling else []:
+            figures = progress.get(task.id, {})
+            tasks.append(
+                {
+                    "id": task.id,
+                    "state": "RESTORING",
+                    "owner": None,
+                    "partitions": [f"{t}-{task.partition}" for t in task.queues],
+                    "buffered": task.buffered,
+                    "processed": 0,
+                    "skipped": 0,
+                    "dead_lettered": 0,
+                    "restore": figures,
+                }
+            )
+        tasks.sort(key=lambda t: t["id"])
         threads = [
             {
                 "name": t.name,
@@ -434,4 +475,6 @@ class App:
             "total_lag": sum(lag.values()),
             "broker_down_since": polling.broker_down_since if polling else None,
             "failure": repr(self._failure) if self._failure else None,
+            "restored": restoration.restored_total if restoration else 0,
+            "dropped": _sum_dicts(t.dropped for t in live_tasks),
         }

@@ -327,10 +327,14 @@ class StreamsConfig:
     dead_letter_queue_topic: str | None = setting("errors.dead.letter.queue.topic.name", "str", _dlq_topic_default, "Dead-letter topic: failed records are also written here, with error headers.", pattern=_TOPIC, nullable=True, default_doc=_DLQ_DEFAULT_DOC)
     replication_factor: int = setting("replication.factor", "int", -1, "Replication factor of topics the runtime creates; -1: the broker's default.", min=1, also=(-1,))
     log_level: LogLevel = setting("log.level", "enum", "info", "Log level of the runtime.", choices=_LOG_LEVELS)
+    cache_max_bytes: int = setting("cache.max.bytes", "int", 10485760, "Bytes of store cache shared by ALL tasks and threads of the process (adding threads does not add cache); 0 turns caching off.", min=0)
     shutdown_timeout_ms: int = setting("shutdown.timeout.ms", "int", 30000, "How long (ms) a graceful shutdown may take, final commit included.", min=0)
     admin_socket: str | None = setting("admin.socket", "str", None, "Path of the admin Unix socket (`streams-runtime admin`); unset: no socket.", nullable=True)
     metrics_port: int | None = setting("metrics.port", "int", None, "Port of the HTTP endpoint for `/metrics`, `/healthz`, `/readyz`; 0: any free port; unset: off.", min=0, max=65535, nullable=True)
     metrics_host: str = setting("metrics.host", "str", "127.0.0.1", "Address the metrics endpoint listens on.")
+    processing_threads_autoscale: bool = setting("processing.threads.autoscale", "bool", False, "Let the daemon add processing threads while lag grows and all are busy, and remove idle ones.")
+    processing_threads_min: int = setting("processing.threads.min", "int", 1, "Fewest processing threads the autoscaler keeps.", min=0)
+    processing_threads_max: int = setting("processing.threads.max", "int", 8, "Most processing threads the autoscaler starts.", min=1)
     # fmt: on
 
     consumer_overrides: dict[str, Any] = passthrough(

@@ -65,6 +65,25 @@ def producer_config(config: StreamsConfig, callbacks: dict[str, Any]) -> dict[st
     return settings
 
 
+def restore_consumer_config(config: StreamsConfig) -> dict[str, Any]:
+    """The restoration thread's consumer: assign() only, never joins the group."""
+    settings: dict[str, Any] = {
+        "bootstrap.servers": config.bootstrap_servers,
+        # librdkafka insists on a group id even for a consumer that only
+        # assigns; it is never used to join or commit.
+        "group.id": f"{config.application_id}-restore-consumer",
+        "client.id": f"{config.client_id}-restore-consumer",
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+        "enable.partition.eof": True,
+        "queued.min.messages": 20000,
+        "log.connection.close": False,
+    }
+    settings.update(config.restore_consumer_overrides)
+    settings.update(_FORCED_CONSUMER)
+    return settings
+
+
 def admin_config(config: StreamsConfig) -> dict[str, Any]:
     settings: dict[str, Any] = {
         "bootstrap.servers": config.bootstrap_servers,

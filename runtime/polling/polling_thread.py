@@ -34,6 +34,7 @@ from runtime.polling.topics import TopicLayout
 from runtime.processing.errors import TaskFailedError
 from runtime.processing.task import StreamTask, TaskSettings, task_id_of
 from runtime.processing.task_manager import TaskManager
+from runtime.state.restoration import RestorationThread
 from runtime.topology.topology import Topology
 
 log = get_logger("runtime.polling")
@@ -75,6 +76,7 @@ class PollingThread(threading.Thread):
         task_manager: TaskManager,
         collector: RecordCollector,
         hooks: PollingThreadHooks,
+        restoration: RestorationThread | None = None,
     ) -> None:
         super().__init__(name=f"{config.client_id}-PollingThread", daemon=True)
         self._config = config
@@ -90,6 +92,12 @@ class PollingThread(threading.Thread):
         self._commit_now = threading.Event()
         self._abort = False  # stop without the final commit (a fatal error)
         self._tasks: dict[str, StreamTask] = {}
+        # Tasks handed to the restoration thread and not yet back: in _tasks
+        # (this instance owns them) but not in the task manager.
+        self._restoring: set[str] = set()
+        self._restoration = restoration
+        self._changelog_topics = set(layout.changelogs)
+        self._changelog_produced: dict[tuple[str, int], int] = {}
         self._delivery_errors: list[str] = []
         self._last_commit = time.monotonic()
         self._last_lag_refresh = 0.0
@@ -167,6 +175,8 @@ class PollingThread(threading.Thread):
             self.route_records(records)
         if self._buffers.any_paused:
             self.resume_drained_partitions()
+        if self._restoring:
+            self.take_restored_tasks()
         self.drain_collector()
         self._producer.poll(0)
         self.check_failures()
@@ -192,6 +202,20 @@ class PollingThread(threading.Thread):
         if to_resume:
             self._consumer.resume([TopicPartition(t, p) for t, p in to_resume])
 
+    def take_restored_tasks(self) -> None:
+        """Give tasks the restoration thread finished to the task manager."""
+        assert self._restoration is not None
+        if self._restoration.fatal_error is not None:
+            raise FatalError(f"restoration failed: {self._restoration.fatal_error}")
+        for task in self._restoration.drain_restored():
+            if task.id in self._restoring and not task.closed:
+                self._restoring.discard(task.id)
+                self._task_manager.add_task(task)
+                log.info("task_running", task_id=task.id, restored=task.restored_records)
+
+    def restoring_tasks(self) -> list[StreamTask]:
+        return [self._tasks[t] for t in sorted(self._restoring) if t in self._tasks]
+
     def drain_collector(self) -> int:
         """Move every buffered output record into the producer."""
         buffers = self._collector.take_all()
@@ -204,6 +228,10 @@ class PollingThread(threading.Thread):
         return produced
 
     def _produce(self, records: list[OutputRecord]) -> int:
+        first = records[0]
+        if first.topic in self._changelog_topics:
+            tp = (first.topic, first.partition)
+            self._changelog_produced[tp] = self._changelog_produced.get(tp, 0) + len(records)
         produce = self._producer.produce
         for record in records:
             while True:
@@ -273,7 +301,8 @@ class PollingThread(threading.Thread):
 
     def _commit_locked(self, reason: str, tasks: list[StreamTask] | None = None) -> bool:
         started = time.monotonic()
-        tasks = list(self._tasks.values()) if tasks is None else tasks
+        if tasks is None:
+            tasks = [t for t in self._tasks.values() if t.id not in self._restoring]
         offsets: list[TopicPartition] = []
         per_task: list[tuple[StreamTask, dict[str, int]]] = []
         for task in tasks:
@@ -282,11 +311,18 @@ class PollingThread(threading.Thread):
             if moved:
                 per_task.append((task, moved))
                 offsets.extend(TopicPartition(t, task.partition, o) for t, o in moved.items())
-        # Output first, acknowledged, then the offsets that produced it (rule 3).
+        # State first: cached writes become changelog records and downstream
+        # output, store batches go to disk.
+        for task in tasks:
+            task.flush_state()
+            self._collector.hand_over(task.take_output())
+        # Output acknowledged, then the offsets that produced it (rule 3).
         self.drain_collector()
         self.flush_producer()
         if self._delivery_errors:
             raise FatalError(f"output could not be delivered: {self._delivery_errors[0]}")
+        for task in tasks:
+            task.write_checkpoint(self._changelog_produced)
         if not offsets:
             return True
         try:
@@ -418,9 +454,15 @@ class PollingThread(threading.Thread):
                 ]
                 task = StreamTask(self._subtopologies[sub_id], tp.partition, topics, self._settings)
                 self._tasks[task_id] = task
-                self._task_manager.add_task(task)
                 created += 1
-                log.info("task_created", task_id=task_id)
+                if task.changelog_partitions:
+                    assert self._restoration is not None, "stores need the restoration thread"
+                    self._restoring.add(task_id)
+                    self._restoration.add_task(task)
+                    log.info("task_created", task_id=task_id, restoring=True)
+                else:
+                    self._task_manager.add_task(task)
+                    log.info("task_created", task_id=task_id)
             self._buffers.register(task.queues[tp.topic])
         return created
 
@@ -428,6 +470,11 @@ class PollingThread(threading.Thread):
         """Remove and close tasks; all tasks must be locked by the caller."""
         for task_id in task_ids:
             task = self._tasks.pop(task_id)
+            if task_id in self._restoring:
+                assert self._restoration is not None
+                self._restoring.discard(task_id)
+                # The restoration thread must let go of the stores first.
+                self._restoration.remove_task(task_id).result(timeout=30)
             self._task_manager.remove_task(task_id)
             for topic in task.queues:
                 self._buffers.unregister(topic, task.partition)
@@ -522,13 +569,8 @@ class PollingThread(threading.Thread):
                 log.warning("producer_close_unflushed", unacknowledged=remaining)
         except Exception as exc:
             log.warning("producer_close_failed", error=str(exc))
-        for task_id in list(self._tasks):
-            task = self._tasks.pop(task_id)
-            self._retire_counts(task)
-            try:
-                task.close()
-            except Exception as exc:
-                log.warning("task_close_failed", task_id=task_id, error=str(exc))
+        # Left over only if close() did not call on_revoke: close them dirty.
+        self._tasks_close_all_dirty()
 
     def _tasks_close_all_dirty(self) -> None:
         """Close every task without committing (after a fatal error).
@@ -540,6 +582,8 @@ class PollingThread(threading.Thread):
             task = self._tasks.pop(task_id)
             self._retire_counts(task)
             try:
+                if task_id in self._restoring and self._restoration is not None:
+                    self._restoration.remove_task(task_id).result(timeout=30)
                 self._task_manager.remove_task(task_id)
                 task.close()
             except Exception as exc:

@@ -33,6 +33,8 @@ class TopicLayout:
     partitions: dict[str, int]
     # full source topic name -> subtopology id
     subtopology_of: dict[str, int]
+    # changelog topic -> subtopology id
+    changelogs: dict[str, int]
 
     def task_partitions(self, subtopology_id: int) -> int:
         return max(self.partitions[t] for t in self.sources[subtopology_id])
@@ -120,6 +122,35 @@ def resolve_topics(
                     f"partition counts: {listed}"
                 )
 
+    # Changelogs: one partition per task of the subtopology, compacted
+    # (windowed stores also delete what is past retention).
+    changelogs: dict[str, int] = {}
+    topic_configs: dict[str, dict[str, str]] = {}
+    for sub in topology.subtopologies:
+        source_counts = [partitions[n] for n in sources[sub.id] if n in partitions]
+        if not source_counts:
+            continue
+        tasks = max(source_counts)
+        for spec in getattr(sub, "store_specs", []):
+            if not spec.changelog:
+                continue
+            name = f"{application_id}-{spec.name}-changelog"
+            changelogs[name] = sub.id
+            if name in existing and existing[name] != tasks:
+                problems.append(
+                    f"changelog topic {name!r} has {existing[name]} partitions, "
+                    f"the store's subtopology has {tasks} tasks"
+                )
+            partitions[name] = tasks
+            if name not in existing:
+                to_create[name] = tasks
+                if spec.kind == "window":
+                    retention = (spec.retention_ms or spec.window_size_ms or 0) + 86_400_000
+                    topic_configs[name] = {"cleanup.policy": "compact,delete"}
+                    topic_configs[name]["retention.ms"] = str(retention)
+                else:
+                    topic_configs[name] = {"cleanup.policy": "compact"}
+
     for name, count in extra_outputs.items():
         if name in existing:
             partitions[name] = existing[name]
@@ -131,13 +162,24 @@ def resolve_topics(
         raise TopicError("; ".join(problems))
 
     if to_create:
-        _create(admin, to_create, replication_factor, timeout)
-    return TopicLayout(sources=sources, partitions=partitions, subtopology_of=subtopology_of)
+        _create(admin, to_create, topic_configs, replication_factor, timeout)
+    return TopicLayout(
+        sources=sources, partitions=partitions, subtopology_of=subtopology_of, changelogs=changelogs
+    )
 
 
-def _create(admin: AdminClient, topics: dict[str, int], replication: int, timeout: float) -> None:
+def _create(
+    admin: AdminClient,
+    topics: dict[str, int],
+    configs: dict[str, dict[str, str]],
+    replication: int,
+    timeout: float,
+) -> None:
     futures = admin.create_topics(
-        [NewTopic(name, count, replication) for name, count in topics.items()],
+        [
+            NewTopic(name, count, replication, config=configs.get(name, {}))
+            for name, count in topics.items()
+        ],
         operation_timeout=timeout,
         request_timeout=timeout,
     )

@@ -28,9 +28,14 @@ from runtime.processing.errors import (
     TaskFailedError,
     dead_letter_headers,
 )
+from runtime.state.builders import LayeredStore, build_task_stores, task_directory
+from runtime.state.cache import CacheBudget
+from runtime.state.checkpoint import checkpoint_path, read_checkpoint, write_checkpoint
 from runtime.topology.context import PunctuationType
 from runtime.topology.record import Headers
 from runtime.topology.topology import Subtopology, TaskGraph
+
+FlushListener = Callable[[bytes, bytes | None, bytes | None, int], None]
 
 log = get_logger("runtime.task")
 
@@ -98,12 +103,16 @@ class TaskSettings:
         default_value_serde: Any,
         error_policy: ErrorPolicy,
         partition_counts: dict[str, int],
+        state_dir: str,
+        cache_budget: CacheBudget | None,
     ) -> None:
         self.application_id = application_id
         self.default_key_serde = default_key_serde
         self.default_value_serde = default_value_serde
         self.error_policy = error_policy
         self.partition_counts = partition_counts
+        self.state_dir = state_dir
+        self.cache_budget = cache_budget
 
 
 class StreamTask:
@@ -139,6 +148,31 @@ class StreamTask:
         self._round_robin = partition
         self._record_topic = ""
         self._record_offset = -1
+        self._record_timestamp = -1
+        self.dropped: dict[str, int] = {}
+        self.restored_records = 0  # set by the restoration thread when done
+        # State: stores are opened here (polling thread) and read their
+        # checkpoint; the restoration thread brings them up to date before the
+        # task is handed to the task manager.
+        self.directory = task_directory(settings.state_dir, settings.application_id, self.id)
+        self._flush_listeners: dict[str, FlushListener] = {}
+        self.stores: dict[str, LayeredStore] = build_task_stores(
+            getattr(subtopology, "store_specs", []),
+            self.directory,
+            settings.application_id,
+            partition,
+            settings.cache_budget,
+            self.send,
+            on_flush=self._flush_dispatcher,
+            clock=self._current_timestamp,
+        )
+        checkpoint = read_checkpoint(checkpoint_path(self.directory)) if self.stores else None
+        # changelog (topic, partition) -> offset to restore from (None: beginning)
+        self.restore_from: dict[tuple[str, int], int | None] = {}
+        for store in self.stores.values():
+            start = store.apply_checkpoint(checkpoint)
+            if store.changelog_topic is not None:
+                self.restore_from[(store.changelog_topic, partition)] = start
         self.graph: TaskGraph = subtopology.instantiate()
         self._sources = {
             self.resolve_topic(name, source.internal): source
@@ -212,7 +246,35 @@ class StreamTask:
         self.commit_requested = True
 
     def state_store(self, name: str) -> Any:
-        raise KeyError(f"task {self.id} has no state store {name!r}")
+        try:
+            return self.stores[name].store
+        except KeyError:
+            raise KeyError(f"task {self.id} has no state store {name!r}") from None
+
+    def register_flush_listener(self, store: str, listener: FlushListener) -> None:
+        if store not in self.stores:
+            raise KeyError(f"task {self.id} has no state store {store!r}")
+        self._flush_listeners[store] = listener
+
+    @property
+    def record_timestamp(self) -> int:
+        return self._record_timestamp
+
+    def record_dropped(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+    def _current_timestamp(self) -> int:
+        return self._record_timestamp
+
+    def _flush_dispatcher(self, store: str) -> FlushListener:
+        """The cache's listener for `store`: forwards to what a node registered."""
+
+        def dispatch(key: bytes, value: bytes | None, old: bytes | None, timestamp: int) -> None:
+            listener = self._flush_listeners.get(store)
+            if listener is not None:
+                listener(key, value, old, timestamp)
+
+        return dispatch
 
     # --- processing (processing thread holding the task) --------------------
 
@@ -281,6 +343,7 @@ class StreamTask:
         timestamp: int = message.timestamp()[1]
         self._record_topic = topic
         self._record_offset = offset
+        self._record_timestamp = timestamp
         try:
             record = source.deserialize(
                 message.key(),
@@ -355,6 +418,7 @@ class StreamTask:
                     continue
                 fire_at = now_ms
             punctuation.next_ms = fire_at + punctuation.interval_ms
+            self._record_timestamp = fire_at
             try:
                 punctuation.callback(fire_at)
             except Exception as exc:
@@ -393,8 +457,42 @@ class StreamTask:
         for topic, next_offset in offsets.items():
             self.committed_offsets[topic] = next_offset - 1
 
+    @property
+    def changelog_partitions(self) -> list[tuple[str, int]]:
+        return list(self.restore_from)
+
+    def flush_state(self) -> None:
+        """Emit cached writes (changelog records, downstream updates) and write
+        each store's batch to disk. Polling thread, all tasks locked."""
+        for store in self.stores.values():
+            store.flush()
+
+    def write_checkpoint(self, produced: dict[tuple[str, int], int]) -> None:
+        """Advance each store's changelog position by the records this commit
+        produced to it (acknowledged), and write the task's checkpoint file.
+
+        A task is the only writer of its changelog partitions, so its
+        position after restoration plus the records produced since is the
+        changelog's end offset; where other writers or transaction markers
+        add offsets, this undercounts, which only means a longer replay.
+        """
+        if not self.stores:
+            return
+        offsets: dict[tuple[str, int], int] = {}
+        for store in self.stores.values():
+            changelog = store.changelog
+            if changelog is None:
+                continue
+            tp = (changelog.topic, changelog.partition)
+            if changelog.changelog_offset is not None:
+                store.update_changelog_offset(changelog.changelog_offset + produced.pop(tp, 0))
+            offsets.update(store.checkpoint_offsets())
+        if offsets:
+            write_checkpoint(checkpoint_path(self.directory), offsets)
+
     def close(self) -> None:
-        """Close the processor graph and drop buffered input (it is re-fetched)."""
+        """Close the processor graph and stores; drop buffered input (it is
+        re-fetched). Stores are not flushed here: a clean close commits first."""
         if self.closed:
             return
         self.closed = True
@@ -403,4 +501,11 @@ class StreamTask:
         try:
             self.graph.close()
         finally:
+            for store in self.stores.values():
+                try:
+                    store.close()
+                except Exception as exc:
+                    log.warning(
+                        "store_close_failed", task_id=self.id, store=store.name, error=str(exc)
+                    )
             log.debug("task_closed", task_id=self.id)

@@ -81,5 +81,33 @@ class TaskContext(Protocol):
         ...
 
     def state_store(self, name: str) -> Any:
-        """The named store of this task (state issue; raises until then)."""
+        """The named store of this task: the outer layer of its LayeredStore
+        (`runtime.state.builders`), a bytes-level key-value store or a
+        WindowStore. Raises KeyError for a store the task does not have."""
+        ...
+
+    def register_flush_listener(
+        self, store: str, listener: Callable[[bytes, bytes | None, bytes | None, int], None]
+    ) -> None:
+        """Receive the store's downstream updates: `listener(key, new, old, timestamp)`.
+
+        Called when the store's cache emits a (folded) write: at commit, on
+        cache eviction, or at once when caching is off. At commit this runs
+        on the polling thread while every task is locked; otherwise on the
+        processing thread holding the task. Register during `Node.init`.
+        """
+        ...
+
+    @property
+    def record_timestamp(self) -> int:
+        """Timestamp of the record being processed (stream time in punctuations)."""
+        ...
+
+    @property
+    def stream_time(self) -> int:
+        """Largest record timestamp this task has seen (-1 before the first)."""
+        ...
+
+    def record_dropped(self, reason: str) -> None:
+        """Count a record a node dropped on purpose (e.g. `late` beyond grace)."""
         ...

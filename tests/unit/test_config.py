@@ -194,6 +194,13 @@ BAD_VALUES = [
     ("replication.factor", -2),
     ("log.level", "trace"),
     ("shutdown.timeout.ms", "-1"),
+    ("cache.max.bytes", "-5"),
+    ("admin.socket", ""),
+    ("metrics.port", 65536),
+    ("metrics.host", ""),
+    ("processing.threads.autoscale", "sometimes"),
+    ("processing.threads.min", -1),
+    ("processing.threads.max", 0),
 ]
 
 
@@ -532,6 +539,10 @@ INT_RANGES = {
     "poll.ms": lambda n: n >= 0,
     "replication.factor": lambda n: n == -1 or n >= 1,
     "shutdown.timeout.ms": lambda n: n >= 0,
+    "cache.max.bytes": lambda n: n >= 0,
+    "metrics.port": lambda n: 0 <= n <= 65535,
+    "processing.threads.min": lambda n: n >= 0,
+    "processing.threads.max": lambda n: n >= 1,
 }
 
 
