@@ -17,14 +17,19 @@ from runtime.config import ConfigError, StreamsConfig, load_config
 from runtime.polling.topics import TopicError
 from runtime.topology import (
     BranchedKStream,
+    KGroupedStream,
     KStream,
+    KTable,
     Processor,
     ProcessorContext,
     PunctuationType,
     Record,
     StreamsBuilder,
+    TimeWindowedKStream,
+    TimeWindows,
     Topology,
     TopologyError,
+    Windowed,
     serdes,
 )
 
@@ -38,7 +43,12 @@ __all__ = [
     "BranchedKStream",
     "ConfigError",
     "IllegalStateError",
+    "KGroupedStream",
     "KStream",
+    "KTable",
+    "TimeWindowedKStream",
+    "TimeWindows",
+    "Windowed",
     "Processor",
     "ProcessorContext",
     "PunctuationType",

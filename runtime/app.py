@@ -27,7 +27,9 @@ from runtime.processing.task import StreamTask, TaskSettings
 from runtime.processing.task_manager import TaskManager
 from runtime.processing.threads import ProcessingThreadPool
 from runtime.state.cache import CacheBudget
+from runtime.state.queries import StoreQuery
 from runtime.state.restoration import RestorationThread
+from runtime.topology.serdes import serde_from_name
 from runtime.topology.topology import Topology
 
 log = get_logger("runtime.app")
@@ -79,6 +81,11 @@ SHUTDOWN_CLIENT = ExceptionHandlerResponse.SHUTDOWN_CLIENT
 SHUTDOWN_APPLICATION = ExceptionHandlerResponse.SHUTDOWN_APPLICATION
 
 UncaughtExceptionHandler = Callable[[BaseException], ExceptionHandlerResponse]
+
+
+def _serde(given: Any) -> Any:
+    """A serde object from what a topology may hold: None, a name, or a serde."""
+    return serde_from_name(given) if isinstance(given, str) else given
 
 
 def _sum_dicts(dicts: Any) -> dict[str, int]:
@@ -268,6 +275,20 @@ class App:
             if self._state not in (AppState.RUNNING, AppState.REBALANCING):
                 raise IllegalStateError(f"cannot resize threads in state {self._state}")
         return self._pool.set_count(count, timeout)
+
+    def store(self, name: str, timeout: float = 10.0) -> StoreQuery:
+        """Read-only access to store `name` across this instance's running tasks.
+
+        `get(key)`, `range(lo, hi)`, `all()` for key-value stores, `fetch(key,
+        from, to)` for window stores. Keys and values are decoded with the
+        store's serdes (the config defaults where the topology names none).
+        """
+        definition = self.topology.store_def(name)
+        key_serde = _serde(definition.key_serde) or self.config.default_key_serde
+        value_serde = _serde(definition.value_serde) or self.config.default_value_serde
+        return StoreQuery(
+            name, self._task_manager, key_serde, value_serde, definition.windowed, timeout
+        )
 
     def pause(self, task_id: str | None = None) -> None:
         """Stop scheduling one task (or all); input keeps buffering up to the bound."""

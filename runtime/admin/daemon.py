@@ -10,6 +10,10 @@ stays responsive while, say, a processing thread finishes its batch.
     SIGTTIN           add a processing thread
     SIGTTOU           remove one (after its current batch)
 
+With `processing.threads.autoscale`, the loop also runs the `Autoscaler` every
+`AutoscalePolicy.interval_s`: it reads one status snapshot and may add or remove
+one thread, logging every decision (`autoscale_decision`) with its reason.
+
 `run_daemon(app)` returns when the app reaches NOT_RUNNING (exit code 0) or
 ERROR (1), or when a graceful shutdown did not finish within
 `shutdown.timeout.ms` (1). Threads: `run_daemon` must be called on the main
@@ -24,8 +28,10 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Coroutine
+import time
+from collections.abc import Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import uvloop
@@ -36,6 +42,9 @@ from runtime.logging import get_logger
 from runtime.metrics import MetricsServer
 
 __all__ = [
+    "AutoscalePolicy",
+    "Autoscaler",
+    "Decision",
     "EXIT_BAD_INPUT",
     "EXIT_FAILED",
     "EXIT_OK",
@@ -54,6 +63,7 @@ EXIT_BAD_INPUT = 2
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGTTIN, signal.SIGTTOU)
 _SHUTDOWN = "shutdown"  # the admin command, queued like a signal
 _FINISHED = "finished"  # the app reached NOT_RUNNING or ERROR
+_WAKE = "wake"  # re-check the exit code (set by a task)
 
 
 class DaemonSetupError(RuntimeError):
@@ -67,6 +77,13 @@ def preflight(config: StreamsConfig) -> None:
     not a socket or is too long, or a metrics address that cannot be bound
     raise DaemonSetupError. Called on the main thread by `streams-runtime run`.
     """
+    if config.processing_threads_autoscale and (
+        config.processing_threads_min > config.processing_threads_max
+    ):
+        raise DaemonSetupError(
+            f"processing.threads.min ({config.processing_threads_min}) is above "
+            f"processing.threads.max ({config.processing_threads_max})"
+        )
     if config.admin_socket is not None:
         try:
             check_socket_path(os.path.abspath(config.admin_socket))
@@ -104,7 +121,7 @@ def run_daemon(app: Any, *, install_signals: bool = True) -> int:
 
 
 class Daemon:
-    """The admin loop's state. Lives on the loop thread, but `request_shutdown`."""
+    """The admin loop's state. Loop thread only, but `request_shutdown` (any thread)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -138,6 +155,8 @@ class Daemon:
                 await loop.run_in_executor(None, self.app.close)
                 return EXIT_BAD_INPUT
             log.info("daemon_ready", **self.describe())
+            if self.config.processing_threads_autoscale:
+                self._spawn(self._autoscale(AutoscalePolicy.from_config(self.config)))
             while self._exit_code is None:
                 self._handle(await self._events.get())
             return self._exit_code
@@ -172,6 +191,8 @@ class Daemon:
     # --- events (loop thread) --------------------------------------------------------
 
     def _handle(self, event: str) -> None:
+        if event == _WAKE:
+            return
         if event == _FINISHED:
             state = str(self.app.state)
             self._exit_code = EXIT_OK if state == "NOT_RUNNING" else EXIT_FAILED
@@ -208,7 +229,7 @@ class Daemon:
             )
             self._exit_code = EXIT_FAILED
             assert self._events is not None
-            self._events.put_nowait("timeout")  # wakes the loop
+            self._events.put_nowait(_WAKE)
 
     async def _add_thread(self) -> None:
         loop = asyncio.get_running_loop()
@@ -230,6 +251,39 @@ class Daemon:
             log.warning("signal_thread_not_removed", state=str(self.app.state))
         else:
             log.info("signal_thread_removed", name=name)
+
+    async def _autoscale(self, policy: AutoscalePolicy) -> None:
+        """Every `policy.interval_s`: one snapshot, at most one thread added or removed."""
+        loop = asyncio.get_running_loop()
+        scaler = Autoscaler(policy)
+        log.info(
+            "autoscale_enabled",
+            min=policy.min_threads,
+            max=policy.max_threads,
+            interval_s=policy.interval_s,
+        )
+        while not self._closing:
+            await asyncio.sleep(policy.interval_s)
+            status = await loop.run_in_executor(None, self.app.status)
+            decision = scaler.observe(status, time.monotonic())
+            if decision is None or self._closing:
+                continue
+            log.info(
+                "autoscale_decision", action=decision.action, reason=decision.reason,
+                **decision.facts,
+            )  # fmt: skip
+            try:
+                if decision.action == "add":
+                    name = await loop.run_in_executor(None, self.app.add_processing_thread)
+                else:
+                    timeout = self.config.shutdown_timeout_ms / 1000.0
+                    name = await loop.run_in_executor(
+                        None, self.app.remove_processing_thread, timeout
+                    )
+            except Exception as exc:
+                log.warning("autoscale_failed", action=decision.action, error=repr(exc))
+                continue
+            log.info("autoscale_done", action=decision.action, name=name)
 
     def _watch_app(self) -> None:
         """Wake the loop when the app has finished (its own daemon thread)."""
@@ -266,3 +320,158 @@ class Daemon:
             await self.admin.stop()
         if self.metrics is not None:
             await self.metrics.stop()
+
+
+# --- autoscaling (pure decisions; the daemon carries them out) ------------------------------
+
+
+@dataclass(frozen=True)
+class AutoscalePolicy:
+    """When the autoscaler acts. Counts are in observation intervals."""
+
+    min_threads: int = 1
+    max_threads: int = 8
+    interval_s: float = 10.0
+    busy_fraction: float = 0.9
+    """A thread is busy when it spent at least this share of the interval in batches."""
+    idle_fraction: float = 0.05
+    """A thread is idle when it spent at most this share of the interval in batches."""
+    grow_intervals: int = 3
+    """Total lag must have grown this many intervals in a row (and all threads be busy)."""
+    idle_intervals: int = 6
+    """A thread must have been idle this many intervals in a row to remove one."""
+    min_gain: float = 0.1
+    """An added thread must raise throughput by this share, or it is taken back."""
+    backoff_intervals: int = 30
+    """After taking back a thread that did not help, no adding for this many intervals."""
+
+    @classmethod
+    def from_config(cls, config: StreamsConfig) -> AutoscalePolicy:
+        return cls(
+            min_threads=config.processing_threads_min, max_threads=config.processing_threads_max
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "add" or "remove"
+    reason: str
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+class Autoscaler:
+    """Decides processing-thread changes from successive `App.status()` snapshots.
+
+    Pure: it never calls the app, so tests feed it snapshots. One decision at a
+    time; after any change in the thread set it starts observing afresh.
+
+    CPython's GIL caveat: for pure-Python processing, threads waiting for the GIL
+    look busy, so "lag grows and every thread is busy" also holds when one more
+    thread cannot help. Hence the check after each addition: if throughput did
+    not rise by `min_gain` within `grow_intervals`, the thread is taken back and
+    adding pauses for `backoff_intervals`.
+    """
+
+    def __init__(self, policy: AutoscalePolicy) -> None:
+        self.policy = policy
+        self._last: Mapping[str, Any] | None = None
+        self._last_time = 0.0
+        self._lag_grew = 0
+        self._idle: dict[str, int] = {}
+        self._trial: tuple[float, int] | None = None  # (rate before, intervals since add)
+        self._backoff = 0
+
+    def observe(self, status: Mapping[str, Any], now: float) -> Decision | None:
+        """Take one snapshot (taken at monotonic `now`); a decision or None."""
+        last, last_time = self._last, self._last_time
+        self._last, self._last_time = status, now
+        alive = [t for t in status.get("threads", []) if t.get("alive")]
+        count = len(alive)
+        policy = self.policy
+        if status.get("state") != "RUNNING":
+            self._reset()
+            return None
+        if count < policy.min_threads:
+            return self._decide("add", f"{count} threads, below processing.threads.min", count)
+        if count > policy.max_threads:
+            return self._decide("remove", f"{count} threads, above processing.threads.max", count)
+        if last is None or now <= last_time:
+            return None
+        names = {t["name"] for t in alive}
+        before = {t["name"]: t for t in last.get("threads", []) if t.get("alive")}
+        if names != set(before):
+            self._reset(keep_trial=True)  # the set changed (our decision, admin, a failure)
+            return None
+        elapsed = now - last_time
+        busy = {
+            name: max(
+                0.0, float(t.get("busy_seconds", 0)) - float(before[name].get("busy_seconds", 0))
+            )
+            / elapsed
+            for name, t in ((t["name"], t) for t in alive)
+        }
+        rate = max(0, int(status.get("processed", 0)) - int(last.get("processed", 0))) / elapsed
+        lag, lag_before = int(status.get("total_lag", 0)), int(last.get("total_lag", 0))
+        self._lag_grew = self._lag_grew + 1 if lag > lag_before else 0
+        for name, fraction in busy.items():
+            self._idle[name] = (
+                self._idle.get(name, 0) + 1 if fraction <= policy.idle_fraction else 0
+            )
+        self._backoff = max(0, self._backoff - 1)
+        facts = {"threads": count, "total_lag": lag, "records_per_s": round(rate, 1)}
+
+        if self._trial is not None:
+            rate_before, waited = self._trial
+            waited += 1
+            self._trial = (rate_before, waited)
+            if waited >= policy.grow_intervals:
+                self._trial = None
+                no_gain = rate < rate_before * (1 + policy.min_gain)
+                if no_gain and lag > 0 and count > policy.min_threads:
+                    self._backoff = policy.backoff_intervals
+                    return self._decide(
+                        "remove",
+                        f"the last added thread did not raise throughput "
+                        f"({rate_before:.0f} -> {rate:.0f} records/s); adding pauses for "
+                        f"{policy.backoff_intervals} intervals",
+                        count,
+                        facts,
+                    )
+        idle = sorted(name for name, n in self._idle.items() if n >= policy.idle_intervals)
+        if idle and count > policy.min_threads:
+            return self._decide(
+                "remove",
+                f"{idle[0]} idle for {policy.idle_intervals} intervals "
+                f"(busy {busy[idle[0]]:.0%} of the last)",
+                count,
+                facts,
+            )
+        least_busy = min(busy.values(), default=1.0)  # no threads: vacuously all busy
+        all_busy = least_busy >= policy.busy_fraction
+        if (
+            self._lag_grew >= policy.grow_intervals
+            and all_busy
+            and count < policy.max_threads
+            and self._backoff == 0
+        ):
+            self._trial = (rate, 0)
+            return self._decide(
+                "add",
+                f"total lag grew {self._lag_grew} intervals in a row and every thread was "
+                f"busy (least {least_busy:.0%})",
+                count,
+                facts,
+            )
+        return None
+
+    def _decide(
+        self, action: str, reason: str, count: int, facts: dict[str, Any] | None = None
+    ) -> Decision:
+        self._reset(keep_trial=True)
+        return Decision(action, reason, {"threads": count, **(facts or {})})
+
+    def _reset(self, keep_trial: bool = False) -> None:
+        self._lag_grew = 0
+        self._idle.clear()
+        if not keep_trial:
+            self._trial = None

@@ -87,13 +87,29 @@ def resolve_topics(
                 partitions[name] = existing[name]
         sources[sub.id] = names
 
+    groups = [g for sub in topology.subtopologies for g in sub.copartition_groups]
+
+    def copartitioned_count(relative: str) -> int | None:
+        """A repartition topic co-partitioned with user topics (a join) takes
+        their partition count, as Kafka Streams does."""
+        for group in groups:
+            if relative in group:
+                known = [existing[t] for t in group if t != relative and t in existing]
+                if known:
+                    return max(known)
+        return None
+
     # Resolve internal topic partition counts in subtopology order.
     for sub in topology.subtopologies:
         own = [partitions[n] for n in sources[sub.id] if n in partitions]
         for spec in sub.sinks:
             name = full(spec.name, spec.internal)
             if spec.internal:
-                wanted = internal_specs[spec.name].partitions or (max(own) if own else 1)
+                wanted = (
+                    internal_specs[spec.name].partitions
+                    or copartitioned_count(spec.name)
+                    or (max(own) if own else 1)
+                )
                 if name in existing and existing[name] != wanted:
                     problems.append(
                         f"internal topic {name!r} has {existing[name]} partitions, "
@@ -131,10 +147,10 @@ def resolve_topics(
         if not source_counts:
             continue
         tasks = max(source_counts)
-        for spec in getattr(sub, "store_specs", []):
-            if not spec.changelog:
+        for store in sub.store_specs:
+            if not store.changelog:
                 continue
-            name = f"{application_id}-{spec.name}-changelog"
+            name = f"{application_id}-{store.name}-changelog"
             changelogs[name] = sub.id
             if name in existing and existing[name] != tasks:
                 problems.append(
@@ -144,8 +160,8 @@ def resolve_topics(
             partitions[name] = tasks
             if name not in existing:
                 to_create[name] = tasks
-                if spec.kind == "window":
-                    retention = (spec.retention_ms or spec.window_size_ms or 0) + 86_400_000
+                if store.kind == "window":
+                    retention = (store.retention_ms or store.window_size_ms or 0) + 86_400_000
                     topic_configs[name] = {"cleanup.policy": "compact,delete"}
                     topic_configs[name]["retention.ms"] = str(retention)
                 else:

@@ -157,7 +157,7 @@ class StreamTask:
         self.directory = task_directory(settings.state_dir, settings.application_id, self.id)
         self._flush_listeners: dict[str, FlushListener] = {}
         self.stores: dict[str, LayeredStore] = build_task_stores(
-            getattr(subtopology, "store_specs", []),
+            subtopology.store_specs,
             self.directory,
             settings.application_id,
             partition,
@@ -272,7 +272,12 @@ class StreamTask:
         def dispatch(key: bytes, value: bytes | None, old: bytes | None, timestamp: int) -> None:
             listener = self._flush_listeners.get(store)
             if listener is not None:
-                listener(key, value, old, timestamp)
+                # Writes the listener makes downstream carry the entry's time.
+                saved, self._record_timestamp = self._record_timestamp, timestamp
+                try:
+                    listener(key, value, old, timestamp)
+                finally:
+                    self._record_timestamp = saved
 
         return dispatch
 

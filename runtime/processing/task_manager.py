@@ -19,9 +19,12 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import TypeVar
 
 from runtime.processing.errors import TaskFailedError
 from runtime.processing.task import StreamTask
+
+T = TypeVar("T")
 
 # Longest a waiting processing thread sleeps before looking again; wake-ups
 # normally come from notify_work, this only bounds punctuation lateness.
@@ -135,6 +138,38 @@ class TaskManager:
             else:
                 self._paused.discard(task_id)
             self._cond.notify_all()
+
+    # --- interactive queries (any thread but a processing thread) ---------------
+
+    def run_exclusive(self, task_id: str, fn: Callable[[], T], timeout: float) -> T:
+        """Run `fn` while holding task `task_id` as a processing thread would.
+
+        Queries go first: they wait for the current batch only, not for the
+        scheduler. Raises TimeoutError if the task stays held past `timeout`
+        and KeyError if the task is not here (any more).
+        """
+        holder = f"query-{threading.get_ident()}"
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if task_id not in self._tasks:
+                    raise KeyError(f"task {task_id} is not processable here")
+                if task_id not in self._owners:
+                    self._owners[task_id] = holder
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"task {task_id} stayed busy for {timeout} s")
+                self._cond.wait(min(remaining, _MAX_IDLE_WAIT))
+        try:
+            return fn()
+        finally:
+            with self._cond:
+                self._owners.pop(task_id, None)
+                future = self._lock_all_future
+                if future is not None and not self._owners and not future.done():
+                    future.set_result(None)
+                self._cond.notify_all()
 
     # --- processing threads ---------------------------------------------------
 

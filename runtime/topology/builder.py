@@ -1,8 +1,10 @@
 """`StreamsBuilder`, the DSL entry point, and the graph it records.
 
-`StreamsBuilder.stream(...)` returns a `KStream`; each DSL call on it adds a node
-to the builder's `GraphBuilder`. `build()` freezes the graph into a `Topology`.
-The builder is used by one thread while the application is being defined.
+`StreamsBuilder.stream(...)` returns a `KStream`, `StreamsBuilder.table(...)` a
+`KTable`; each DSL call on them adds a node to the builder's `GraphBuilder`, and
+stateful calls also register their state stores (`StateStoreDef`). `build()`
+freezes the graph into a `Topology`. The builder is used by one thread while the
+application is being defined.
 
 Node names follow Kafka Streams: a prefix and a 10-digit counter shared by all
 generated names (`KSTREAM-SOURCE-0000000000`, `KSTREAM-FILTER-0000000001`, ...);
@@ -17,12 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.topology import serdes as _serdes
 from runtime.topology.errors import TopologyError
-from runtime.topology.graph import NodeDef, NodeKind, NodeSpec
+from runtime.topology.graph import NodeDef, NodeKind, NodeSpec, StateStoreDef
 from runtime.topology.nodes import Node, Partitioner, SinkNode, SourceNode
 from runtime.topology.topology import Topology
 
 if TYPE_CHECKING:
+    from runtime.state.builders import StoreSpec
     from runtime.topology.kstream import KStream
+    from runtime.topology.ktable import KTable
 
 _LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]+")
 _MAX_TOPIC_LENGTH = 249
@@ -55,6 +59,28 @@ def check_serde(serde: Any, what: str) -> Any:
     return serde
 
 
+def check_store_name(name: Any) -> str:
+    """A legal state store name: its changelog topic `<app>-<name>-changelog` must be legal."""
+    if not isinstance(name, str) or not name:
+        raise TopologyError(f"a state store name must be a non-empty str, got {name!r}")
+    if not _LEGAL_TOPIC.fullmatch(name) or name in (".", ".."):
+        raise TopologyError(
+            f"illegal state store name {name!r}: use [A-Za-z0-9._-] (it names a changelog topic)"
+        )
+    return name
+
+
+def store_spec(name: str, **options: Any) -> StoreSpec:
+    """A `StoreSpec` (imported here, not at module level: runtime.state imports
+    this package, so the import must wait until both are loaded)."""
+    from runtime.state.builders import StoreSpec
+
+    try:
+        return StoreSpec(name, **options)
+    except ValueError as exc:
+        raise TopologyError(str(exc)) from None
+
+
 def check_callable(fn: Any, what: str) -> Any:
     if not callable(fn):
         raise TopologyError(f"{what} expects a callable, got {fn!r}")
@@ -84,9 +110,10 @@ def _make_sink(d: NodeDef) -> Node:
 class GraphBuilder:
     """The node graph under construction (package-internal; the DSL's backend).
 
-    Every `KStream` of one `StreamsBuilder` shares one `GraphBuilder`. Later DSL
-    operations (aggregations, joins) add their nodes with `add_processor`,
-    attach stores with `connect_stores` and declare co-partitioning with
+    Every `KStream`/`KTable` of one `StreamsBuilder` shares one `GraphBuilder`.
+    Stateful DSL operations (aggregations, tables, joins) add their nodes with
+    `add_processor`, register their stores with `add_store`, attach stores to
+    nodes with `connect_stores` and declare co-partitioning with
     `add_copartition_group`.
     """
 
@@ -96,6 +123,7 @@ class GraphBuilder:
         self._read_topics: dict[tuple[str, bool], str] = {}
         self._internal_topics: set[str] = set()
         self._copartition_groups: list[frozenset[str]] = []
+        self._stores: dict[str, StateStoreDef] = {}
 
     # -- names ---------------------------------------------------------------
 
@@ -228,12 +256,45 @@ class GraphBuilder:
 
     def add_copartition_group(self, topics: Iterable[str]) -> None:
         """Declare source topics (names as written) that must be co-partitioned."""
-        self._copartition_groups.append(frozenset(topics))
+        group = frozenset(topics)
+        if group not in self._copartition_groups:
+            self._copartition_groups.append(group)
+
+    def add_store(self, store: StateStoreDef) -> StateStoreDef:
+        """Register a state store the topology creates (each name once)."""
+        check_store_name(store.name)
+        if store.name in self._stores:
+            raise TopologyError(
+                f"the topology already has a state store named {store.name!r}: "
+                "give each aggregation or table its own store name"
+            )
+        self._stores[store.name] = store
+        return store
+
+    def store(self, name: str) -> StateStoreDef | None:
+        return self._stores.get(name)
+
+    def source_topics_of(self, node: str) -> set[str]:
+        """The topics (names as written) of every source upstream of `node`."""
+        topics: set[str] = set()
+        seen: set[str] = set()
+        pending = [node]
+        while pending:
+            spec = self.specs[pending.pop()]
+            if spec.name in seen:
+                continue
+            seen.add(spec.name)
+            if spec.kind is NodeKind.SOURCE:
+                topics.update(spec.topics)
+            pending.extend(spec.parents)
+        return topics
 
     def build(self) -> Topology:
         if not self.specs:
             raise TopologyError("the topology is empty: add a stream with builder.stream(...)")
-        return Topology([s.freeze() for s in self.specs.values()], self._copartition_groups)
+        return Topology(
+            [s.freeze() for s in self.specs.values()], self._copartition_groups, self._stores
+        )
 
 
 class StreamsBuilder:
@@ -262,6 +323,64 @@ class StreamsBuilder:
         node = self._graph.node_name(name, "KSTREAM-SOURCE-")
         self._graph.add_source(node, topic_list, False, key_serde, value_serde)
         return KStream(self._graph, node, key_serde, value_serde)
+
+    def table(
+        self,
+        topic: str,
+        key_serde: Any = None,
+        value_serde: Any = None,
+        store: str | None = None,
+        name: str | None = None,
+    ) -> KTable:
+        """A table of the latest value per key of `topic`, materialized in a store.
+
+        Each record upserts its key; a null value (tombstone) deletes it; null
+        keys are dropped (counted as `null_key`). The store (named `store`, else
+        `<topic>-STATE-STORE-<n>`) is key-value, RocksDB, cached and
+        change-logged; downstream nodes see one update per key per commit
+        (each write when caching is off). `name` names the source node; the
+        table node is then `<name>-table`.
+        """
+        from runtime.topology.ktable import KTable, make_table_source
+
+        check_topic(topic)
+        key_serde = check_serde(key_serde, "key_serde")
+        value_serde = check_serde(value_serde, "value_serde")
+        graph = self._graph
+        store_name = (
+            check_store_name(store)
+            if store is not None
+            else graph.new_name(f"{topic}-STATE-STORE-")
+        )
+        source = graph.node_name(name, "KSTREAM-SOURCE-")
+        table_node = f"{name}-table" if name is not None else graph.new_name("KTABLE-SOURCE-")
+        graph.add_source(source, [topic], False, key_serde, value_serde)
+        graph.add_store(StateStoreDef(store_spec(store_name), key_serde, value_serde))
+        graph.add_processor(
+            table_node,
+            make_table_source,
+            (source,),
+            {"store": store_name, "key_serde": key_serde, "value_serde": value_serde},
+            (store_name,),
+        )
+        return KTable.materialized(graph, table_node, store_name, key_serde, value_serde)
+
+    def add_state_store(
+        self, spec: StoreSpec, key_serde: Any = None, value_serde: Any = None
+    ) -> None:
+        """Register a store for Processor API nodes (`KStream.process(..., spec.name)`).
+
+        The runtime then creates it for every task of the subtopology whose
+        nodes connect to it; `key_serde`/`value_serde` are what interactive
+        queries use to decode it (None: the configured defaults).
+        """
+        self._graph.add_store(
+            StateStoreDef(
+                spec,
+                check_serde(key_serde, "key_serde"),
+                check_serde(value_serde, "value_serde"),
+            )
+        )
 
     def build(self) -> Topology:
         """Freeze what was defined so far into an immutable `Topology`."""

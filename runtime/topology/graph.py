@@ -5,9 +5,10 @@ The builder records one `NodeSpec` per node while the user chains DSL calls;
 keeps. A `NodeDef` knows how to make its runtime `Node` (`factory`), so a
 subtopology can create fresh nodes for every task.
 
-Future DSL operations (aggregations, joins) add nodes the same way and attach
-state store names to them (`stores`); nodes sharing a store end up in the same
-subtopology.
+Stateful DSL operations (aggregations, tables, joins) attach state store
+names to their nodes (`stores`); nodes sharing a store end up in the same
+subtopology. Each store the topology creates is described once by a
+`StateStoreDef`: its `StoreSpec` plus the serdes that read it.
 """
 
 from __future__ import annotations
@@ -16,9 +17,38 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.topology.nodes import Node
+
+if TYPE_CHECKING:
+    # Only for types: runtime.state imports runtime.topology.record, so a
+    # module-level import here would be circular when runtime.state loads first.
+    from runtime.state.builders import StoreSpec
+
+
+@dataclass(frozen=True)
+class StateStoreDef:
+    """A state store of a topology: how to build it and how to read it.
+
+    `spec` is what the runtime builds for every task of the subtopology that
+    uses the store. `key_serde`/`value_serde` turn the store's bytes back into
+    objects (None: the configured `default.key.serde`/`default.value.serde`).
+    For a window store (`spec.kind == "window"`) `key_serde` is the serde of
+    the record key inside the composite store key `key bytes + 8-byte start`.
+    """
+
+    spec: StoreSpec
+    key_serde: Any = None
+    value_serde: Any = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def windowed(self) -> bool:
+        return self.spec.kind == "window"
 
 
 class NodeKind(Enum):

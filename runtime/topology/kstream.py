@@ -8,14 +8,18 @@ A stream remembers the serdes of its records when they are known (from
 `stream()`, `through()`, `repartition()`; kept by operations that do not change
 key or value), and `to()`/`through()`/`repartition()` use them when given none.
 Otherwise the configured defaults apply. A stream also remembers whether its
-key may have changed since it was read (`map`, `flat_map`, `process`), which
-key-based operations will use to insert a repartition topic.
+key may have changed since it was read (`map`, `flat_map`, `process`): key-based
+operations (`group_by_key`, stream-table `join`) then insert a repartition topic.
+
+Stateful operations: `group_by_key`/`group_by` lead to aggregations
+(`runtime.topology.grouped`), and `join`/`left_join` look records up in a
+`KTable` (`runtime.topology.ktable`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.topology.builder import (
     GraphBuilder,
@@ -41,6 +45,11 @@ from runtime.topology.nodes import (
     ProcessorNode,
 )
 from runtime.topology.processor import Processor
+from runtime.topology.stateful_nodes import KeySelectNode, StreamTableJoinNode
+
+if TYPE_CHECKING:
+    from runtime.topology.grouped import KGroupedStream
+    from runtime.topology.ktable import KTable
 
 KeyValuePredicate = Callable[[Any, Any], Any]
 
@@ -87,6 +96,15 @@ def _make_branch(d: NodeDef) -> Node:
 
 def _make_processor(d: NodeDef) -> Node:
     return ProcessorNode(d.name, d.params["supplier"](), d.stores)
+
+
+def _make_key_select(d: NodeDef) -> Node:
+    return KeySelectNode(d.name, d.params["fn"])
+
+
+def _make_join(d: NodeDef) -> Node:
+    p = d.params
+    return StreamTableJoinNode(d.name, p["getter"], p["joiner"], p["left"])
 
 
 _KEEP: Any = object()
@@ -354,6 +372,140 @@ class KStream:
     def _serde(given: Any, inherited: Any, what: str) -> Any:
         given = check_serde(given, what)
         return inherited if given is None else given
+
+    # -- grouping --------------------------------------------------------------
+
+    def group_by_key(
+        self, key_serde: Any = None, value_serde: Any = None, name: str | None = None
+    ) -> KGroupedStream:
+        """Group by the current key, for `count`/`reduce`/`aggregate`/`windowed_by`.
+
+        If the key may have changed upstream (`map`, `flat_map`, `process`),
+        the aggregation reads through the internal topic `<name>-repartition`
+        (`name`, else the store's name). Serdes default to the stream's own.
+        """
+        from runtime.topology.grouped import KGroupedStream
+
+        return KGroupedStream(
+            self._graph,
+            self._node,
+            self._serde(key_serde, self.key_serde, "key_serde"),
+            self._serde(value_serde, self.value_serde, "value_serde"),
+            self.repartition_required,
+            self._repartition_name(name),
+        )
+
+    def group_by(
+        self,
+        selector: Callable[[Any, Any], Any],
+        key_serde: Any = None,
+        value_serde: Any = None,
+        name: str | None = None,
+    ) -> KGroupedStream:
+        """Group by the key `selector(key, value)`; always repartitions.
+
+        The aggregation reads through the internal topic `<name>-repartition`
+        (`name`, else the store's name), keyed by the new key: `key_serde`
+        serializes it (None: the configured default), `value_serde` the values
+        (None: the stream's, else the default).
+        """
+        from runtime.topology.grouped import KGroupedStream
+
+        fn = check_callable(selector, "group_by()")
+        node = self._graph.new_name("KSTREAM-KEY-SELECT-")
+        self._graph.add_processor(node, _make_key_select, (self._node,), {"fn": fn})
+        return KGroupedStream(
+            self._graph,
+            node,
+            check_serde(key_serde, "key_serde"),
+            self._serde(value_serde, self.value_serde, "value_serde"),
+            True,
+            self._repartition_name(name),
+        )
+
+    @staticmethod
+    def _repartition_name(name: str | None) -> str | None:
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TopologyError(f"a grouping name must be a non-empty str, got {name!r}")
+        return name
+
+    # -- stream-table joins ----------------------------------------------------
+
+    def join(
+        self,
+        table: KTable,
+        joiner: Callable[[Any, Any], Any],
+        name: str | None = None,
+        key_serde: Any = None,
+        value_serde: Any = None,
+    ) -> KStream:
+        """Each record joined with the table's current value for its key.
+
+        Emits `joiner(stream_value, table_value)` with the record's key and
+        timestamp; records whose key the table lacks produce nothing (null
+        keys and values are dropped and counted). See `left_join` for how the
+        stream and the table must be partitioned.
+        """
+        return self._join_table(table, joiner, False, name, key_serde, value_serde)
+
+    def left_join(
+        self,
+        table: KTable,
+        joiner: Callable[[Any, Any], Any],
+        name: str | None = None,
+        key_serde: Any = None,
+        value_serde: Any = None,
+    ) -> KStream:
+        """Each record joined with the table's value for its key, or with None.
+
+        Emits `joiner(stream_value, table_value_or_None)` for every record
+        with a value (null keys included). The lookup is local, so the stream's
+        and the table's source topics form a co-partition group: the runtime
+        checks at start-up that they have the same partition count
+        (TopicError otherwise). A stream whose key may have changed (`map`,
+        `flat_map`, `process`) is repartitioned first, automatically, through
+        `<name>-repartition` (`name`, else a generated
+        `KSTREAM-REPARTITION-<n>`), with `key_serde`/`value_serde` (default:
+        the stream's); that topic joins the co-partition group.
+        """
+        return self._join_table(table, joiner, True, name, key_serde, value_serde)
+
+    def _join_table(
+        self,
+        table: KTable,
+        joiner: Callable[[Any, Any], Any],
+        left: bool,
+        name: str | None,
+        key_serde: Any,
+        value_serde: Any,
+    ) -> KStream:
+        from runtime.topology.ktable import KTable
+
+        what = "left_join()" if left else "join()"
+        if not isinstance(table, KTable):
+            raise TopologyError(f"{what} expects a KTable, got {table!r}")
+        if table.graph_builder() is not self._graph:
+            raise TopologyError(
+                f"{what}: the stream and the table must come from one StreamsBuilder"
+            )
+        getter = table.value_getter(what)
+        fn = check_callable(joiner, what)
+        stream = self
+        if self.repartition_required:
+            stream = self.repartition(name=name, key_serde=key_serde, value_serde=value_serde)
+        graph = self._graph
+        node = graph.node_name(name, "KSTREAM-LEFTJOIN-" if left else "KSTREAM-JOIN-")
+        graph.add_processor(
+            node,
+            _make_join,
+            (stream._node,),
+            {"getter": getter, "joiner": fn, "left": left},
+            (getter.store,),
+        )
+        graph.add_copartition_group(
+            graph.source_topics_of(stream._node) | graph.source_topics_of(table.name)
+        )
+        return KStream(graph, node, stream.key_serde, None, False)
 
     # -- Processor API ---------------------------------------------------------
 

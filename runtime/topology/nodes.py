@@ -51,7 +51,8 @@ def resolve_serde(given: Any, default: Any, node: str, what: str) -> _serdes.Ser
     """The serde a node uses: its own, else the task's configured default.
 
     `default` may also be a serde name (`"string"`, `"module:attr"`), as a raw
-    config value would be. Called at `init`, never per record.
+    config value would be. A `serdes.windowed(None, size)` gets the default as
+    its inner key serde. Called at `init`, never per record.
     """
     serde = given if given is not None else default
     if serde is None:
@@ -62,6 +63,9 @@ def resolve_serde(given: Any, default: Any, node: str, what: str) -> _serdes.Ser
         serde = _serdes.serde_from_name(serde)
     if not isinstance(serde, _serdes.Serde):
         raise ValueError(f"node {node!r}: {what} serde {serde!r} has no serialize/deserialize")
+    if isinstance(serde, _serdes.TimeWindowedSerde) and serde.inner is None:
+        # A windowed serde over "the default": the inner serde is the default.
+        serde = serde.with_inner(resolve_serde(None, default, node, what))
     return serde
 
 

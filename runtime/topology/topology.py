@@ -13,13 +13,17 @@ any thread. A `TaskGraph` belongs to one task (see `runtime.topology.nodes`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from runtime.topology.context import TaskContext
 from runtime.topology.errors import TopologyError
-from runtime.topology.graph import NodeDef, NodeKind
+from runtime.topology.graph import NodeDef, NodeKind, StateStoreDef
 from runtime.topology.nodes import Node, SourceNode
+
+if TYPE_CHECKING:
+    from runtime.state.builders import StoreSpec
 
 
 @dataclass(frozen=True)
@@ -94,18 +98,28 @@ class Subtopology:
     `id` numbers subtopologies 0, 1, ...: a subtopology writing a topic that
     the topology reads back (repartition, through) comes before the one reading
     it (unless they form a cycle), otherwise creation order decides. `sources`/`sinks` are the topics it reads and writes (each once, in
-    creation order). `copartition_groups` are sets of source topic names that
-    must have the same partition count (joins add them; empty for now).
-    `state_stores` names the stores its nodes use.
+    creation order). `copartition_groups` are sets of source topic names (as
+    written) that must have the same partition count (stream-table joins add
+    them). `state_stores` names the stores its nodes use; `store_specs` are
+    those the topology defines, for the runtime to build per task.
     """
 
-    __slots__ = ("id", "_defs", "_sources", "_sinks", "_copartition_groups", "_stores")
+    __slots__ = (
+        "id",
+        "_defs",
+        "_sources",
+        "_sinks",
+        "_copartition_groups",
+        "_stores",
+        "_store_defs",
+    )
 
     def __init__(
         self,
         id: int,
         defs: Sequence[NodeDef],
         copartition_groups: Iterable[frozenset[str]] = (),
+        store_defs: Mapping[str, StateStoreDef] | None = None,
     ) -> None:
         self.id = id
         self._defs = tuple(defs)
@@ -116,6 +130,8 @@ class Subtopology:
         for d in self._defs:
             stores.update(dict.fromkeys(d.stores))
         self._stores = tuple(stores)
+        known = store_defs or {}
+        self._store_defs = tuple(known[name] for name in self._stores if name in known)
 
     @property
     def sources(self) -> list[TopicSpec]:
@@ -132,6 +148,23 @@ class Subtopology:
     @property
     def state_stores(self) -> list[str]:
         return list(self._stores)
+
+    @property
+    def store_specs(self) -> list[StoreSpec]:
+        """The stores to build for every task of this subtopology.
+
+        In node order: a store written by an upstream node comes before one
+        written downstream of it, which is the order to flush them in at
+        commit (a store's flush can write the stores below it). Stores a
+        Processor API node names without `StreamsBuilder.add_state_store` are
+        not here: the runtime cannot build them.
+        """
+        return [d.spec for d in self._store_defs]
+
+    @property
+    def store_defs(self) -> list[StateStoreDef]:
+        """`store_specs` with the serdes that decode each store."""
+        return list(self._store_defs)
 
     @property
     def node_names(self) -> list[str]:
@@ -197,14 +230,25 @@ def _unique_topics(defs: Iterable[NodeDef]) -> tuple[TopicSpec, ...]:
 
 
 class Topology:
-    """An immutable, built topology (what `StreamsBuilder.build()` returns)."""
+    """An immutable, built topology (what `StreamsBuilder.build()` returns).
 
-    __slots__ = ("_subtopologies",)
+    State stores: `store_specs()` lists every store to build (per task of the
+    subtopology that holds it, `store_subtopology(name)`); `store_serdes(name)`
+    gives the serdes that decode a store's bytes, for interactive queries.
+    """
+
+    __slots__ = ("_subtopologies", "_store_owner")
 
     def __init__(
-        self, defs: Sequence[NodeDef], copartition_groups: Sequence[frozenset[str]] = ()
+        self,
+        defs: Sequence[NodeDef],
+        copartition_groups: Sequence[frozenset[str]] = (),
+        stores: Mapping[str, StateStoreDef] | None = None,
     ) -> None:
-        self._subtopologies = _split(defs, copartition_groups)
+        self._subtopologies = _split(defs, copartition_groups, stores or {})
+        self._store_owner: dict[str, tuple[Subtopology, StateStoreDef]] = {
+            d.name: (sub, d) for sub in self._subtopologies for d in sub.store_defs
+        }
 
     @property
     def subtopologies(self) -> list[Subtopology]:
@@ -226,6 +270,37 @@ class Topology:
         topics = (t for s in self._subtopologies for t in (*s.sources, *s.sinks) if t.internal)
         return list(dict.fromkeys(topics))
 
+    def store_specs(self) -> list[StoreSpec]:
+        """Every store the runtime builds, each once (see `Subtopology.store_specs`)."""
+        return [d.spec for _, d in self._store_owner.values()]
+
+    def store_names(self) -> list[str]:
+        return list(self._store_owner)
+
+    def store_def(self, name: str) -> StateStoreDef:
+        """The definition of store `name`; KeyError when the topology has none."""
+        try:
+            return self._store_owner[name][1]
+        except KeyError:
+            known = ", ".join(self._store_owner) or "none"
+            raise KeyError(f"the topology has no state store {name!r} (stores: {known})") from None
+
+    def store_serdes(self, name: str) -> tuple[Any, Any]:
+        """`(key_serde, value_serde)` that decode store `name` (None: configured default).
+
+        For interactive queries (`app.store(name)`): a key-value store maps
+        `key_serde` bytes to `value_serde` bytes; a window store (`spec.kind ==
+        "window"`) keys `key_serde` bytes plus the window start (8 bytes
+        big-endian, `runtime.state.windowed_store.window_key`).
+        """
+        d = self.store_def(name)
+        return d.key_serde, d.value_serde
+
+    def store_subtopology(self, name: str) -> Subtopology:
+        """The subtopology whose tasks hold store `name` (one store per task)."""
+        self.store_def(name)
+        return self._store_owner[name][0]
+
     def describe(self) -> str:
         """A text view like Kafka Streams' `TopologyDescription`."""
         return "Topologies:\n" + "\n".join(s.describe() for s in self._subtopologies)
@@ -238,7 +313,9 @@ class Topology:
 
 
 def _split(
-    defs: Sequence[NodeDef], copartition_groups: Sequence[frozenset[str]]
+    defs: Sequence[NodeDef],
+    copartition_groups: Sequence[frozenset[str]],
+    stores: Mapping[str, StateStoreDef],
 ) -> tuple[Subtopology, ...]:
     """Connected components over parent/child edges and shared state stores.
 
@@ -282,7 +359,7 @@ def _split(
                 raise TopologyError(
                     f"co-partitioned topics {sorted(g)} are not all read by one subtopology"
                 )
-        subtopologies.append(Subtopology(id, members, groups))
+        subtopologies.append(Subtopology(id, members, groups, stores))
     return tuple(subtopologies)
 
 

@@ -1,0 +1,415 @@
+"""Runtime nodes of the stateful DSL: aggregations, tables and stream-table joins.
+
+Store-writing nodes (`TableSourceNode`, `AggregateNode`, `WindowAggregateNode`)
+never forward from `process`. They write their store, and the store's flush
+listener (registered in `init` with `TaskContext.register_flush_listener`)
+forwards one `Record(key, new value, timestamp)` per update the store's cache
+emits: with caching on, one per key per commit (or at eviction); with caching
+off, one per write, at once. A deleted key arrives as value None (a tombstone).
+
+Threads: `init`, `process` and `close` run on the processing thread holding the
+task, like every node. The flush listener runs there too when the cache evicts
+or caching is off, and on the polling thread at commit, while every task is
+locked; either way no other thread touches the task's graph meanwhile.
+
+Keys and values are serialized with the serdes the DSL gave the node, or the
+task's configured defaults (resolved once in `init`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.topology.context import TaskContext
+from runtime.topology.nodes import Node, _not_initialized, resolve_serde
+from runtime.topology.record import Record
+from runtime.topology.windows import TimeWindows, Windowed
+
+# fold(key, value, aggregate or MISSING) -> new aggregate (None deletes the key)
+Fold = Callable[[Any, Any, Any], Any]
+# A KTable step over (key, value) -> new value or None (filtered out / deleted).
+TableStep = Callable[[Any, Any], Any]
+
+
+class _Missing:
+    """The aggregate of a key that has none yet (None is a legal aggregate value)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+
+def count_fold(key: Any, value: Any, agg: Any) -> int:
+    return 1 if agg is MISSING else agg + 1
+
+
+def reduce_fold(reducer: Callable[[Any, Any], Any]) -> Fold:
+    """The first value is the aggregate; later ones are `reducer(agg, value)`."""
+
+    def fold(key: Any, value: Any, agg: Any) -> Any:
+        return value if agg is MISSING else reducer(agg, value)
+
+    return fold
+
+
+def aggregate_fold(
+    initializer: Callable[[], Any], aggregator: Callable[[Any, Any, Any], Any]
+) -> Fold:
+    """`aggregator(key, value, agg)`, starting from `initializer()`."""
+
+    def fold(key: Any, value: Any, agg: Any) -> Any:
+        return aggregator(key, value, initializer() if agg is MISSING else agg)
+
+    return fold
+
+
+class KeySelectNode(Node):
+    """`group_by`'s key selector: `fn(key, value) -> new key`, value unchanged."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, name: str, fn: Callable[[Any, Any], Any]) -> None:
+        super().__init__(name)
+        self.fn = fn
+
+    def process(self, record: Record) -> None:
+        self._emit(record.with_key(self.fn(record.key, record.value)))
+
+
+class NullKeyFilterNode(Node):
+    """Before a repartition sink: drops records without a key (counted `null_key`)."""
+
+    __slots__ = ("_dropped",)
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self._dropped: Callable[[str], None] = _not_initialized
+
+    def init(self, ctx: TaskContext) -> None:
+        self._dropped = ctx.record_dropped
+
+    def process(self, record: Record) -> None:
+        if record.key is None:
+            self._dropped("null_key")
+            return
+        self._emit(record)
+
+
+class _StoreWriterNode(Node):
+    """A node that owns one store of the task and forwards the store's updates."""
+
+    __slots__ = (
+        "store_name",
+        "key_serde",
+        "value_serde",
+        "_store",
+        "_key_ser",
+        "_key_de",
+        "_value_ser",
+        "_value_de",
+        "_dropped",
+    )
+
+    def __init__(self, name: str, store: str, key_serde: Any, value_serde: Any) -> None:
+        super().__init__(name)
+        self.store_name = store
+        self.key_serde = key_serde
+        self.value_serde = value_serde
+        self._store: Any = None
+        self._key_ser: Callable[[Any], bytes | None] = _not_initialized
+        self._key_de: Callable[[bytes | None], Any] = _not_initialized
+        self._value_ser: Callable[[Any], bytes | None] = _not_initialized
+        self._value_de: Callable[[bytes | None], Any] = _not_initialized
+        self._dropped: Callable[[str], None] = _not_initialized
+
+    def init(self, ctx: TaskContext) -> None:
+        self._store = ctx.state_store(self.store_name)
+        key = resolve_serde(self.key_serde, ctx.default_key_serde, self.name, "key")
+        value = resolve_serde(self.value_serde, ctx.default_value_serde, self.name, "value")
+        self._key_ser, self._key_de = key.serialize, key.deserialize
+        self._value_ser, self._value_de = value.serialize, value.deserialize
+        self._dropped = ctx.record_dropped
+        ctx.register_flush_listener(self.store_name, self.on_flush)
+
+    def on_flush(self, key: bytes, new: bytes | None, old: bytes | None, timestamp: int) -> None:
+        """The store emitted `key`'s update: forward it (see the module docstring)."""
+        value = None if new is None else self._value_de(new)
+        self._emit(Record(self._key_de(key), value, timestamp))
+
+    def close(self) -> None:
+        self._store = None
+
+
+class TableSourceNode(_StoreWriterNode):
+    """`StreamsBuilder.table`: upserts each record into the store (None deletes)."""
+
+    __slots__ = ()
+
+    def process(self, record: Record) -> None:
+        key = record.key
+        if key is None:
+            self._dropped("null_key")
+            return
+        value = record.value
+        key_bytes = self._key_ser(key)
+        if value is None:
+            self._store.delete(key_bytes)
+        else:
+            self._store.put(key_bytes, self._value_ser(value))
+
+
+class AggregateNode(_StoreWriterNode):
+    """`count`/`reduce`/`aggregate` of a grouped stream into a key-value store.
+
+    Records with a null key (`null_key`) or a null value (`null_value`) are
+    dropped and counted, as in Kafka Streams. An aggregate of None deletes
+    the key.
+    """
+
+    __slots__ = ("fold",)
+
+    def __init__(self, name: str, store: str, key_serde: Any, value_serde: Any, fold: Fold) -> None:
+        super().__init__(name, store, key_serde, value_serde)
+        self.fold = fold
+
+    def process(self, record: Record) -> None:
+        key = record.key
+        if key is None:
+            self._dropped("null_key")
+            return
+        value = record.value
+        if value is None:
+            self._dropped("null_value")
+            return
+        store = self._store
+        key_bytes = self._key_ser(key)
+        old = store.get(key_bytes)
+        agg = self.fold(key, value, MISSING if old is None else self._value_de(old))
+        if agg is None:
+            store.delete(key_bytes)
+        else:
+            store.put(key_bytes, self._value_ser(agg))
+
+
+class WindowAggregateNode(_StoreWriterNode):
+    """Windowed `count`/`reduce`/`aggregate` into a window store, on event time.
+
+    Each record updates every window containing its timestamp. Stream time is
+    the task's (`TaskContext.stream_time`, at least this record's timestamp);
+    a window is closed once `end <= stream time - grace`, and a record for a
+    closed window is not applied there (counted `late`, once per window, as
+    Kafka Streams' dropped-records sensor). Windows older than the retention
+    (size + grace) are expired from the store as stream time advances.
+    Forwarded keys are `Windowed(key, start, end)`.
+    """
+
+    __slots__ = ("fold", "windows", "_ctx", "_size", "_grace", "_retention")
+
+    def __init__(
+        self,
+        name: str,
+        store: str,
+        key_serde: Any,
+        value_serde: Any,
+        fold: Fold,
+        windows: TimeWindows,
+    ) -> None:
+        super().__init__(name, store, key_serde, value_serde)
+        self.fold = fold
+        self.windows = windows
+        self._ctx: TaskContext | None = None
+        self._size = windows.size_ms
+        self._grace = windows.grace_ms
+        self._retention = windows.retention_ms
+
+    def init(self, ctx: TaskContext) -> None:
+        super().init(ctx)
+        self._ctx = ctx
+
+    def process(self, record: Record) -> None:
+        key = record.key
+        if key is None:
+            self._dropped("null_key")
+            return
+        value = record.value
+        if value is None:
+            self._dropped("null_value")
+            return
+        timestamp = record.timestamp
+        if timestamp < 0:
+            self._dropped("negative_timestamp")
+            return
+        assert self._ctx is not None
+        stream_time = self._ctx.stream_time
+        if timestamp > stream_time:
+            stream_time = timestamp
+        close_time = stream_time - self._grace
+        size = self._size
+        store = self._store
+        key_bytes = self._key_ser(key)
+        fold = self.fold
+        value_de = self._value_de
+        for start in self.windows.window_starts(timestamp):
+            if start + size <= close_time:
+                self._dropped("late")
+                continue
+            old = store.get(key_bytes, start)
+            agg = fold(key, value, MISSING if old is None else value_de(old))
+            store.put(key_bytes, start, None if agg is None else self._value_ser(agg))
+        store.expire(stream_time - self._retention)
+
+    def on_flush(self, key: bytes, new: bytes | None, old: bytes | None, timestamp: int) -> None:
+        # Store keys are composite: key bytes + window start (8 bytes big-endian).
+        start = int.from_bytes(key[-8:], "big")
+        value = None if new is None else self._value_de(new)
+        windowed = Windowed(self._key_de(key[:-8]), start, start + self._size)
+        self._emit(Record(windowed, value, timestamp))
+
+    def close(self) -> None:
+        super().close()
+        self._ctx = None
+
+
+class TableFilterNode(Node):
+    """`KTable.filter`/`filter_not`: a filtered-out update becomes a tombstone.
+
+    Without old values the node cannot know whether downstream saw the key
+    before, so (as Kafka Streams then) it forwards `(key, None)` for every
+    update the predicate rejects; tombstones pass through untested.
+    """
+
+    __slots__ = ("predicate", "keep")
+
+    def __init__(self, name: str, predicate: Callable[[Any, Any], Any], keep: bool) -> None:
+        super().__init__(name)
+        self.predicate = predicate
+        self.keep = keep
+
+    def process(self, record: Record) -> None:
+        value = record.value
+        if value is None or bool(self.predicate(record.key, value)) == self.keep:
+            self._emit(record)
+        else:
+            self._emit(record.with_value(None))
+
+
+class TableMapValuesNode(Node):
+    """`KTable.map_values`: `fn(value)` for updates, tombstones pass as None."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, name: str, fn: Callable[[Any], Any]) -> None:
+        super().__init__(name)
+        self.fn = fn
+
+    def process(self, record: Record) -> None:
+        value = record.value
+        self._emit(record if value is None else record.with_value(self.fn(value)))
+
+
+@dataclass(frozen=True)
+class TableValueGetter:
+    """How to read a KTable's current value for a key (stream-table joins).
+
+    The table's nearest materialized ancestor store, its serdes, and the
+    `filter`/`map_values` steps between that store and the table, applied on
+    read (so filtered or mapped tables need no store of their own).
+    """
+
+    store: str
+    key_serde: Any
+    value_serde: Any
+    steps: tuple[TableStep, ...] = ()
+
+    def then(self, step: TableStep) -> TableValueGetter:
+        return TableValueGetter(self.store, self.key_serde, self.value_serde, (*self.steps, step))
+
+    def bind(self, ctx: TaskContext, node: str) -> Callable[[Any], Any]:
+        """`get(key) -> value or None` over this task's store (call in `init`)."""
+        store = ctx.state_store(self.store)
+        key_ser = resolve_serde(self.key_serde, ctx.default_key_serde, node, "key").serialize
+        value_de = resolve_serde(
+            self.value_serde, ctx.default_value_serde, node, "value"
+        ).deserialize
+        steps = self.steps
+        get_bytes = store.get
+
+        def get(key: Any) -> Any:
+            data = get_bytes(key_ser(key))
+            if data is None:
+                return None
+            value = value_de(data)
+            for step in steps:
+                if value is None:
+                    return None
+                value = step(key, value)
+            return value
+
+        return get
+
+
+def filter_step(predicate: Callable[[Any, Any], Any], keep: bool) -> TableStep:
+    def step(key: Any, value: Any) -> Any:
+        return value if bool(predicate(key, value)) == keep else None
+
+    return step
+
+
+def map_values_step(fn: Callable[[Any], Any]) -> TableStep:
+    def step(key: Any, value: Any) -> Any:
+        return fn(value)
+
+    return step
+
+
+class StreamTableJoinNode(Node):
+    """`KStream.join`/`left_join` with a KTable: look the record's key up in the table.
+
+    Inner join: records whose key is absent from the table produce nothing.
+    Left join: they produce `joiner(value, None)`, and so do records with a
+    null key (Kafka Streams 3.7+). Records with a null value are dropped
+    (`null_value`), and inner-join records with a null key (`null_key`).
+    """
+
+    __slots__ = ("getter", "joiner", "left", "_get", "_dropped")
+
+    def __init__(
+        self,
+        name: str,
+        getter: TableValueGetter,
+        joiner: Callable[[Any, Any], Any],
+        left: bool,
+    ) -> None:
+        super().__init__(name)
+        self.getter = getter
+        self.joiner = joiner
+        self.left = left
+        self._get: Callable[[Any], Any] = _not_initialized
+        self._dropped: Callable[[str], None] = _not_initialized
+
+    def init(self, ctx: TaskContext) -> None:
+        self._get = self.getter.bind(ctx, self.name)
+        self._dropped = ctx.record_dropped
+
+    def process(self, record: Record) -> None:
+        value = record.value
+        if value is None:
+            self._dropped("null_value")
+            return
+        key = record.key
+        if key is None:
+            if not self.left:
+                self._dropped("null_key")
+                return
+            table_value = None
+        else:
+            table_value = self._get(key)
+            if table_value is None and not self.left:
+                return
+        self._emit(record.with_value(self.joiner(value, table_value)))

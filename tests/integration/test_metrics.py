@@ -1,0 +1,186 @@
+"""Prometheus metrics and health endpoints.
+
+First without Kafka (a fake app behind `start_metrics_server`): every exported name is
+produced and parses as Prometheus text, and /healthz, /readyz follow the app state. Then a
+real daemon with `metrics.port=0`: the test learns the port from the `metrics_listening`
+log event (and checks the admin status says the same), scrapes twice while a producer
+feeds records, and sees the counters grow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from runtime.admin.client import request
+from runtime.metrics import FAMILIES, METRIC_NAMES, make_registry, start_metrics_server
+from tests.kafka_helpers import create_topic, produce, unique_name, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+
+FULL_STATUS: dict[str, Any] = {
+    "application_id": "app", "client_id": "app-1", "state": "RUNNING",
+    "processing_guarantee": "at_least_once",
+    "threads": [{"name": "app-1-ProcessingThread-1", "alive": True, "task": None,
+                 "batches": 4, "busy_seconds": 0.25}],
+    "tasks": [{"id": "0_0", "state": "RUNNING", "owner": None, "partitions": ["my-topic-0"],
+               "buffered": 3, "processed": 5, "skipped": 1, "dead_lettered": 1}],
+    "consumed": 9, "processed": 5, "produced": 4, "skipped": 1, "dead_lettered": 1,
+    "commits": 2, "commit_failures": 0, "last_commit": 1_700_000_000.0,
+    "last_commit_duration_s": 0.01, "failed_threads": 1,
+    "lag": {"my-topic-0": 4}, "total_lag": 4, "broker_down_since": 1_700_000_001.0,
+}  # fmt: skip
+
+
+class FakeApp:
+    def __init__(self) -> None:
+        self.state = "RUNNING"
+
+    def status(self) -> dict[str, Any]:
+        return {**FULL_STATUS, "state": self.state}
+
+
+def scrape(url: str, method: str = "GET") -> tuple[int, str, str]:
+    req = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.headers.get("Content-Type", ""), resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers.get("Content-Type", ""), err.read().decode()
+
+
+def samples(text: str) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append(sample)
+    return out
+
+
+def test_collector_exports_every_name() -> None:
+    text = generate_latest(make_registry(FakeApp(), process_metrics=False)).decode()
+    got = samples(text)
+    assert set(got) >= METRIC_NAMES, METRIC_NAMES - set(got)
+    (lag,) = got["streams_consumer_lag"]
+    assert lag.labels == {"topic": "my-topic", "partition": "0"} and lag.value == 4
+    states = {s.labels["state"]: s.value for s in got["streams_app_state"]}
+    assert states["RUNNING"] == 1 and sum(states.values()) == 1
+    assert got["streams_broker_unreachable"][0].value == 1
+    assert got["streams_process_batch_seconds_count"][0].value == 4
+    assert got["streams_poison_records_total"][0].value == 1  # dead-lettered counts as skipped
+
+
+def test_endpoints_follow_app_state() -> None:
+    app = FakeApp()
+    server = start_metrics_server(app, "127.0.0.1", 0)
+    try:
+        base = server.url
+        status, ctype, body = scrape(base + "/metrics")
+        assert status == 200 and ctype.startswith("text/plain; version=0.0.4")
+        assert "streams_records_consumed_total 9.0" in body
+        assert "process_resident_memory_bytes" in body  # prometheus-client's process metrics
+        assert scrape(base + "/healthz")[0] == 200
+        assert scrape(base + "/readyz?verbose=1")[:1] == (200,)
+        app.state = "REBALANCING"
+        assert scrape(base + "/readyz")[::2] == (503, "REBALANCING\n")
+        assert scrape(base + "/healthz")[0] == 200
+        app.state = "ERROR"
+        assert scrape(base + "/healthz")[0] == 503
+        assert scrape(base + "/nope")[0] == 404
+        assert scrape(base + "/metrics", method="POST")[0] == 405
+        assert scrape(base + "/metrics", method="HEAD")[::2] == (200, "")
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw:
+            raw.sendall(b"garbage\r\n\r\n")
+            assert raw.recv(100).startswith(b"HTTP/1.1 400")
+    finally:
+        server.close()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+
+
+# --- a real daemon ------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_daemon_serves_metrics_and_health(bootstrap: str) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="met"))
+    source, sink, app_id = unique_name("met-in"), unique_name("met-out"), unique_name("met")
+    create_topic(bootstrap, source, 2)
+    create_topic(bootstrap, sink, 2)
+    sock = str(workdir / "admin.sock")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMS_RUNTIME_")}
+    env.update(PYTHONPATH=str(REPO), STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
+    env["STREAMS_RUNTIME_METRICS_PORT"] = "0"  # the environment route, as in containers
+    sets = {
+        "application.id": app_id, "bootstrap.servers": bootstrap, "processing.threads": 1,
+        "commit.interval.ms": 300, "state.dir": workdir / "state", "admin.socket": sock,
+        "consumer.session.timeout.ms": 6000, "consumer.heartbeat.interval.ms": 500,
+    }  # fmt: skip
+    argv = [sys.executable, "-m", "runtime", "run", "tests.apps.passthrough:topology"]
+    for key, value in sets.items():
+        argv += ["--set", f"{key}={value}"]
+    log_path = workdir / "daemon.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def listening() -> dict[str, Any] | None:
+        for line in log_path.read_text().splitlines():
+            if line.startswith("{") and json.loads(line).get("event") == "metrics_listening":
+                return dict(json.loads(line))
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        return None
+
+    try:
+        wait_until(listening, 60, interval=0.1, message="no metrics_listening event")
+        event = listening()
+        assert event is not None
+        base = f"http://{event['host']}:{event['port']}"
+        wait_until(lambda: scrape(base + "/readyz")[0] == 200, 60, interval=0.2)
+        assert request(sock, "status")["daemon"]["metrics"]["port"] == event["port"]
+        assert scrape(base + "/healthz")[0] == 200
+
+        produce(bootstrap, source, ((f"k{i % 8}", str(i)) for i in range(500)))
+        wait_until(lambda: request(sock, "status")["commits"] > 0, 60, interval=0.2)
+        status, _, first_text = scrape(base + "/metrics")
+        assert status == 200
+        for name, (kind, _) in FAMILIES.items():
+            exposed = name + {"counter": "_total", "info": "_info"}.get(kind, "")
+            assert f"# TYPE {exposed} " in first_text, name
+        first = samples(first_text)
+        assert first["streams_processing_threads_alive"][0].value == 1
+        assert first["streams_last_commit_timestamp_seconds"][0].value > 0
+        running = [s for s in first["streams_app_state"] if s.labels["state"] == "RUNNING"]
+        assert running[0].value == 1
+
+        produce(bootstrap, source, ((f"k{i % 8}", str(i)) for i in range(500, 1000)))
+        consumed_before = first["streams_records_consumed_total"][0].value
+        processed_before = first["streams_records_processed_total"][0].value
+
+        def grown() -> bool:
+            now = samples(scrape(base + "/metrics")[2])
+            return (
+                now["streams_records_consumed_total"][0].value >= consumed_before + 500
+                and now["streams_records_processed_total"][0].value >= processed_before + 500
+            )
+
+        wait_until(grown, 60, interval=0.2, message="counters did not grow between scrapes")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        print(log_path.read_text()[-4000:])
