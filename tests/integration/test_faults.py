@@ -1,0 +1,450 @@
+"""Faults: a frozen broker, poison records, failing processors.
+
+The broker-outage test runs its own development broker (it gets frozen with
+SIGSTOP); the others share the session broker.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+
+from runtime import App, AppState, StreamsBuilder, serdes
+from runtime.devbroker import DevBroker
+from tests.kafka_helpers import (
+    Msg,
+    committed_offsets,
+    consume_all,
+    create_topic,
+    end_offsets,
+    produce,
+    unique_name,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def base_config(bootstrap: str, app_id: str, tmp_path: Path, **extra: object) -> dict[str, object]:
+    config: dict[str, object] = {
+        "application.id": app_id,
+        "bootstrap.servers": bootstrap,
+        "processing.threads": 3,
+        "commit.interval.ms": 500,
+        "state.dir": str(tmp_path / app_id),
+        "consumer.session.timeout.ms": 6000,
+        "consumer.heartbeat.interval.ms": 500,
+    }
+    config.update(extra)
+    return config
+
+
+class StateLog:
+    """Every state an app passes through (listener runs on the app's threads)."""
+
+    def __init__(self, app: App) -> None:
+        self.seen: list[AppState] = [app.state]
+        self._lock = threading.Lock()
+        app.set_state_listener(self._on_change)
+
+    def _on_change(self, new: AppState, old: AppState) -> None:
+        with self._lock:
+            self.seen.append(new)
+
+    def states(self) -> list[AppState]:
+        with self._lock:
+            return list(self.seen)
+
+
+class TopicReader:
+    """Reads a topic from the beginning of each partition, incrementally, without a group."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": unique_name("reader"),
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+                "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 100,
+                "log_level": 0,
+                "error_cb": lambda _err: None,  # the broker may be frozen on purpose
+            }
+        )
+        self.consumer.assign(
+            [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
+        )
+        self.msgs: list[Msg] = []
+
+    def poll(self, timeout: float = 0.2) -> int:
+        got = 0
+        for m in self.consumer.consume(5000, timeout):
+            if m.error() is not None:
+                continue
+            self.msgs.append(
+                Msg(m.key(), m.value(), m.topic(), m.partition(), m.offset(), m.timestamp()[1])
+            )
+            got += 1
+        return got
+
+    def values(self) -> set[int]:
+        return {int(m.value) for m in self.msgs if m.value is not None}
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def wait_for_output(app: App, bootstrap: str, topic: str, count: int, timeout: float) -> None:
+    """Until `topic` holds `count` records; fails at once if the app fails meanwhile."""
+    reader = TopicReader(bootstrap, topic, len(end_offsets(bootstrap, topic)))
+    try:
+
+        def enough() -> bool:
+            assert app.state not in (AppState.ERROR, AppState.PENDING_ERROR), app.failure
+            reader.poll()
+            return len(reader.msgs) >= count
+
+        wait_until(enough, timeout, interval=0.0, message=f"{topic}: fewer than {count} records")
+    finally:
+        reader.close()
+
+
+class Feeder(threading.Thread):
+    """Produces sequence-numbered records (value = str(i)) at a steady rate until stopped.
+
+    Its producer rides out a broker outage: records wait in its local queue
+    (message.timeout.ms is far longer than the outage) and are delivered after.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, rate: float, keys: int = 50) -> None:
+        super().__init__(name="feeder", daemon=True)
+        self.bootstrap, self.topic, self.rate, self.keys = bootstrap, topic, rate, keys
+        self.sent = 0
+        self.errors: list[str] = []
+        self.unflushed = -1
+        self._halt = threading.Event()
+
+    def stop(self, timeout: float = 60) -> None:
+        self._halt.set()
+        self.join(timeout)
+        assert not self.is_alive(), "feeder did not stop"
+        assert self.unflushed == 0, f"{self.unflushed} input records not delivered"
+        assert not self.errors, f"input delivery failed: {self.errors[:3]}"
+
+    def run(self) -> None:
+        producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "enable.idempotence": True,
+                "partitioner": "murmur2_random",
+                "linger.ms": 5,
+                "message.timeout.ms": 180000,
+                "log_level": 0,
+                "error_cb": lambda _err: None,
+            }
+        )
+
+        def on_delivery(err: KafkaError | None, _msg: object) -> None:
+            if err is not None:
+                self.errors.append(str(err))
+
+        started = time.monotonic()
+        while not self._halt.is_set():
+            due = int((time.monotonic() - started) * self.rate) + 1
+            while self.sent < due:
+                i = self.sent
+                producer.produce(
+                    self.topic,
+                    str(i).encode(),
+                    f"k{i % self.keys}".encode(),
+                    on_delivery=on_delivery,
+                )
+                self.sent += 1
+            producer.poll(0)
+            time.sleep(0.01)
+        self.unflushed = producer.flush(120)
+
+
+# --- broker outage ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_broker() -> Iterator[DevBroker]:
+    """A broker for this test alone: it gets frozen."""
+    broker = DevBroker()
+    broker.start(timeout=60.0)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+OUTAGE_S = 15.0  # the spec: SIGSTOP the broker for 15 s
+
+
+def test_app_survives_a_15s_broker_outage(own_broker: DevBroker, tmp_path: Path) -> None:
+    bootstrap = own_broker.bootstrap
+    source, sink, app_id = unique_name("o-in"), unique_name("o-out"), unique_name("outage")
+    create_topic(bootstrap, source, 4)
+    create_topic(bootstrap, sink, 4)
+
+    builder = StreamsBuilder()
+    builder.stream(source).to(sink)
+    app = App(builder.build(), base_config(bootstrap, app_id, tmp_path))
+    states = StateLog(app)
+    feeder = Feeder(bootstrap, source, rate=500)
+    reader = TopicReader(bootstrap, sink, 4)
+    app.start()
+    try:
+        feeder.start()
+
+        def output_at_least(count: int) -> bool:
+            reader.poll()
+            return len(reader.msgs) >= count
+
+        wait_until(lambda: output_at_least(1000), 60, message="no output before the outage")
+        before = feeder.sent
+
+        own_broker.pause()
+        paused_at = time.monotonic()
+        try:
+            # The outage itself lasts a fixed time (the fault being injected);
+            # meanwhile the app must stay alive.
+            while time.monotonic() - paused_at < OUTAGE_S:
+                assert app.state in (AppState.RUNNING, AppState.REBALANCING), app.state
+                time.sleep(0.25)
+        finally:
+            own_broker.resume()
+        during = feeder.sent - before
+        print(f"outage: {before} sent before, {during} during, app {app.state}")
+
+        # Keep feeding for a while after the outage, then stop and flush.
+        after_resume = feeder.sent
+        wait_until(lambda: feeder.sent >= after_resume + 2500, 30, message="feeder stalled")
+        feeder.stop()
+        n = feeder.sent
+
+        def complete() -> bool:
+            reader.poll()
+            assert app.state not in (AppState.ERROR, AppState.PENDING_ERROR), app.failure
+            return len(reader.values()) >= n
+
+        try:
+            wait_until(complete, 120, interval=0.0, message="output incomplete after outage")
+        except AssertionError:
+            assert app.state not in (AppState.ERROR, AppState.PENDING_ERROR), repr(app.failure)
+            missing = sorted(set(range(n)) - reader.values())
+            raise AssertionError(
+                f"{len(missing)} of {n} missing, e.g. {missing[:20]}; status {app.status()}"
+            ) from None
+        wait_until(
+            lambda: app.state is AppState.RUNNING, 60, message=f"app not RUNNING: {app.state}"
+        )
+        seen = states.states()
+        assert AppState.ERROR not in seen and AppState.PENDING_ERROR not in seen, seen
+        assert app.failure is None
+    finally:
+        feeder._halt.set()
+        reader.close()
+        closed = app.close(30)
+    assert closed, "close() timed out"
+    assert app.state is AppState.NOT_RUNNING
+    values = [int(m.value) for m in reader.msgs]
+    assert set(values) == set(range(n))
+    print(f"outage: {n} input, {len(values)} output, {len(values) - n} duplicates")
+
+
+# --- poison records ----------------------------------------------------------------------
+
+
+def _poison_input(bootstrap: str, source: str, n: int, every: int) -> set[int]:
+    """JSON records {"n": i}; every `every`-th is not valid JSON. Returns poison indexes."""
+    poison = {i for i in range(n) if i % every == every // 2}
+    produce(
+        bootstrap,
+        source,
+        (
+            (f"k{i % 30}", f'{{"n": {i}'.encode() if i in poison else json.dumps({"n": i}))
+            for i in range(n)
+        ),
+    )
+    return poison
+
+
+def test_poison_records_go_to_the_dead_letter_queue(bootstrap: str, tmp_path: Path) -> None:
+    source, sink, app_id = unique_name("p-in"), unique_name("p-out"), unique_name("poison")
+    create_topic(bootstrap, source, 3)
+    create_topic(bootstrap, sink, 3)
+    n = 3000
+    poison = _poison_input(bootstrap, source, n, every=500)
+    assert len(poison) == 6
+    origins = {
+        (m.topic, m.partition, m.offset): m.value
+        for m in consume_all(bootstrap, source, expected=n, timeout=30, idle=0.2)
+        if int(m.value.split(b":")[1].strip(b" }")) in poison  # type: ignore[union-attr]
+    }
+    assert len(origins) == len(poison)
+    expected_exception = ""
+    try:
+        serdes.JSON.deserialize(next(iter(origins.values())))
+    except Exception as exc:
+        expected_exception = type(exc).__qualname__
+    assert expected_exception
+
+    builder = StreamsBuilder()
+    builder.stream(source, key_serde=serdes.STRING, value_serde=serdes.JSON).to(sink)
+    config = base_config(
+        bootstrap, app_id, tmp_path, **{"deserialization.exception.handler": "dead_letter_queue"}
+    )
+    app = App(builder.build(), config)
+    states = StateLog(app)
+    app.start()
+    try:
+        wait_for_output(app, bootstrap, sink, n - len(poison), 90)
+        out = consume_all(bootstrap, sink, expected=n - len(poison), timeout=30, idle=1.0)
+        dlq = consume_all(bootstrap, f"{app_id}-dlq", expected=len(poison), timeout=60, idle=1.0)
+        wait_until(
+            lambda: app.status()["dead_lettered"] == len(poison),
+            10,
+            message=f"dead_lettered != {len(poison)}: {app.status()['dead_lettered']}",
+        )
+        assert app.state is AppState.RUNNING
+        status = app.status()
+    finally:
+        assert app.close(30)
+    assert AppState.ERROR not in states.states()
+
+    assert sorted(json.loads(m.value)["n"] for m in out) == sorted(set(range(n)) - poison)
+    assert len(dlq) == len(poison), f"DLQ holds {len(dlq)} records, expected {len(poison)}"
+    got_origins = {}
+    for m in dlq:
+        headers = {k: (v or b"").decode() for k, v in m.headers}
+        assert headers.get("__streams.errors.exception") == expected_exception, headers
+        origin = (
+            headers["__streams.errors.topic"],
+            int(headers["__streams.errors.partition"]),
+            int(headers["__streams.errors.offset"]),
+        )
+        got_origins[origin] = m.value
+    assert got_origins == origins, "DLQ records do not match the poison records' origins"
+    assert status["dead_lettered"] == len(poison)
+
+
+# --- processing errors ---------------------------------------------------------------------
+
+
+class PoisonError(Exception):
+    """Raised by the test's processor for the records it refuses."""
+
+
+def _refuse_multiples(every: int):  # type: ignore[no-untyped-def]
+    def check(value: dict) -> int:  # type: ignore[type-arg]
+        if value["n"] % every == every // 2:
+            raise PoisonError(f"refusing n={value['n']}")
+        return int(value["n"])
+
+    return check
+
+
+def test_processing_error_log_and_continue_skips(bootstrap: str, tmp_path: Path) -> None:
+    source, sink, app_id = unique_name("s-in"), unique_name("s-out"), unique_name("skip")
+    create_topic(bootstrap, source, 3)
+    create_topic(bootstrap, sink, 3)
+    n, every = 3000, 500
+    produce(bootstrap, source, ((f"k{i % 30}", json.dumps({"n": i})) for i in range(n)))
+    failing = {i for i in range(n) if i % every == every // 2}
+
+    builder = StreamsBuilder()
+    (
+        builder.stream(source, key_serde=serdes.STRING, value_serde=serdes.JSON)
+        .map_values(_refuse_multiples(every))
+        .to(sink, value_serde=serdes.INT64)
+    )
+    config = base_config(
+        bootstrap, app_id, tmp_path, **{"processing.exception.handler": "log_and_continue"}
+    )
+    app = App(builder.build(), config)
+    app.start()
+    try:
+        wait_for_output(app, bootstrap, sink, n - len(failing), 90)
+        out = consume_all(bootstrap, sink, expected=n - len(failing), timeout=30, idle=1.0)
+        wait_until(
+            lambda: app.status()["skipped"] == len(failing),
+            10,
+            message=f"skipped != {len(failing)}: {app.status()['skipped']}",
+        )
+        assert app.state is AppState.RUNNING
+        assert app.status()["dead_lettered"] == 0
+    finally:
+        assert app.close(30)
+    values = [serdes.INT64.deserialize(m.value) for m in out]
+    assert sorted(values) == sorted(set(range(n)) - failing)
+
+
+def test_processing_error_log_and_fail_stops_without_committing_past_it(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    source, sink, app_id = unique_name("f-in"), unique_name("f-out"), unique_name("fail")
+    create_topic(bootstrap, source, 2)
+    create_topic(bootstrap, sink, 2)
+
+    def check(value: str) -> str:
+        if value.startswith("poison"):
+            raise PoisonError(f"refusing {value}")
+        return value.upper()
+
+    builder = StreamsBuilder()
+    (
+        builder.stream(source, key_serde=serdes.STRING, value_serde=serdes.STRING)
+        .map_values(check)
+        .to(sink, value_serde=serdes.STRING)
+    )
+    # processing.exception.handler left at its default: log_and_fail.
+    config = base_config(bootstrap, app_id, tmp_path, **{"commit.interval.ms": 200})
+    app = App(builder.build(), config)
+    states = StateLog(app)
+    app.start()
+    try:
+        # Phase 1: good records flow and get committed.
+        first = 1000
+        produce(bootstrap, source, ((f"k{i % 20}", f"good-{i}") for i in range(first)))
+        wait_for_output(app, bootstrap, sink, first, 90)
+        wait_until(
+            lambda: sum(committed_offsets(bootstrap, app_id, source).values()) == first,
+            30,
+            interval=0.1,
+            message="phase-1 offsets never committed",
+        )
+        phase1_ends = end_offsets(bootstrap, source)
+
+        # Phase 2: one poison record in partition 0, good records after it on both.
+        produce(bootstrap, source, [("kp", "poison-1", 0)])
+        produce(bootstrap, source, ((f"k{i % 20}", f"good-{i}") for i in range(first, first + 500)))
+        poison_offset = phase1_ends[0]
+        wait_until(
+            lambda: app.state is AppState.ERROR, 60, message=f"app not in ERROR: {app.state}"
+        )
+    finally:
+        app.close(30)
+    assert app.state is AppState.ERROR
+    assert AppState.PENDING_ERROR in states.states()
+    failure = app.failure
+    assert failure is not None
+    assert "PoisonError" in f"{type(failure).__name__}: {failure}" or isinstance(
+        getattr(failure, "cause", None), PoisonError
+    ), repr(failure)
+    assert "poison-1" in str(failure), repr(failure)
+
+    committed = committed_offsets(bootstrap, app_id, source)
+    print(f"log_and_fail: poison at 0@{poison_offset}, committed {committed}")
+    assert committed.get(0, 0) >= phase1_ends[0], "phase-1 commit of partition 0 lost"
+    assert committed.get(0, 0) < poison_offset + 1, (
+        f"partition 0 committed past the failing record: {committed[0]} > {poison_offset}"
+    )
