@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka.admin import AdminClient
@@ -27,6 +29,8 @@ from runtime.processing.task import StreamTask, TaskSettings
 from runtime.processing.task_manager import TaskManager
 from runtime.processing.threads import ProcessingThreadPool
 from runtime.state.cache import CacheBudget
+from runtime.state.cleanup import CleanupThread
+from runtime.state.placement import status_topic_name
 from runtime.state.queries import StoreQuery
 from runtime.state.restoration import RestorationThread
 from runtime.topology.serdes import serde_from_name
@@ -121,6 +125,10 @@ class App:
         )
         self._polling: PollingThread | None = None
         self._restoration: RestorationThread | None = None
+        self._cleanup: CleanupThread | None = None
+        # Distinguishes this process among the application's instances in
+        # the status topic (standby placement).
+        self.instance_id = f"{self.config.client_id}-{uuid.uuid4().hex[:12]}"
         self._exception_handler: UncaughtExceptionHandler | None = None
         self.failed_threads = 0
         self._layout: TopicLayout | None = None
@@ -140,8 +148,20 @@ class App:
             config = self.config
             admin = AdminClient(admin_config(config))
             extra = {config.dead_letter_queue_topic: 1} if config.dead_letter_queue_topic else {}
+            extra_configs: dict[str, dict[str, str]] = {}
+            has_state = bool(self.topology.store_specs())
+            status_topic = None
+            if has_state and config.num_standby_replicas > 0:
+                status_topic = status_topic_name(config.application_id)
+                extra[status_topic] = 1
+                extra_configs[status_topic] = {"cleanup.policy": "compact"}
             self._layout = resolve_topics(
-                admin, self.topology, config.application_id, config.replication_factor, extra
+                admin,
+                self.topology,
+                config.application_id,
+                config.replication_factor,
+                extra,
+                extra_configs=extra_configs,
             )
             settings = TaskSettings(
                 application_id=config.application_id,
@@ -158,7 +178,9 @@ class App:
             )
             if self._layout.changelogs:
                 self._restoration = RestorationThread(
-                    f"{config.client_id}-RestorationThread", restore_consumer_config(config)
+                    f"{config.client_id}-RestorationThread",
+                    restore_consumer_config(config),
+                    status_topic,
                 )
             self._polling = PollingThread(
                 config,
@@ -173,11 +195,21 @@ class App:
                     on_task_failures=self._on_task_failures,
                 ),
                 self._restoration,
+                self.instance_id,
             )
+            if has_state:
+                self._cleanup = CleanupThread(
+                    f"{config.client_id}-CleanupThread",
+                    Path(config.state_dir) / config.application_id,
+                    config.state_cleanup_delay_ms,
+                    owned=lambda: self._polling.owned if self._polling else frozenset(),
+                )
             self._set_state(AppState.REBALANCING)
             self._started_at = time.time()
             if self._restoration is not None:
                 self._restoration.start()
+            if self._cleanup is not None:
+                self._cleanup.start()
             self._polling.start()
             for _ in range(config.processing_threads):
                 self._pool.add()
@@ -230,6 +262,8 @@ class App:
         assert polling is not None
         polling.join()
         self._pool.stop_all(timeout=self.config.shutdown_timeout_ms / 1000.0)
+        if self._cleanup is not None:
+            self._cleanup.request_stop()
         if self._restoration is not None:
             self._restoration.request_stop()
             self._restoration.join(timeout=self.config.shutdown_timeout_ms / 1000.0)
@@ -497,5 +531,7 @@ class App:
             "broker_down_since": polling.broker_down_since if polling else None,
             "failure": repr(self._failure) if self._failure else None,
             "restored": restoration.restored_total if restoration else 0,
+            "standbys": dict(restoration.standby_positions) if restoration else {},
+            "instance_id": self.instance_id,
             "dropped": _sum_dicts(t.dropped for t in live_tasks),
         }

@@ -328,6 +328,8 @@ class StreamsConfig:
     replication_factor: int = setting("replication.factor", "int", -1, "Replication factor of topics the runtime creates; -1: the broker's default.", min=1, also=(-1,))
     log_level: LogLevel = setting("log.level", "enum", "info", "Log level of the runtime.", choices=_LOG_LEVELS)
     cache_max_bytes: int = setting("cache.max.bytes", "int", 10485760, "Bytes of store cache shared by ALL tasks and threads of the process (adding threads does not add cache); 0 turns caching off.", min=0)
+    num_standby_replicas: int = setting("num.standby.replicas", "int", 0, "Warm copies of each stateful task kept on other instances, for fast fail-over.", min=0)
+    state_cleanup_delay_ms: int = setting("state.cleanup.delay.ms", "int", 600000, "How long (ms) a task's state directory may stay unused here before it is deleted.", min=0)
     shutdown_timeout_ms: int = setting("shutdown.timeout.ms", "int", 30000, "How long (ms) a graceful shutdown may take, final commit included.", min=0)
     admin_socket: str | None = setting("admin.socket", "str", None, "Path of the admin Unix socket (`streams-runtime admin`); unset: no socket.", nullable=True)
     metrics_port: int | None = setting("metrics.port", "int", None, "Port of the HTTP endpoint for `/metrics`, `/healthz`, `/readyz`; 0: any free port; unset: off.", min=0, max=65535, nullable=True)

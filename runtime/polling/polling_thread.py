@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
@@ -34,7 +35,14 @@ from runtime.polling.topics import TopicLayout
 from runtime.processing.errors import TaskFailedError
 from runtime.processing.task import StreamTask, TaskSettings, task_id_of
 from runtime.processing.task_manager import TaskManager
+from runtime.state.placement import (
+    InstanceStatus,
+    live_instances,
+    standbys_for,
+    status_topic_name,
+)
 from runtime.state.restoration import RestorationThread
+from runtime.state.standby import StandbyTask
 from runtime.topology.topology import Topology
 
 log = get_logger("runtime.polling")
@@ -44,6 +52,9 @@ log = get_logger("runtime.polling")
 # bounded by task.timeslice.ms unless user code hangs).
 _LOCK_WARN_AFTER_S = 5.0
 _LAG_REFRESH_S = 1.0
+_STATUS_INTERVAL_S = 2.0
+# An instance whose status is older than this is taken for gone.
+_INSTANCE_TIMEOUT_MS = 10_000
 
 
 class FatalError(RuntimeError):
@@ -77,6 +88,7 @@ class PollingThread(threading.Thread):
         collector: RecordCollector,
         hooks: PollingThreadHooks,
         restoration: RestorationThread | None = None,
+        instance_id: str = "",
     ) -> None:
         super().__init__(name=f"{config.client_id}-PollingThread", daemon=True)
         self._config = config
@@ -97,6 +109,25 @@ class PollingThread(threading.Thread):
         self._restoring: set[str] = set()
         self._restoration = restoration
         self._changelog_topics = set(layout.changelogs)
+        # Standbys (see runtime.state.placement): tasks whose stores the
+        # restoration thread keeps warm here, decided from the status topic.
+        self.instance_id = instance_id or config.client_id
+        self._standby_replicas = config.num_standby_replicas if restoration else 0
+        self._status_topic = (
+            status_topic_name(config.application_id) if self._standby_replicas > 0 else None
+        )
+        self._standbys: dict[str, StandbyTask] = {}
+        self._standby_removals: dict[str, Future[bool]] = {}
+        self._last_status = 0.0
+        self._stateful_tasks = {
+            task_id_of(sub.id, p): (sub, p)
+            for sub in topology.subtopologies
+            if any(spec.changelog and spec.kind != "memory" for spec in sub.store_specs)
+            for p in range(layout.task_partitions(sub.id))
+        }
+        # Task ids with state here (active, restoring, standby), for the
+        # cleanup thread; replaced whole, read racily.
+        self.owned: frozenset[str] = frozenset()
         self._changelog_produced: dict[tuple[str, int], int] = {}
         self._delivery_errors: list[str] = []
         self._last_commit = time.monotonic()
@@ -160,6 +191,8 @@ class PollingThread(threading.Thread):
                 self.poll_once()
             if not self._abort:
                 self.commit_all("shutdown")
+            if self._status_topic is not None:
+                self.publish_status(gone=True)
         except BaseException as exc:  # noqa: BLE001 - reported to the app, never lost
             self.fatal_error = exc
             log.error("polling_thread_failed", error=f"{type(exc).__name__}: {exc}")
@@ -182,6 +215,10 @@ class PollingThread(threading.Thread):
         self.check_failures()
         self.maybe_commit()
         now = time.monotonic()
+        if self._status_topic is not None and now - self._last_status >= _STATUS_INTERVAL_S:
+            self._last_status = now
+            self.publish_status()
+            self.reconcile_standbys()
         if now - self._last_lag_refresh >= _LAG_REFRESH_S:
             self._last_lag_refresh = now
             self.refresh_lag()
@@ -201,6 +238,64 @@ class PollingThread(threading.Thread):
         to_resume = self._buffers.to_resume()
         if to_resume:
             self._consumer.resume([TopicPartition(t, p) for t, p in to_resume])
+
+    # --- standbys ---------------------------------------------------------------
+
+    def publish_status(self, gone: bool = False) -> None:
+        """Tell the other instances which tasks run here (a tombstone when gone)."""
+        assert self._status_topic is not None
+        value = None
+        if not gone:
+            value = InstanceStatus(
+                self.instance_id,
+                frozenset(self._tasks),
+                frozenset(self._standbys),
+                int(time.time() * 1000),
+            ).encode()
+        self._producer.produce(self._status_topic, value, self.instance_id.encode(), partition=0)
+
+    def reconcile_standbys(self) -> None:
+        """Move the standbys kept here toward what placement says."""
+        assert self._restoration is not None
+        live = live_instances(self._restoration.statuses, timeout_ms=_INSTANCE_TIMEOUT_MS)
+        live[self.instance_id] = InstanceStatus(
+            self.instance_id, frozenset(self._tasks), timestamp_ms=int(time.time() * 1000)
+        )
+        wanted = standbys_for(
+            self.instance_id, self._stateful_tasks, live, self._standby_replicas
+        ) - set(self._tasks)
+        for task_id in sorted(set(self._standbys) - wanted):
+            self._standbys.pop(task_id)
+            self._standby_removals[task_id] = self._restoration.remove_standby(task_id)
+        for task_id in sorted(wanted - set(self._standbys)):
+            self._wait_standby_removed(task_id)
+            sub, partition = self._stateful_tasks[task_id]
+            standby = StandbyTask(
+                task_id,
+                partition,
+                sub.store_specs,
+                self._settings.state_dir,
+                self._config.application_id,
+            )
+            self._standbys[task_id] = standby
+            self._restoration.add_standby(standby)
+        self._update_owned()
+
+    def _release_standby(self, task_id: str) -> None:
+        """Before a task becomes active here: close its standby (same stores)."""
+        if task_id in self._standbys:
+            assert self._restoration is not None
+            self._standbys.pop(task_id)
+            self._standby_removals[task_id] = self._restoration.remove_standby(task_id)
+        self._wait_standby_removed(task_id)
+
+    def _wait_standby_removed(self, task_id: str) -> None:
+        future = self._standby_removals.pop(task_id, None)
+        if future is not None:
+            future.result(timeout=30)
+
+    def _update_owned(self) -> None:
+        self.owned = frozenset(self._tasks) | frozenset(self._standbys)
 
     def take_restored_tasks(self) -> None:
         """Give tasks the restoration thread finished to the task manager."""
@@ -351,7 +446,15 @@ class PollingThread(threading.Thread):
             if remaining == 0:
                 return
             if time.monotonic() - waited_since > 5.0:
-                log.warning("flush_waiting", unacknowledged=remaining)
+                # A stalled (not disconnected) broker raises no client error
+                # until socket timeouts expire: report the outage from here.
+                if self.broker_down_since is None:
+                    self.broker_down_since = time.time()
+                    log.warning(
+                        "broker_unreachable", reason="flush stalled", unacknowledged=remaining
+                    )
+                else:
+                    log.warning("flush_waiting", unacknowledged=remaining)
                 waited_since = time.monotonic()
             if self._abort:
                 raise FatalError("shutdown without commit requested during flush")
@@ -447,6 +550,7 @@ class PollingThread(threading.Thread):
             task_id = task_id_of(sub_id, tp.partition)
             task = self._tasks.get(task_id)
             if task is None:
+                self._release_standby(task_id)
                 topics = [
                     t
                     for t in self._layout.sources[sub_id]
@@ -464,6 +568,7 @@ class PollingThread(threading.Thread):
                     self._task_manager.add_task(task)
                     log.info("task_created", task_id=task_id)
             self._buffers.register(task.queues[tp.topic])
+        self._update_owned()
         return created
 
     def _close_tasks(self, task_ids: list[str]) -> None:
@@ -488,6 +593,7 @@ class PollingThread(threading.Thread):
             self._retire_counts(task)
             log.info("task_closed", task_id=task_id)
         self.assigned = self._buffers.partitions()
+        self._update_owned()
 
     def _retire_counts(self, task: StreamTask) -> None:
         totals = self.closed_task_totals

@@ -47,6 +47,7 @@ def resolve_topics(
     replication_factor: int,
     extra_outputs: dict[str, int],
     timeout: float = 30.0,
+    extra_configs: dict[str, dict[str, str]] | None = None,
 ) -> TopicLayout:
     """Check existing topics, create internal ones, return the layout.
 
@@ -173,6 +174,8 @@ def resolve_topics(
         else:
             partitions[name] = count
             to_create[name] = count
+            if extra_configs and name in extra_configs:
+                topic_configs[name] = extra_configs[name]
 
     if problems:
         raise TopicError("; ".join(problems))

@@ -28,6 +28,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from runtime.logging import get_logger
 from runtime.processing.task import StreamTask
+from runtime.state.placement import InstanceStatus
+from runtime.state.standby import StandbyTask
 
 log = get_logger("runtime.restoration")
 
@@ -46,8 +48,25 @@ class _Restoring:
 class RestorationThread(threading.Thread):
     """Restores active tasks before they process. See the module docstring."""
 
-    def __init__(self, name: str, consumer_settings: dict[str, Any], batch_size: int = 5000):
+    def __init__(
+        self,
+        name: str,
+        consumer_settings: dict[str, Any],
+        status_topic: str | None = None,
+        batch_size: int = 5000,
+    ):
         super().__init__(name=name, daemon=True)
+        self._status_topic = status_topic
+        # Standbys: task id -> standby; changelog partition -> standby id.
+        self._standbys: dict[str, StandbyTask] = {}
+        self._standby_of: dict[TopicPartitionKey, str] = {}
+        self._standby_stores: dict[TopicPartitionKey, Any] = {}
+        self._last_standby_checkpoint = time.monotonic()
+        # The instances' published status, read from the status topic.
+        # Replaced as a whole; other threads read the reference.
+        self.statuses: dict[str, InstanceStatus] = {}
+        # task id -> {"<changelog>-<partition>": position}, replaced whole.
+        self.standby_positions: dict[str, dict[str, int]] = {}
         self._consumer = Consumer(consumer_settings)
         self._batch_size = batch_size
         self._actions: queue.SimpleQueue[tuple[str, Any, Future[bool] | None]] = queue.SimpleQueue()
@@ -84,6 +103,20 @@ class RestorationThread(threading.Thread):
             except queue.Empty:
                 return tasks
 
+    def add_standby(self, standby: StandbyTask) -> None:
+        """Keep this standby's stores current (polling thread)."""
+        self._actions.put(("add_standby", standby, None))
+
+    def remove_standby(self, task_id: str) -> Future[bool]:
+        """Checkpoint and close a standby; the future completes when its
+        stores are closed (so an active task may open them)."""
+        future: Future[bool] = Future()
+        self._actions.put(("remove_standby", task_id, future))
+        return future
+
+    def standby_ids(self) -> list[str]:
+        return sorted(self._standbys)
+
     def request_stop(self) -> None:
         self._stop_event.set()
         self._actions.put(("wake", None, None))
@@ -96,10 +129,18 @@ class RestorationThread(threading.Thread):
     def run(self) -> None:
         log.info("restoration_thread_started")
         try:
+            if self._status_topic is not None:
+                self._consumer.incremental_assign(
+                    [TopicPartition(self._status_topic, 0, OFFSET_BEGINNING)]
+                )
             while not self._stop_event.is_set():
-                self._handle_actions(block=not self._restoring)
-                if self._restoring:
+                busy = bool(self._restoring or self._standbys or self._status_topic)
+                self._handle_actions(block=not busy)
+                if busy:
                     self.restore_once()
+                    self._maybe_checkpoint_standbys()
+            for task_id in list(self._standbys):
+                self._drop_standby(task_id)
         except BaseException as exc:  # noqa: BLE001 - reported via fatal_error
             self.fatal_error = exc
             log.error("restoration_thread_failed", error=f"{type(exc).__name__}: {exc}")
@@ -119,6 +160,11 @@ class RestorationThread(threading.Thread):
             kind, payload, future = action
             if kind == "add":
                 self._start(payload)
+            elif kind == "add_standby":
+                self._start_standby(payload)
+            elif kind == "remove_standby":
+                assert future is not None
+                future.set_result(self._drop_standby(payload))
             elif kind == "remove":
                 removed = self._stop_restoring(payload)
                 assert future is not None
@@ -165,6 +211,62 @@ class RestorationThread(threading.Thread):
         log.info("task_restore_cancelled", task_id=task_id)
         return True
 
+    def _start_standby(self, standby: StandbyTask) -> None:
+        partitions = []
+        for store in standby.stores.values():
+            if store.changelog_topic is None:
+                continue
+            tp = (store.changelog_topic, standby.partition)
+            self._standby_of[tp] = standby.id
+            self._standby_stores[tp] = store
+            start = standby.restore_from.get(tp)
+            partitions.append(
+                TopicPartition(tp[0], tp[1], start if start is not None else OFFSET_BEGINNING)
+            )
+        self._standbys[standby.id] = standby
+        if partitions:
+            self._consumer.incremental_assign(partitions)
+        log.info("standby_started", task_id=standby.id)
+
+    def _drop_standby(self, task_id: str) -> bool:
+        standby = self._standbys.pop(task_id, None)
+        if standby is None:
+            return False
+        partitions = [tp for tp, owner in self._standby_of.items() if owner == task_id]
+        for tp in partitions:
+            del self._standby_of[tp]
+            del self._standby_stores[tp]
+        if partitions:
+            self._consumer.incremental_unassign([TopicPartition(t, p) for t, p in partitions])
+        try:
+            standby.close()
+        except Exception as exc:
+            log.warning("standby_close_failed", task_id=task_id, error=str(exc))
+        log.info("standby_stopped", task_id=task_id, applied=standby.applied)
+        return True
+
+    def _maybe_checkpoint_standbys(self) -> None:
+        if not self._standbys or time.monotonic() - self._last_standby_checkpoint < 5.0:
+            return
+        self._last_standby_checkpoint = time.monotonic()
+        for standby in self._standbys.values():
+            try:
+                standby.checkpoint()
+            except Exception as exc:
+                log.warning("standby_checkpoint_failed", task_id=standby.id, error=str(exc))
+
+    def _apply_status(self, key: bytes | None, value: bytes | None) -> None:
+        if key is None:
+            return
+        instance = key.decode("utf-8", "replace")
+        statuses = dict(self.statuses)
+        status = InstanceStatus.decode(instance, value) if value is not None else None
+        if status is None:
+            statuses.pop(instance, None)
+        else:
+            statuses[instance] = status
+        self.statuses = statuses
+
     def restore_once(self) -> None:
         messages = self._consumer.consume(self._batch_size, 0.1)
         batches: dict[TopicPartitionKey, list[tuple[bytes, bytes | None]]] = defaultdict(list)
@@ -183,6 +285,9 @@ class RestorationThread(threading.Thread):
                 log.warning("restore_consume_error", error=error.str())
                 continue
             key = message.key()
+            if tp[0] == self._status_topic:
+                self._apply_status(key, message.value())
+                continue
             if key is None:
                 continue  # a changelog record always has a key; skip garbage
             batches[tp].append((key, message.value()))
@@ -190,6 +295,10 @@ class RestorationThread(threading.Thread):
         for tp, records in batches.items():
             task_id = self._by_partition.get(tp)
             if task_id is None:
+                standby_id = self._standby_of.get(tp)
+                if standby_id is not None:
+                    self._standby_stores[tp].restore_batch(records, next_offsets[tp])
+                    self._standbys[standby_id].applied += len(records)
                 continue
             state = self._restoring[task_id]
             state.store_of[tp].restore_batch(records, next_offsets[tp])
@@ -198,10 +307,27 @@ class RestorationThread(threading.Thread):
         for tp, end_offset in reached_end:
             self._partition_done(tp, end_offset)
         self._update_progress()
+        if self._standbys:
+            self.standby_positions = {
+                task_id: {
+                    f"{t}-{p}": store.changelog.changelog_offset
+                    for (t, p), store in self._standby_stores.items()
+                    if self._standby_of[(t, p)] == task_id
+                    and store.changelog is not None
+                    and store.changelog.changelog_offset is not None
+                }
+                for task_id in self._standbys
+            }
+        elif self.standby_positions:
+            self.standby_positions = {}
 
     def _partition_done(self, tp: TopicPartitionKey, end_offset: int) -> None:
         task_id = self._by_partition.get(tp)
         if task_id is None:
+            standby_store = self._standby_stores.get(tp)
+            if standby_store is not None:
+                # Caught up; an empty changelog still has a position.
+                standby_store.update_changelog_offset(end_offset)
             return
         state = self._restoring[task_id]
         if tp not in state.pending:
