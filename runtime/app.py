@@ -522,6 +522,8 @@ class App:
             "dead_lettered": closed.get("dead_lettered", 0)
             + sum(t["dead_lettered"] for t in tasks),
             "commits": polling.commits_total if polling else 0,
+            "transactions_committed": polling.transactions_committed if polling else 0,
+            "transactions_aborted": polling.transactions_aborted if polling else 0,
             "last_commit_duration_s": polling.last_commit_duration_s if polling else 0.0,
             "failed_threads": self.failed_threads,
             "commit_failures": polling.commit_failures_total if polling else 0,

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import (
@@ -32,6 +33,11 @@ from runtime.logging import get_logger
 from runtime.polling.clients import consumer_config, producer_config
 from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.topics import TopicLayout
+from runtime.polling.transactions import (
+    TransactionFailed,
+    Transactions,
+    stable_transactional_id,
+)
 from runtime.processing.errors import TaskFailedError
 from runtime.processing.task import StreamTask, TaskSettings, task_id_of
 from runtime.processing.task_manager import TaskManager
@@ -158,12 +164,23 @@ class PollingThread(threading.Thread):
                 {"error_cb": self._on_client_error},
             )
         )
-        self._producer = Producer(
-            producer_config(
-                config,
-                {"error_cb": self._on_client_error, "on_delivery": self._on_delivery_error},
-            )
+        producer_settings = producer_config(
+            config,
+            {"error_cb": self._on_client_error, "on_delivery": self._on_delivery_error},
         )
+        self._eos = config.exactly_once
+        self._txn: Transactions | None = None
+        if self._eos:
+            app_dir = Path(config.state_dir) / config.application_id
+            producer_settings["transactional.id"] = stable_transactional_id(
+                app_dir, config.application_id
+            )
+            producer_settings.setdefault("transaction.timeout.ms", 10000)
+            timeout_s = max(10.0, int(producer_settings["transaction.timeout.ms"]) / 1000.0)
+            self._txn = Transactions(lambda: Producer(producer_settings), timeout_s)
+            self._producer = self._txn.producer
+        else:
+            self._producer = Producer(producer_settings)
 
     # --- requests from other threads ------------------------------------------
 
@@ -189,10 +206,10 @@ class PollingThread(threading.Thread):
             )
             while not self._stop_event.is_set():
                 self.poll_once()
+            if self._status_topic is not None and not self._abort:
+                self.publish_status(gone=True)
             if not self._abort:
                 self.commit_all("shutdown")
-            if self._status_topic is not None:
-                self.publish_status(gone=True)
         except BaseException as exc:  # noqa: BLE001 - reported to the app, never lost
             self.fatal_error = exc
             log.error("polling_thread_failed", error=f"{type(exc).__name__}: {exc}")
@@ -244,6 +261,8 @@ class PollingThread(threading.Thread):
     def publish_status(self, gone: bool = False) -> None:
         """Tell the other instances which tasks run here (a tombstone when gone)."""
         assert self._status_topic is not None
+        if self._txn is not None:
+            self._txn.ensure_open()
         value = None
         if not gone:
             value = InstanceStatus(
@@ -323,6 +342,8 @@ class PollingThread(threading.Thread):
         return produced
 
     def _produce(self, records: list[OutputRecord]) -> int:
+        if self._txn is not None:
+            self._txn.ensure_open()
         first = records[0]
         if first.topic in self._changelog_topics:
             tp = (first.topic, first.partition)
@@ -389,7 +410,7 @@ class PollingThread(threading.Thread):
     def commit_all(self, reason: str) -> bool:
         """Lock tasks, drain, flush, commit offsets. Returns True if committed."""
         self._last_commit = time.monotonic()
-        if not self._tasks:
+        if not self._tasks and not (self._txn is not None and self._txn.open):
             return True
         with self.all_tasks_locked():
             return self._commit_locked(reason)
@@ -407,27 +428,39 @@ class PollingThread(threading.Thread):
                 per_task.append((task, moved))
                 offsets.extend(TopicPartition(t, task.partition, o) for t, o in moved.items())
         # State first: cached writes become changelog records and downstream
-        # output, store batches go to disk.
+        # output, all of it handed to the collector.
         for task in tasks:
-            task.flush_state()
+            task.emit_state()
             self._collector.hand_over(task.take_output())
-        # Output acknowledged, then the offsets that produced it (rule 3).
         self.drain_collector()
-        self.flush_producer()
-        if self._delivery_errors:
-            raise FatalError(f"output could not be delivered: {self._delivery_errors[0]}")
+        if self._txn is not None:
+            # One transaction: every task's output and changelog records, and
+            # the input offsets that produced them.
+            try:
+                self._txn.commit(offsets, self._consumer.consumer_group_metadata())
+            except TransactionFailed as failure:
+                self._after_abort(failure)
+                return False
+        else:
+            # Output acknowledged, then the offsets that produced it (rule 3).
+            self.flush_producer()
+            if self._delivery_errors:
+                raise FatalError(f"output could not be delivered: {self._delivery_errors[0]}")
+        # Only now does state reach the disk, then the checkpoint names it.
         for task in tasks:
+            task.commit_state()
             task.write_checkpoint(self._changelog_produced)
         if not offsets:
             return True
-        try:
-            self._consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
-            # At-least-once: the offsets are committed with the next commit;
-            # nothing is lost, at worst reprocessed.
-            self.commit_failures_total += 1
-            log.warning("commit_failed", reason=reason, error=str(exc))
-            return False
+        if self._txn is None:
+            try:
+                self._consumer.commit(offsets=offsets, asynchronous=False)
+            except KafkaException as exc:
+                # At-least-once: the offsets are committed with the next commit;
+                # nothing is lost, at worst reprocessed.
+                self.commit_failures_total += 1
+                log.warning("commit_failed", reason=reason, error=str(exc))
+                return False
         for task, moved in per_task:
             task.mark_committed(moved)
         self.commits_total += 1
@@ -496,10 +529,55 @@ class PollingThread(threading.Thread):
             log.warning("partitions_lost", partitions=len(partitions), tasks=sorted(affected))
             with self.all_tasks_locked():
                 # The group moved on without us: these offsets can no longer be
-                # committed. Produced output stays; the new owner reprocesses.
-                self._close_tasks(affected)
+                # committed. Produced output stays (at-least-once) or is
+                # aborted with the transaction (exactly-once); the new owner
+                # reprocesses.
+                if self._txn is not None and self._txn.open:
+                    self._after_abort(self._txn.abort())
+                    affected = [t for t in affected if t in self._tasks]
+                self._close_tasks(affected, discard_output=self._txn is not None)
         except BaseException as exc:
             self._fail_in_callback(exc)
+
+    def _after_abort(self, failure: TransactionFailed) -> None:
+        """The transaction was aborted: drop its work and rewind every task.
+
+        All tasks are locked by the caller. Output not yet produced belongs
+        to the aborted work too; state writes since the last commit were
+        never applied to disk, and closing the tasks drops them.
+        """
+        assert self._txn is not None
+        self._producer = self._txn.producer
+        self.commit_failures_total += 1
+        self._collector.take_all()
+        self._changelog_produced.clear()
+        self._delivery_errors.clear()
+        task_ids = [t for t in self._tasks if t not in self._restoring]
+        partitions = [
+            TopicPartition(topic, self._tasks[t].partition)
+            for t in task_ids
+            for topic in self._tasks[t].queues
+            if (topic, self._tasks[t].partition) in self._buffers
+        ]
+        self._close_tasks(task_ids, discard_output=True)
+        self._seek_to_committed(partitions)
+        self._create_tasks(partitions)
+        log.warning(
+            "transaction_aborted_tasks_rewound",
+            error=str(failure),
+            tasks=task_ids,
+            producer_recreated=failure.recreated_producer,
+        )
+
+    def _seek_to_committed(self, partitions: list[TopicPartition]) -> None:
+        if not partitions:
+            return
+        committed = self._consumer.committed(partitions, timeout=30)
+        for tp in committed:
+            # No committed offset yet: start where auto.offset.reset says.
+            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        self._consumer.resume(partitions)
 
     def rewind_task(self, task_id: str) -> bool:
         """Close a failed task and start it again from its committed offsets.
@@ -511,16 +589,17 @@ class PollingThread(threading.Thread):
         task = self._tasks.get(task_id)
         if task is None:
             return False
+        if self._txn is not None:
+            # Under exactly-once the failed batch's output shares the open
+            # transaction with every other task's: abort it all and rewind.
+            with self.all_tasks_locked():
+                self._after_abort(self._txn.abort())
+            return True
         partitions = [TopicPartition(topic, task.partition) for topic in task.queues]
         assigned = [tp for tp in partitions if (tp.topic, tp.partition) in self._buffers]
         with self.all_tasks_locked():
             self._close_tasks([task_id])
-            committed = self._consumer.committed(assigned, timeout=10)
-            for tp in committed:
-                # No committed offset yet: start where auto.offset.reset says.
-                offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-                self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
-            self._consumer.resume(assigned)
+            self._seek_to_committed(assigned)
             self._create_tasks(assigned)
         log.info("task_rewound", task_id=task_id)
         return True
@@ -571,7 +650,7 @@ class PollingThread(threading.Thread):
         self._update_owned()
         return created
 
-    def _close_tasks(self, task_ids: list[str]) -> None:
+    def _close_tasks(self, task_ids: list[str], discard_output: bool = False) -> None:
         """Remove and close tasks; all tasks must be locked by the caller."""
         for task_id in task_ids:
             task = self._tasks.pop(task_id)
@@ -588,8 +667,11 @@ class PollingThread(threading.Thread):
             except Exception as exc:  # a user close() failing must not stop the rebalance
                 log.warning("task_close_failed", task_id=task_id, error=str(exc))
             # Output produced during close (or still taken) belongs to the
-            # collector, so the next drain sends it.
-            self._collector.hand_over(task.take_output())
+            # collector, so the next drain sends it (unless it belongs to an
+            # aborted transaction).
+            output = task.take_output()
+            if not discard_output:
+                self._collector.hand_over(output)
             self._retire_counts(task)
             log.info("task_closed", task_id=task_id)
         self.assigned = self._buffers.partitions()
@@ -669,7 +751,11 @@ class PollingThread(threading.Thread):
         except Exception as exc:
             log.warning("consumer_close_failed", error=str(exc))
         try:
-            self.drain_collector()
+            if self._txn is not None and self._txn.open:
+                # Whatever is still open was not committed with offsets: abort.
+                self._txn.abort()
+            elif self._txn is None:
+                self.drain_collector()
             remaining = self._producer.flush(self._config.shutdown_timeout_ms / 1000.0)
             if remaining:
                 log.warning("producer_close_unflushed", unacknowledged=remaining)
@@ -695,6 +781,14 @@ class PollingThread(threading.Thread):
             except Exception as exc:
                 log.warning("task_close_failed", task_id=task_id, error=str(exc))
         self._buffers.clear()
+
+    @property
+    def transactions_committed(self) -> int:
+        return self._txn.committed if self._txn else 0
+
+    @property
+    def transactions_aborted(self) -> int:
+        return self._txn.aborted if self._txn else 0
 
     def status(self) -> dict[str, Any]:
         return {

@@ -466,9 +466,17 @@ class StreamTask:
     def changelog_partitions(self) -> list[tuple[str, int]]:
         return list(self.restore_from)
 
-    def flush_state(self) -> None:
-        """Emit cached writes (changelog records, downstream updates) and write
-        each store's batch to disk. Polling thread, all tasks locked."""
+    def emit_state(self) -> None:
+        """Commit, step 1: emit cached writes (changelog records, downstream
+        updates) into the task's output. Polling thread, all tasks locked.
+        Stores in topology order: an upstream store's emission may write a
+        downstream one."""
+        for store in self.stores.values():
+            store.emit_cached()
+
+    def commit_state(self) -> None:
+        """Commit, step 2, once the output is acknowledged or its transaction
+        committed: write each store's batch to disk atomically."""
         for store in self.stores.values():
             store.flush()
 

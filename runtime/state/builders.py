@@ -127,6 +127,15 @@ class LayeredStore:
         pending batch to RocksDB atomically."""
         self.store.flush()
 
+    def emit_cached(self) -> None:
+        """First half of `flush`: emit the cache, leave the disk alone.
+
+        The commit protocol emits first and writes the store batch only once
+        the changelog records are acknowledged (or their transaction
+        committed), so an aborted transaction never reaches the disk."""
+        if self.cache is not None:
+            self.cache.flush_cache()
+
     def update_changelog_offset(self, next_offset: int) -> None:
         """After the producer acknowledged this commit's changelog records."""
         if self.changelog is not None:

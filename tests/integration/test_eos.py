@@ -1,0 +1,197 @@
+"""exactly_once_v2: exactly-once output and state through crashes, rebalances
+and failed transactions, checked with read_committed consumers."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from runtime import App, AppState, StreamsBuilder, serdes
+from runtime.devbroker import DevBroker
+from tests.integration.test_daemon import REPO, Daemon, Feeder, TopicReader, _clean_env
+from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
+
+pytestmark = pytest.mark.integration
+
+EOS_APP = "tests.apps.eos_app:topology"
+
+
+def eos_config(bootstrap: str, app_id: str, state_dir: Path) -> dict[str, object]:
+    return {
+        "application.id": app_id,
+        "bootstrap.servers": bootstrap,
+        "processing.guarantee": "exactly_once_v2",
+        "processing.threads": 2,
+        "state.dir": str(state_dir),
+        "consumer.session.timeout.ms": 6000,
+        "consumer.heartbeat.interval.ms": 500,
+    }
+
+
+class Topics:
+    def __init__(self, bootstrap: str, partitions: int = 4) -> None:
+        self.input, self.output, self.counts = (unique_name(n) for n in ("in", "out", "counts"))
+        for topic in (self.input, self.output, self.counts):
+            create_topic(bootstrap, topic, partitions)
+
+    def env(self) -> dict[str, str]:
+        return _clean_env(
+            STREAMS_TEST_INPUT=self.input,
+            STREAMS_TEST_OUTPUT=self.output,
+            STREAMS_TEST_COUNTS=self.counts,
+        )
+
+
+def exactly_once_checks(bootstrap: str, topics: Topics, total: int, keys: int) -> None:
+    """Every sequence number once in the output; final counts are the true counts."""
+    output = consume_all(bootstrap, topics.output, expected=total, timeout=120, idle=2.0)
+    values = [int(m.value) for m in output]
+    duplicates = [v for v, n in Counter(values).items() if n > 1]
+    assert not duplicates, f"{len(duplicates)} duplicated, e.g. {duplicates[:5]}"
+    assert sorted(values) == list(range(total))
+    latest: dict[str, int] = {}
+    for m in sorted(consume_all(bootstrap, topics.counts, idle=1.0), key=lambda m: m.offset):
+        latest[m.key.decode()] = serdes.INT64.deserialize(m.value)
+    true_counts = Counter(f"k{i % keys}" for i in range(total))
+    assert latest == dict(true_counts)
+
+
+def test_exactly_once_pass_through_and_count_in_process(bootstrap: str, tmp_path: Path) -> None:
+    topics = Topics(bootstrap)
+    total, keys = 3000, 30
+    produce(bootstrap, topics.input, [(f"k{i % keys}", str(i)) for i in range(total)])
+    builder = StreamsBuilder()
+    stream = builder.stream(topics.input, key_serde=serdes.STRING, value_serde=serdes.STRING)
+    stream.to(topics.output)
+    stream.group_by_key().count(store="counts").to_stream().to(
+        topics.counts, value_serde=serdes.INT64
+    )
+    app = App(builder.build(), eos_config(bootstrap, unique_name("eos"), tmp_path))
+    app.start()
+    try:
+        exactly_once_checks(bootstrap, topics, total, keys)
+        status = app.status()
+        assert status["transactions_committed"] > 0
+        assert status["transactions_aborted"] == 0
+    finally:
+        assert app.close(30)
+
+
+def test_chaos_kill_9_five_times_gives_exactly_once_output_and_counts(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    topics = Topics(bootstrap)
+    app_id = unique_name("chaos")
+    total, keys = 8000, 40
+    feeder = Feeder(bootstrap, topics.input, total, rate=400, keys=keys)
+    feeder.start()
+    reader = TopicReader(bootstrap, topics.output, 4)
+    rng = random.Random(20261122)
+    state_dir = tmp_path / "state"
+    sets = eos_config(bootstrap, app_id, state_dir)
+    daemons: list[Daemon] = []
+
+    def start(n: int) -> Daemon:
+        daemon = Daemon(tmp_path / f"daemon-{n}.log", EOS_APP, sets, topics.env()).start()
+        daemons.append(daemon)
+        return daemon
+
+    try:
+        for n in range(5):
+            daemon = start(n)
+            seen = len(reader.msgs)
+            # Let it make some committed progress, then kill it at a random moment.
+            wait_until(
+                lambda seen=seen: reader.poll() >= 0 and len(reader.msgs) > seen,
+                90,
+                message=f"daemon {n} produced nothing committed",
+            )
+            time.sleep(rng.uniform(0.0, 2.5))  # a random moment, not a wait for a condition
+            daemon.assert_alive()
+            daemon.send(signal.SIGKILL)
+            daemon.wait(10)
+        final = start(5)
+        feeder.join(120)
+        assert feeder.sent == total and not feeder.errors
+        exactly_once_checks(bootstrap, topics, total, keys)
+        final.assert_alive()
+        final.send(signal.SIGTERM)
+        assert final.wait(30) == 0
+    finally:
+        reader.close()
+        for daemon in daemons:
+            daemon.kill()
+        for daemon in daemons:
+            print(f"--- {daemon.log_path.name} ---\n{daemon.tail(3000)}")
+
+
+def test_second_instance_joins_and_leaves_under_eos(bootstrap: str, tmp_path: Path) -> None:
+    topics = Topics(bootstrap)
+    app_id = unique_name("eosjoin")
+    total, keys = 6000, 40
+    feeder = Feeder(bootstrap, topics.input, total, rate=500, keys=keys)
+    feeder.start()
+    first = Daemon(
+        tmp_path / "first.log", EOS_APP, eos_config(bootstrap, app_id, tmp_path / "a"), topics.env()
+    ).start()
+    second = Daemon(
+        tmp_path / "second.log",
+        EOS_APP,
+        eos_config(bootstrap, app_id, tmp_path / "b"),
+        topics.env(),
+    )
+    reader = TopicReader(bootstrap, topics.output, 4)
+    try:
+        wait_until(lambda: reader.poll() >= 0 and len(reader.msgs) > 500, 60, message="no output")
+        second.start()
+        wait_until(lambda: reader.poll() >= 0 and len(reader.msgs) > 3000, 90, message="stalled")
+        second.send(signal.SIGTERM)
+        assert second.wait(30) == 0
+        feeder.join(120)
+        exactly_once_checks(bootstrap, topics, total, keys)
+        first.assert_alive()
+    finally:
+        reader.close()
+        first.kill()
+        second.kill()
+        print(f"--- first ---\n{first.tail(3000)}\n--- second ---\n{second.tail(3000)}")
+    _ = REPO
+
+
+def test_failed_transaction_is_aborted_rewound_and_recovered(tmp_path: Path) -> None:
+    """A commit attempted while the broker is paused fails; the runtime aborts,
+    rewinds, and the output is still exactly once."""
+    with DevBroker() as broker:
+        bootstrap = broker.bootstrap
+        topics = Topics(bootstrap, partitions=2)
+        total, keys = 3000, 20
+        feeder = Feeder(bootstrap, topics.input, total, rate=300, keys=keys)
+        builder = StreamsBuilder()
+        stream = builder.stream(topics.input, key_serde=serdes.STRING, value_serde=serdes.STRING)
+        stream.to(topics.output)
+        stream.group_by_key().count(store="counts").to_stream().to(
+            topics.counts, value_serde=serdes.INT64
+        )
+        config = eos_config(bootstrap, unique_name("eosfail"), tmp_path)
+        config["producer.transaction.timeout.ms"] = 5000
+        app = App(builder.build(), config)
+        app.start()
+        feeder.start()
+        try:
+            wait_until(lambda: app.status()["transactions_committed"] > 5, 60, message="no txn")
+            broker.pause()
+            try:
+                time.sleep(12)  # the outage itself: longer than the transaction timeout
+            finally:
+                broker.resume()
+            feeder.join(120)
+            exactly_once_checks(bootstrap, topics, total, keys)
+            assert app.state in (AppState.RUNNING, AppState.REBALANCING)
+            assert app.status()["transactions_aborted"] >= 1
+        finally:
+            app.close(30)
