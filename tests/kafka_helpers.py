@@ -382,3 +382,32 @@ def committed_offsets(
         if tp.offset >= 0:
             out[tp.partition] = tp.offset
     return dict(sorted(out.items()))
+
+
+def broker_filters_aborted_transactions(bootstrap: str) -> bool:
+    """Whether read_committed consumers of this broker skip aborted records.
+
+    A Kafka broker does (fetch responses list aborted transactions); the
+    development broker (Tansu 0.6.0) does not, which makes exactly-once
+    output unobservable on it after any abort. Exactly-once tests ask this
+    and check what the broker allows. Costs a topic and a transaction.
+    """
+    topic = unique_name("abort-probe")
+    create_topic(bootstrap, topic, 1)
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": unique_name("abort-probe"),
+            "log.connection.close": False,
+        }
+    )
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, b"aborted")
+    producer.flush(30)
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    producer.produce(topic, b"committed")
+    producer.commit_transaction(30)
+    values = [m.value for m in consume_all(bootstrap, topic, idle=0.5)]
+    return values == [b"committed"]
