@@ -58,7 +58,7 @@ APP_STATES = (
     "PENDING_ERROR",
     "ERROR",
 )
-_TASK_STATES = ("RUNNING", "PAUSED", "FAILED")
+_TASK_STATES = ("RUNNING", "RESTORING", "PAUSED", "FAILED")
 
 # name -> (type, help). Counters are exposed with a `_total` suffix, the summary
 # as `_count` and `_sum`, the info metric with `_info`.
@@ -86,6 +86,17 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "Failed commit attempts (retried with the next commit).",
     ),
     "streams_commit_duration_seconds": ("gauge", "Duration of the last successful commit."),
+    "streams_transactions_committed": ("counter", "Transactions committed (exactly_once_v2)."),
+    "streams_transactions_aborted": (
+        "counter",
+        "Transactions aborted, each followed by a rewind of every task (exactly_once_v2).",
+    ),
+    "streams_restored_records": ("counter", "Changelog records applied by restoration."),
+    "streams_task_restore_remaining_records": (
+        "gauge",
+        "Changelog records a restoring task still has to apply.",
+    ),
+    "streams_dropped_records": ("counter", "Records a node dropped on purpose, by reason."),
     "streams_last_commit_timestamp_seconds": (
         "gauge",
         "Wall-clock time of the last successful commit (absent before the first).",
@@ -179,6 +190,21 @@ class AppCollector(Collector):
         yield _counter("streams_commits", status.get("commits"))
         yield _counter("streams_commit_failures", status.get("commit_failures"))
         yield _gauge("streams_commit_duration_seconds", status.get("last_commit_duration_s"))
+        yield _counter("streams_transactions_committed", status.get("transactions_committed"))
+        yield _counter("streams_transactions_aborted", status.get("transactions_aborted"))
+        yield _counter("streams_restored_records", status.get("restored"))
+        remaining = _gauge("streams_task_restore_remaining_records", labels=["task"])
+        for task in status.get("tasks") or []:
+            restore = task.get("restore")
+            if restore and restore.get("remaining", -1) >= 0:
+                remaining.add_metric([str(task["id"])], float(restore["remaining"]))
+        yield remaining
+        dropped = CounterMetricFamily(
+            "streams_dropped_records", FAMILIES["streams_dropped_records"][1], labels=["reason"]
+        )
+        for reason, count in (status.get("dropped") or {}).items():
+            dropped.add_metric([str(reason)], float(count))
+        yield dropped
         if status.get("last_commit") is not None:
             yield _gauge("streams_last_commit_timestamp_seconds", status["last_commit"])
 

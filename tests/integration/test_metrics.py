@@ -37,11 +37,16 @@ FULL_STATUS: dict[str, Any] = {
     "threads": [{"name": "app-1-ProcessingThread-1", "alive": True, "task": None,
                  "batches": 4, "busy_seconds": 0.25}],
     "tasks": [{"id": "0_0", "state": "RUNNING", "owner": None, "partitions": ["my-topic-0"],
-               "buffered": 3, "processed": 5, "skipped": 1, "dead_lettered": 1}],
+               "buffered": 3, "processed": 5, "skipped": 1, "dead_lettered": 1},
+              {"id": "1_0", "state": "RESTORING", "owner": None, "partitions": ["rep-0"],
+               "buffered": 0, "processed": 0, "skipped": 0, "dead_lettered": 0,
+               "restore": {"restored": 10, "remaining": 90, "rate": 5.0}}],
     "consumed": 9, "processed": 5, "produced": 4, "skipped": 1, "dead_lettered": 1,
     "commits": 2, "commit_failures": 0, "last_commit": 1_700_000_000.0,
     "last_commit_duration_s": 0.01, "failed_threads": 1,
     "lag": {"my-topic-0": 4}, "total_lag": 4, "broker_down_since": 1_700_000_001.0,
+    "transactions_committed": 3, "transactions_aborted": 1, "restored": 10,
+    "dropped": {"late": 2},
 }  # fmt: skip
 
 
