@@ -8,20 +8,17 @@ the environment (`STREAMS_TEST_INPUT`, `STREAMS_TEST_OUTPUT`).
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
+from tests.harness import REPO, Daemon, Feeder, TopicReader, clean_env
 from tests.kafka_helpers import (
-    Msg,
     committed_offsets,
     create_topic,
     end_offsets,
@@ -32,85 +29,7 @@ from tests.kafka_helpers import (
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 PASSTHROUGH = "tests.apps.passthrough:topology"
-
-
-def _clean_env(**extra: str) -> dict[str, str]:
-    """The test's environment without runtime config variables, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMS_RUNTIME_")}
-    env["PYTHONPATH"] = str(REPO)
-    env.update(extra)
-    return env
-
-
-class Daemon:
-    """One `python -m runtime run ...` process, its output going to a log file."""
-
-    def __init__(
-        self,
-        log_path: Path,
-        target: str,
-        sets: dict[str, object],
-        env: dict[str, str],
-    ) -> None:
-        self.log_path = log_path
-        self.argv = [sys.executable, "-m", "runtime", "run", target]
-        for key, value in sets.items():
-            self.argv += ["--set", f"{key}={value}"]
-        self.env = env
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Daemon:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv,
-                cwd=REPO,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def send(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def wait(self, timeout: float) -> int | None:
-        """The exit code, or None if still running after `timeout` seconds."""
-        assert self.proc is not None
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def assert_alive(self) -> None:
-        """Fail at once (not at some deadline) if the daemon has exited."""
-        assert self.proc is not None
-        code = self.proc.poll()
-        assert code is None, f"daemon exited with code {code}; log tail:\n{self.tail()}"
-
-    def tail(self, max_bytes: int = 6000) -> str:
-        try:
-            data = self.log_path.read_bytes()
-        except FileNotFoundError:
-            return "<no log>"
-        return data[-max_bytes:].decode("utf-8", "replace")
-
-    def kill(self) -> None:
-        if self.alive():
-            assert self.proc is not None
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 class Daemons:
@@ -139,7 +58,7 @@ class Daemons:
             "consumer.heartbeat.interval.ms": 500,
         }
         sets.update(overrides or {})
-        env = _clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
+        env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
         daemon = Daemon(self.tmp_path / f"{name}.log", PASSTHROUGH, sets, env).start()
         self.started.append(daemon)
         return daemon
@@ -161,89 +80,6 @@ def daemons(tmp_path: Path, bootstrap: str) -> Iterator[Daemons]:
             daemon.kill()
         # Shown by pytest only when the test failed.
         print(fleet.describe())
-
-
-class TopicReader:
-    """Reads a topic from the beginning of each partition, incrementally, without a group."""
-
-    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
-        self.topic = topic
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": unique_name("reader"),
-                "enable.auto.commit": False,
-                "enable.partition.eof": False,
-                "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 100,
-            }
-        )
-        self.consumer.assign(
-            [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
-        )
-        self.msgs: list[Msg] = []
-
-    def poll(self, timeout: float = 0.2) -> int:
-        got = 0
-        for m in self.consumer.consume(5000, timeout):
-            if m.error() is not None:
-                if m.error().code() != KafkaError._PARTITION_EOF:
-                    print(f"reader {self.topic}: {m.error()}")
-                continue
-            self.msgs.append(
-                Msg(m.key(), m.value(), m.topic(), m.partition(), m.offset(), m.timestamp()[1])
-            )
-            got += 1
-        return got
-
-    def values(self) -> set[int]:
-        return {int(m.value) for m in self.msgs if m.value is not None}
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
-class Feeder(threading.Thread):
-    """Produces `total` sequence-numbered records (value = str(i)) at a steady rate."""
-
-    def __init__(self, bootstrap: str, topic: str, total: int, rate: float, keys: int) -> None:
-        super().__init__(name="feeder", daemon=True)
-        self.bootstrap, self.topic = bootstrap, topic
-        self.total, self.rate, self.keys = total, rate, keys
-        self.sent = 0
-        self.errors: list[str] = []
-        self.unflushed = -1
-
-    def run(self) -> None:
-        producer = Producer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "enable.idempotence": True,
-                "partitioner": "murmur2_random",
-                "linger.ms": 5,
-                "message.timeout.ms": 120000,
-            }
-        )
-
-        def on_delivery(err: KafkaError | None, _msg: object) -> None:
-            if err is not None:
-                self.errors.append(str(err))
-
-        started = time.monotonic()
-        while self.sent < self.total:
-            due = min(self.total, int((time.monotonic() - started) * self.rate) + 1)
-            while self.sent < due:
-                i = self.sent
-                producer.produce(
-                    self.topic,
-                    str(i).encode(),
-                    f"k{i % self.keys}".encode(),
-                    on_delivery=on_delivery,
-                )
-                self.sent += 1
-            producer.poll(0)
-            time.sleep(0.01)
-        self.unflushed = producer.flush(60)
 
 
 def _run_cli(
@@ -413,7 +249,7 @@ def test_config_error_exits_2_naming_the_key(
     bootstrap: str, tmp_path: Path, bad_set: str, named: str
 ) -> None:
     source, sink = unique_name("c-in"), unique_name("c-out")
-    env = _clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
+    env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
     result = _run_cli(["run", PASSTHROUGH, *_base_sets(bootstrap, tmp_path), "--set", bad_set], env)
     assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
     assert named in result.stderr, result.stderr[-2000:]
@@ -422,7 +258,7 @@ def test_config_error_exits_2_naming_the_key(
 def test_missing_source_topic_exits_2_naming_it(bootstrap: str, tmp_path: Path) -> None:
     source, sink = unique_name("c-missing"), unique_name("c-out")
     create_topic(bootstrap, sink, 1)
-    env = _clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
+    env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
     result = _run_cli(["run", PASSTHROUGH, *_base_sets(bootstrap, tmp_path)], env)
     assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
     assert source in result.stderr, result.stderr[-2000:]
@@ -440,7 +276,7 @@ def test_missing_source_topic_exits_2_naming_it(bootstrap: str, tmp_path: Path) 
 )
 def test_bad_target_exits_2(bootstrap: str, tmp_path: Path, target: str) -> None:
     source, sink = unique_name("c-in"), unique_name("c-out")
-    env = _clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
+    env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
     result = _run_cli(["run", target, *_base_sets(bootstrap, tmp_path)], env)
     assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
     assert target in result.stderr, result.stderr

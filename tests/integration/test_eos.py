@@ -14,7 +14,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from runtime import App, AppState, StreamsBuilder, serdes
 from runtime.devbroker import DevBroker
-from tests.integration.test_daemon import Daemon, Feeder, TopicReader, _clean_env
+from tests.harness import Daemon, Feeder, TopicReader
+from tests.harness import clean_env as _clean_env
 from tests.kafka_helpers import (
     broker_filters_aborted_transactions,
     consume_all,

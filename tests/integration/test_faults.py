@@ -13,12 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from runtime import App, AppState, StreamsBuilder, serdes
 from runtime.devbroker import DevBroker
+from tests.harness import Feeder, TopicReader
 from tests.kafka_helpers import (
-    Msg,
     committed_offsets,
     consume_all,
     create_topic,
@@ -62,48 +61,9 @@ class StateLog:
             return list(self.seen)
 
 
-class TopicReader:
-    """Reads a topic from the beginning of each partition, incrementally, without a group."""
-
-    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": unique_name("reader"),
-                "enable.auto.commit": False,
-                "enable.partition.eof": False,
-                "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 100,
-                "log_level": 0,
-                "error_cb": lambda _err: None,  # the broker may be frozen on purpose
-            }
-        )
-        self.consumer.assign(
-            [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
-        )
-        self.msgs: list[Msg] = []
-
-    def poll(self, timeout: float = 0.2) -> int:
-        got = 0
-        for m in self.consumer.consume(5000, timeout):
-            if m.error() is not None:
-                continue
-            self.msgs.append(
-                Msg(m.key(), m.value(), m.topic(), m.partition(), m.offset(), m.timestamp()[1])
-            )
-            got += 1
-        return got
-
-    def values(self) -> set[int]:
-        return {int(m.value) for m in self.msgs if m.value is not None}
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
 def wait_for_output(app: App, bootstrap: str, topic: str, count: int, timeout: float) -> None:
     """Until `topic` holds `count` records; fails at once if the app fails meanwhile."""
-    reader = TopicReader(bootstrap, topic, len(end_offsets(bootstrap, topic)))
+    reader = TopicReader(bootstrap, topic, len(end_offsets(bootstrap, topic)), quiet=True)
     try:
 
         def enough() -> bool:
@@ -114,62 +74,6 @@ def wait_for_output(app: App, bootstrap: str, topic: str, count: int, timeout: f
         wait_until(enough, timeout, interval=0.0, message=f"{topic}: fewer than {count} records")
     finally:
         reader.close()
-
-
-class Feeder(threading.Thread):
-    """Produces sequence-numbered records (value = str(i)) at a steady rate until stopped.
-
-    Its producer rides out a broker outage: records wait in its local queue
-    (message.timeout.ms is far longer than the outage) and are delivered after.
-    """
-
-    def __init__(self, bootstrap: str, topic: str, rate: float, keys: int = 50) -> None:
-        super().__init__(name="feeder", daemon=True)
-        self.bootstrap, self.topic, self.rate, self.keys = bootstrap, topic, rate, keys
-        self.sent = 0
-        self.errors: list[str] = []
-        self.unflushed = -1
-        self._halt = threading.Event()
-
-    def stop(self, timeout: float = 60) -> None:
-        self._halt.set()
-        self.join(timeout)
-        assert not self.is_alive(), "feeder did not stop"
-        assert self.unflushed == 0, f"{self.unflushed} input records not delivered"
-        assert not self.errors, f"input delivery failed: {self.errors[:3]}"
-
-    def run(self) -> None:
-        producer = Producer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "enable.idempotence": True,
-                "partitioner": "murmur2_random",
-                "linger.ms": 5,
-                "message.timeout.ms": 180000,
-                "log_level": 0,
-                "error_cb": lambda _err: None,
-            }
-        )
-
-        def on_delivery(err: KafkaError | None, _msg: object) -> None:
-            if err is not None:
-                self.errors.append(str(err))
-
-        started = time.monotonic()
-        while not self._halt.is_set():
-            due = int((time.monotonic() - started) * self.rate) + 1
-            while self.sent < due:
-                i = self.sent
-                producer.produce(
-                    self.topic,
-                    str(i).encode(),
-                    f"k{i % self.keys}".encode(),
-                    on_delivery=on_delivery,
-                )
-                self.sent += 1
-            producer.poll(0)
-            time.sleep(0.01)
-        self.unflushed = producer.flush(120)
 
 
 # --- broker outage ----------------------------------------------------------------------
@@ -199,8 +103,8 @@ def test_app_survives_a_15s_broker_outage(own_broker: DevBroker, tmp_path: Path)
     builder.stream(source).to(sink)
     app = App(builder.build(), base_config(bootstrap, app_id, tmp_path))
     states = StateLog(app)
-    feeder = Feeder(bootstrap, source, rate=500)
-    reader = TopicReader(bootstrap, sink, 4)
+    feeder = Feeder(bootstrap, source, rate=500, keys=50)
+    reader = TopicReader(bootstrap, sink, 4, quiet=True)
     app.start()
     try:
         feeder.start()

@@ -8,15 +8,14 @@ round about 3 s), hence the generous deadlines.
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from runtime import App, AppState, StreamsBuilder
-from tests.kafka_helpers import Msg, create_topic, produce, unique_name, wait_until
+from tests.harness import Feeder, TopicReader
+from tests.kafka_helpers import create_topic, produce, unique_name, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -44,92 +43,6 @@ def passthrough_app(bootstrap: str, app_id: str, source: str, sink: str, state_d
 
 def tasks_of(app: App) -> set[str]:
     return {t["id"] for t in app.status()["tasks"]}
-
-
-class TopicReader:
-    """Reads a topic from the beginning of each partition, incrementally, without a group."""
-
-    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": unique_name("reader"),
-                "enable.auto.commit": False,
-                "enable.partition.eof": False,
-                "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 100,
-            }
-        )
-        self.consumer.assign(
-            [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
-        )
-        self.msgs: list[Msg] = []
-
-    def poll(self, timeout: float = 0.2) -> int:
-        got = 0
-        for m in self.consumer.consume(5000, timeout):
-            if m.error() is not None:
-                continue
-            self.msgs.append(
-                Msg(m.key(), m.value(), m.topic(), m.partition(), m.offset(), m.timestamp()[1])
-            )
-            got += 1
-        return got
-
-    def values(self) -> set[int]:
-        return {int(m.value) for m in self.msgs if m.value is not None}
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
-class Feeder(threading.Thread):
-    """Produces sequence-numbered records (value = str(i)) at a steady rate until stopped."""
-
-    def __init__(self, bootstrap: str, topic: str, rate: float, keys: int = 64) -> None:
-        super().__init__(name="feeder", daemon=True)
-        self.bootstrap, self.topic, self.rate, self.keys = bootstrap, topic, rate, keys
-        self.sent = 0
-        self.errors: list[str] = []
-        self.unflushed = -1
-        self._halt = threading.Event()
-
-    def stop(self, timeout: float = 60) -> None:
-        self._halt.set()
-        self.join(timeout)
-        assert not self.is_alive(), "feeder did not stop"
-        assert self.unflushed == 0, f"{self.unflushed} input records not delivered"
-        assert not self.errors, f"input delivery failed: {self.errors[:3]}"
-
-    def run(self) -> None:
-        producer = Producer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "enable.idempotence": True,
-                "partitioner": "murmur2_random",
-                "linger.ms": 5,
-            }
-        )
-
-        def on_delivery(err: KafkaError | None, _msg: object) -> None:
-            if err is not None:
-                self.errors.append(str(err))
-
-        started = time.monotonic()
-        while not self._halt.is_set():
-            due = int((time.monotonic() - started) * self.rate) + 1
-            while self.sent < due:
-                i = self.sent
-                producer.produce(
-                    self.topic,
-                    str(i).encode(),
-                    f"k{i % self.keys}".encode(),
-                    on_delivery=on_delivery,
-                )
-                self.sent += 1
-            producer.poll(0)
-            time.sleep(0.01)
-        self.unflushed = producer.flush(60)
 
 
 def wait_for_split(a: App, b: App, timeout: float = 90) -> None:
