@@ -30,7 +30,7 @@ from runtime.processing.task_manager import TaskManager
 from runtime.processing.threads import ProcessingThreadPool
 from runtime.state.cache import CacheBudget
 from runtime.state.cleanup import CleanupThread
-from runtime.state.placement import status_topic_name
+from runtime.state.placement import ShutdownRequest, status_topic_name
 from runtime.state.queries import StoreQuery
 from runtime.state.restoration import RestorationThread
 from runtime.topology.serdes import serde_from_name
@@ -150,11 +150,11 @@ class App:
             extra = {config.dead_letter_queue_topic: 1} if config.dead_letter_queue_topic else {}
             extra_configs: dict[str, dict[str, str]] = {}
             has_state = bool(self.topology.store_specs())
-            status_topic = None
-            if has_state and config.num_standby_replicas > 0:
-                status_topic = status_topic_name(config.application_id)
-                extra[status_topic] = 1
-                extra_configs[status_topic] = {"cleanup.policy": "compact"}
+            # Every instance publishes its tasks on the status topic and reads
+            # everyone's (standby placement, SHUTDOWN_APPLICATION requests).
+            status_topic = status_topic_name(config.application_id)
+            extra[status_topic] = 1
+            extra_configs[status_topic] = {"cleanup.policy": "compact"}
             self._layout = resolve_topics(
                 admin,
                 self.topology,
@@ -176,12 +176,13 @@ class App:
                 state_dir=config.state_dir,
                 cache_budget=CacheBudget(config.cache_max_bytes),
             )
-            if self._layout.changelogs:
-                self._restoration = RestorationThread(
-                    f"{config.client_id}-RestorationThread",
-                    restore_consumer_config(config),
-                    status_topic,
-                )
+            # The state manager's thread; it also reads the status topic, so
+            # even a stateless app has one (its consumer is the third client).
+            self._restoration = RestorationThread(
+                f"{config.client_id}-RestorationThread",
+                restore_consumer_config(config),
+                status_topic,
+            )
             self._polling = PollingThread(
                 config,
                 self.topology,
@@ -193,6 +194,7 @@ class App:
                     on_assigned=self._on_assigned,
                     on_revoking=self._on_revoking,
                     on_task_failures=self._on_task_failures,
+                    on_application_shutdown=self._on_application_shutdown,
                 ),
                 self._restoration,
                 self.instance_id,
@@ -434,7 +436,7 @@ class App:
                 polling.rewind_task(failure.task_id)
             else:
                 if response is SHUTDOWN_APPLICATION:
-                    log.warning("shutdown_application_is_local_only")
+                    polling.request_application_shutdown(str(failure))
                 fatal.append(failure)
         if not fatal:
             return
@@ -446,6 +448,24 @@ class App:
                 self._force_state(AppState.PENDING_ERROR)
         self._pool.stop_all(timeout=self.config.shutdown_timeout_ms / 1000.0)
         polling.request_stop(commit=False)
+
+    def _on_application_shutdown(self, request: ShutdownRequest) -> None:
+        """Another instance (or this one) asked the whole application to stop."""
+        with self._lock:
+            if self._failure is not None or self._state not in (
+                AppState.RUNNING,
+                AppState.REBALANCING,
+            ):
+                return
+            self._failure = RuntimeError(
+                f"application shutdown requested by {request.requested_by}: {request.reason}"
+            )
+            self._force_state(AppState.PENDING_ERROR)
+        log.error("application_shutdown", requested_by=request.requested_by, reason=request.reason)
+        self._pool.stop_all(timeout=self.config.shutdown_timeout_ms / 1000.0)
+        assert self._polling is not None
+        # Nothing failed here: commit what was processed, then stop.
+        self._polling.request_stop(commit=True)
 
     def _hand_over_output(self, task: StreamTask) -> None:
         output = task.take_output()

@@ -1,4 +1,4 @@
-"""The `streams-runtime` command: run, admin, broker, demo.
+"""The `streams-runtime` command: run, admin, broker, demo, audit, backfill.
 
 Runs on the main thread. `run` starts the app, then hands the main thread to
 the admin loop (`runtime.admin.daemon.run_daemon`): signals in gunicorn's shape
@@ -6,6 +6,8 @@ the admin loop (`runtime.admin.daemon.run_daemon`): signals in gunicorn's shape
 SIGTTOU removes one), the admin socket and the metrics endpoint. Exit codes:
 0 clean shutdown, 1 the app failed, 2 bad input (config, topology, topics).
 `admin` talks to a running daemon over its socket (`runtime.admin.client`).
+`audit` and `backfill` are Spark jobs (`runtime.spark`): exit 0 on success,
+1 on a mismatch or a failed job, 2 on bad input (including no Java).
 """
 
 from __future__ import annotations
@@ -113,6 +115,142 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def _spark_conf(pairs: Sequence[str] | None) -> dict[str, str]:
+    conf = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--spark-conf expects key=value, got {pair!r}")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+def _start_spark(args: argparse.Namespace, app_name: str) -> tuple[Any, bool]:
+    """(session, created): the active session if there is one, else a new one."""
+    from runtime.spark.session import check_pyspark, spark_session
+
+    check_pyspark()
+    from pyspark.sql import SparkSession
+
+    existed = SparkSession.getActiveSession() is not None
+    spark = spark_session(args.master, app_name, _spark_conf(args.spark_conf))
+    return spark, not existed
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from runtime.spark.kafka import KafkaSourceError
+    from runtime.spark.session import JavaMissingError, SparkUnavailableError
+
+    try:
+        spark, created = _start_spark(args, "streams-runtime audit")
+    except (JavaMissingError, SparkUnavailableError, ValueError) as exc:
+        print(f"streams-runtime audit: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        from runtime.spark.audit import report_json, run_audit
+
+        report = run_audit(
+            spark,
+            args.bootstrap,
+            args.input,
+            args.output,
+            relation=args.relation,
+            id_mode=args.id,
+            id_field=args.id_field,
+            key_field=args.key_field,
+            value_format=args.value_format,
+            isolation=args.isolation_level,
+            samples=args.samples,
+        )
+    except (KafkaSourceError, ValueError) as exc:
+        print(f"streams-runtime audit: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    finally:
+        if created:
+            spark.stop()
+    print(report_json(report) if args.json else report.render())
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from runtime.config import ConfigError, load_config
+    from runtime.polling.topics import TopicError
+    from runtime.spark.plan import BackfillError
+    from runtime.spark.session import JavaMissingError, Progress, SparkUnavailableError
+
+    try:
+        config = load_config(args.config, args.set or ())
+    except ConfigError as exc:
+        print(f"streams-runtime: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        topology = load_topology(args.target)
+    except Exception as exc:
+        print(f"streams-runtime: cannot load topology {args.target}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        from runtime.spark.plan import check_nodes
+
+        check_nodes(topology)  # unsupported steps fail before Spark starts
+        spark, created = _start_spark(args, f"streams-runtime backfill {config.application_id}")
+    except (BackfillError, JavaMissingError, SparkUnavailableError, ValueError) as exc:
+        print(f"streams-runtime backfill: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        from runtime.spark.backfill import run_backfill
+        from runtime.spark.graph import BackfillRecordError
+
+        run_backfill(
+            spark,
+            topology,
+            config,
+            progress=Progress("backfill", quiet=args.quiet),
+            commit=not args.no_commit,
+        )
+    except BackfillRecordError as exc:
+        print(f"streams-runtime backfill: failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except (BackfillError, TopicError) as exc:
+        print(f"streams-runtime backfill: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # Spark's errors; a worker's error arrives as text
+        reason = _find_cause(exc, BackfillRecordError)
+        if reason is None:
+            lines = str(exc).strip().splitlines()
+            reason = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+        print(f"streams-runtime backfill: failed: {reason}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        if created:
+            spark.stop()
+    return EXIT_OK
+
+
+def _find_cause(exc: BaseException, kind: type[BaseException]) -> BaseException | str | None:
+    """`exc` or a cause of it of type `kind`; for errors raised in Spark's Python
+    workers (which reach the driver as text), the line naming `kind`."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    marker = f"{kind.__name__}: "
+    for line in str(exc).splitlines():
+        if marker in line:
+            return line[line.index(marker) + len(marker) :].strip()
+    return None
+
+
+def _add_spark_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        metavar="key=value",
+        help="a Spark setting (repeatable), e.g. spark.driver.memory=2g",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="streams-runtime", description="Run Kafka stream-processing topologies."
@@ -168,6 +306,77 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("task", nargs="?", help="task id such as 0_1 (default: all)")
     admin_sub.add_parser("shutdown", help="graceful shutdown (as SIGTERM)")
     admin.set_defaults(func=cmd_admin)
+
+    audit = sub.add_parser(
+        "audit",
+        help="check an output topic against an input topic (Spark job)",
+        description=(
+            "Check an output topic against its input topic with Spark (read_committed). "
+            "identity: each input record once in the output; counts: the output's latest "
+            "count per key equals the input's records per key. Prints missing, duplicated "
+            "and unexpected records; exits 1 on a mismatch."
+        ),
+    )
+    audit.add_argument("--bootstrap", "--bootstrap-servers", required=True, metavar="HOST:PORT")
+    audit.add_argument("--input", required=True, metavar="TOPIC")
+    audit.add_argument("--output", required=True, metavar="TOPIC")
+    audit.add_argument("--relation", choices=("identity", "counts"), default="identity")
+    audit.add_argument(
+        "--id",
+        choices=("record", "key", "value"),
+        default="record",
+        help="identity: what identifies a record (default: key and value bytes)",
+    )
+    audit.add_argument(
+        "--id-field", metavar="FIELD", help="identity: a field of the JSON value, in both topics"
+    )
+    audit.add_argument(
+        "--key-field",
+        metavar="FIELD",
+        help="counts: count input records by this JSON value field (default: the input key)",
+    )
+    audit.add_argument(
+        "--value-format",
+        choices=("int64", "string"),
+        default="int64",
+        help="counts: how output values encode counts (default int64, 8 bytes big-endian)",
+    )
+    audit.add_argument(
+        "--isolation-level",
+        choices=("read_committed", "read_uncommitted"),
+        default="read_committed",
+    )
+    audit.add_argument("--samples", type=int, default=10, help="examples shown per kind")
+    audit.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_spark_options(audit)
+    audit.set_defaults(func=cmd_audit)
+
+    backfill = sub.add_parser(
+        "backfill",
+        help="run a topology over its source topics' history on Spark",
+        description=(
+            "Run a DSL topology's stateless steps and aggregations over the history of its "
+            "source topics on Spark, write the output and the stores' changelogs, and commit "
+            "the end offsets for the group application.id, so that `streams-runtime run` with "
+            "the same application.id restores the state and continues live."
+        ),
+    )
+    backfill.add_argument(
+        "target", metavar="MODULE:ATTR", help="a Topology or a function returning one"
+    )
+    backfill.add_argument("--engine", choices=("spark",), default="spark")
+    backfill.add_argument("--config", metavar="app.toml", help="TOML configuration file")
+    backfill.add_argument(
+        "--set", action="append", metavar="key=value", help="a configuration value (repeatable)"
+    )
+    backfill.add_argument(
+        "--no-commit",
+        action="store_true",
+        help="write output and changelogs but commit no offsets (a dry run for the daemon)",
+    )
+    backfill.add_argument("--quiet", action="store_true", help="no progress lines")
+    _add_spark_options(backfill)
+    backfill.set_defaults(func=cmd_backfill)
     return parser
 
 

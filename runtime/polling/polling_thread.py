@@ -42,7 +42,9 @@ from runtime.processing.errors import TaskFailedError
 from runtime.processing.task import StreamTask, TaskSettings, task_id_of
 from runtime.processing.task_manager import TaskManager
 from runtime.state.placement import (
+    SHUTDOWN_REQUEST_KEY,
     InstanceStatus,
+    ShutdownRequest,
     live_instances,
     standbys_for,
     status_topic_name,
@@ -75,10 +77,12 @@ class PollingThreadHooks:
         on_assigned: Callable[[], None],
         on_revoking: Callable[[], None],
         on_task_failures: Callable[[list[TaskFailedError]], None],
+        on_application_shutdown: Callable[[ShutdownRequest], None] = lambda request: None,
     ) -> None:
         self.on_assigned = on_assigned
         self.on_revoking = on_revoking
         self.on_task_failures = on_task_failures
+        self.on_application_shutdown = on_application_shutdown
 
 
 class PollingThread(threading.Thread):
@@ -119,12 +123,12 @@ class PollingThread(threading.Thread):
         # restoration thread keeps warm here, decided from the status topic.
         self.instance_id = instance_id or config.client_id
         self._standby_replicas = config.num_standby_replicas if restoration else 0
-        self._status_topic = (
-            status_topic_name(config.application_id) if self._standby_replicas > 0 else None
-        )
+        self._status_topic = status_topic_name(config.application_id) if restoration else None
         self._standbys: dict[str, StandbyTask] = {}
         self._standby_removals: dict[str, Future[bool]] = {}
         self._last_status = 0.0
+        # Shutdown requests older than this instance are history.
+        self._started_ms = int(time.time() * 1000)
         self._stateful_tasks = {
             task_id_of(sub.id, p): (sub, p)
             for sub in topology.subtopologies
@@ -236,6 +240,7 @@ class PollingThread(threading.Thread):
             self._last_status = now
             self.publish_status()
             self.reconcile_standbys()
+            self.check_shutdown_requests()
         if now - self._last_lag_refresh >= _LAG_REFRESH_S:
             self._last_lag_refresh = now
             self.refresh_lag()
@@ -272,6 +277,36 @@ class PollingThread(threading.Thread):
                 int(time.time() * 1000),
             ).encode()
         self._producer.produce(self._status_topic, value, self.instance_id.encode(), partition=0)
+
+    def request_application_shutdown(self, reason: str) -> None:
+        """SHUTDOWN_APPLICATION: ask every instance (this one included) to stop.
+
+        The request goes on the status topic, which every instance's
+        restoration thread reads. Under exactly-once the open transaction
+        holds the failed batch's output: it is aborted first, and the
+        request goes in a transaction of its own.
+        """
+        if self._status_topic is None:
+            return
+        request = ShutdownRequest(self.instance_id, reason, int(time.time() * 1000))
+        if self._txn is not None:
+            self._txn.abort()
+            self._producer = self._txn.producer
+            self._txn.ensure_open()
+        self._producer.produce(
+            self._status_topic, request.encode(), SHUTDOWN_REQUEST_KEY, partition=0
+        )
+        if self._txn is not None:
+            self._txn.commit([], None)
+        else:
+            self._producer.flush(10)
+        log.warning("application_shutdown_requested", reason=reason)
+
+    def check_shutdown_requests(self) -> None:
+        assert self._restoration is not None
+        request = self._restoration.shutdown_request
+        if request is not None and request.timestamp_ms >= self._started_ms:
+            self._hooks.on_application_shutdown(request)
 
     def reconcile_standbys(self) -> None:
         """Move the standbys kept here toward what placement says."""

@@ -57,6 +57,31 @@ class InstanceStatus:
             return None
 
 
+SHUTDOWN_REQUEST_KEY = b"__shutdown_application__"
+
+
+@dataclass(frozen=True)
+class ShutdownRequest:
+    """SHUTDOWN_APPLICATION: one instance asks all of them to stop."""
+
+    requested_by: str
+    reason: str
+    timestamp_ms: int
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"by": self.requested_by, "reason": self.reason, "ts": self.timestamp_ms}
+        ).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> ShutdownRequest | None:
+        try:
+            raw = json.loads(data)
+            return cls(str(raw["by"]), str(raw["reason"]), int(raw["ts"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
 def status_topic_name(application_id: str) -> str:
     return f"{application_id}-status"
 

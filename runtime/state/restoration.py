@@ -28,7 +28,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from runtime.logging import get_logger
 from runtime.processing.task import StreamTask
-from runtime.state.placement import InstanceStatus
+from runtime.state.placement import SHUTDOWN_REQUEST_KEY, InstanceStatus, ShutdownRequest
 from runtime.state.standby import StandbyTask
 
 log = get_logger("runtime.restoration")
@@ -65,6 +65,8 @@ class RestorationThread(threading.Thread):
         # The instances' published status, read from the status topic.
         # Replaced as a whole; other threads read the reference.
         self.statuses: dict[str, InstanceStatus] = {}
+        # The newest SHUTDOWN_APPLICATION request seen on the status topic.
+        self.shutdown_request: ShutdownRequest | None = None
         # task id -> {"<changelog>-<partition>": position}, replaced whole.
         self.standby_positions: dict[str, dict[str, int]] = {}
         self._consumer = Consumer(consumer_settings)
@@ -257,6 +259,11 @@ class RestorationThread(threading.Thread):
 
     def _apply_status(self, key: bytes | None, value: bytes | None) -> None:
         if key is None:
+            return
+        if key == SHUTDOWN_REQUEST_KEY:
+            request = ShutdownRequest.decode(value) if value is not None else None
+            if request is not None:
+                self.shutdown_request = request
             return
         instance = key.decode("utf-8", "replace")
         statuses = dict(self.statuses)

@@ -9,6 +9,7 @@ import pytest
 
 from runtime import (
     REPLACE_THREAD,
+    SHUTDOWN_APPLICATION,
     SHUTDOWN_CLIENT,
     App,
     AppState,
@@ -133,3 +134,56 @@ def test_shutdown_client_stops_with_error_and_does_not_commit_the_failed_record(
     committed = committed_offsets(bootstrap, app.config.application_id, source)
     # 'b!' is at offset 1 of whichever partition 'k' hashes to: nothing past it.
     assert all(offset <= 1 for offset in committed.values()), committed
+
+
+def test_shutdown_application_stops_every_instance(bootstrap: str, tmp_path: Path) -> None:
+    source, out = unique_name("in"), unique_name("out")
+    create_topic(bootstrap, source, 4)
+    create_topic(bootstrap, out, 4)
+    app_id = unique_name("shutapp")
+
+    def instance(name: str) -> App:
+        builder = StreamsBuilder()
+        builder.stream(source, key_serde=serdes.STRING, value_serde=serdes.STRING).process(
+            AlwaysFailOnMarked
+        ).to(out, key_serde=serdes.STRING, value_serde=serdes.STRING)
+        app = App(
+            builder.build(),
+            {
+                "application.id": app_id,
+                "bootstrap.servers": bootstrap,
+                "processing.threads": 1,
+                "commit.interval.ms": 200,
+                "state.dir": str(tmp_path / name),
+                "consumer.session.timeout.ms": 6000,
+            },
+        )
+        app.set_uncaught_exception_handler(lambda exc: SHUTDOWN_APPLICATION)
+        return app
+
+    a, b = instance("a"), instance("b")
+    a.start()
+    b.start()
+    try:
+        wait_until(
+            lambda: a.status()["tasks"] and b.status()["tasks"],
+            60,
+            message="the instances never shared the tasks",
+        )
+        # One marked record: whichever instance owns its partition fails and
+        # asks the whole application to stop.
+        produce(
+            bootstrap,
+            source,
+            [("k1", "boom!")],
+            key_serializer=str.encode,
+            value_serializer=str.encode,
+        )
+        assert a.wait(60) and b.wait(60), "an instance kept running"
+        assert a.state is AppState.ERROR and b.state is AppState.ERROR
+        messages = {str(a.failure), str(b.failure)}
+        assert any("marked record boom!" in m for m in messages)
+        assert any("application shutdown requested by" in m for m in messages)
+    finally:
+        a.close(10)
+        b.close(10)

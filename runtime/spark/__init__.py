@@ -1,0 +1,42 @@
+"""The Spark pipeline side, through PySpark (the `spark` extra; Spark 4.0+, Java 17+).
+
+Owns the Kafka data source for Spark (`format("streams-kafka")`, confluent-kafka
+inside Spark's Python workers: `source`, `kafka`), the output audit (`audit`)
+and the backfill of DSL topologies over a topic's history (`backfill`, with the
+worker-side graph runner in `graph`). `session` starts Spark (Java check,
+small local defaults) and prints progress.
+
+Threads: everything runs on the driver's calling thread or inside Spark's
+Python worker processes; nothing here touches the daemon's threads or clients.
+Importing this package does not import PySpark; the names below load on use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_EXPORTS = {
+    "FORMAT": "runtime.spark.source",
+    "KafkaDataSource": "runtime.spark.source",
+    "JavaMissingError": "runtime.spark.session",
+    "SparkUnavailableError": "runtime.spark.session",
+    "check_java": "runtime.spark.session",
+    "register": "runtime.spark.session",
+    "spark_session": "runtime.spark.session",
+    "AuditReport": "runtime.spark.audit",
+    "run_audit": "runtime.spark.audit",
+    "BackfillError": "runtime.spark.plan",
+    "BackfillResult": "runtime.spark.backfill",
+    "run_backfill": "runtime.spark.backfill",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'runtime.spark' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

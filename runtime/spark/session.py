@@ -1,0 +1,172 @@
+"""Starting Spark for the pipeline: the Java check, a small local session, progress lines.
+
+`spark_session()` checks for Java first (Spark 4 needs Java 17+) and raises
+`JavaMissingError` with what to install instead of py4j's opaque failure. The
+defaults suit a shared 2-core machine: `local[2]`, a 1 GB driver, no web UI,
+few shuffle partitions; `conf` overrides any of them, and `master` may point
+at a cluster. Spark's Python workers run this interpreter
+(`PYSPARK_PYTHON`), with the caller's `sys.path` on their `PYTHONPATH`, so
+topology modules and the functions inside them import there as here.
+
+`Progress` prints one line per stage of a long job to stderr; Spark's own
+console progress bar shows too when stderr is a terminal.
+
+Called from the main thread of the driver process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+MIN_JAVA = 17
+
+DEFAULT_CONF: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.driver.memory": "1g",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.default.parallelism": "4",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+}
+
+
+class JavaMissingError(RuntimeError):
+    """No usable Java runtime for Spark."""
+
+
+class SparkUnavailableError(RuntimeError):
+    """PySpark (the `spark` extra) is not installed, or too old."""
+
+
+def find_java() -> str | None:
+    """`$JAVA_HOME/bin/java` if JAVA_HOME is set, else `java` on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        candidate = os.path.join(home, "bin", "java")
+        return candidate if os.access(candidate, os.X_OK) else None
+    return shutil.which("java")
+
+
+def check_java() -> str:
+    """The Java version string; JavaMissingError if Java is absent or older than 17."""
+    java = find_java()
+    install = (
+        "Spark needs a Java runtime, version 17 or newer: install one (Debian/Ubuntu: "
+        "apt-get install openjdk-17-jre-headless) and put `java` on PATH or set JAVA_HOME"
+    )
+    if java is None:
+        where = (
+            f"JAVA_HOME={os.environ['JAVA_HOME']} has no bin/java"
+            if os.environ.get("JAVA_HOME")
+            else "no `java` on PATH and JAVA_HOME is not set"
+        )
+        raise JavaMissingError(f"{install} ({where}).")
+    try:
+        result = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise JavaMissingError(f"{install} (`{java} -version` failed: {exc}).") from exc
+    text = (result.stderr or "") + (result.stdout or "")
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', text)
+    if result.returncode != 0 or match is None:
+        raise JavaMissingError(f"{install} (`{java} -version` said: {text.strip()[:200]!r}).")
+    major = int(match.group(1))
+    if major == 1 and match.group(2):  # "1.8.0_292" is Java 8
+        major = int(match.group(2))
+    if major < MIN_JAVA:
+        raise JavaMissingError(f"{install} ({java} is Java {major}).")
+    return text.strip().splitlines()[0]
+
+
+def check_pyspark() -> str:
+    """The PySpark version; SparkUnavailableError if missing or without Python data sources."""
+    try:
+        import pyspark
+    except ImportError:
+        raise SparkUnavailableError(
+            "PySpark is not installed: pip install 'streams-runtime[spark]'"
+        ) from None
+    try:
+        import pyspark.sql.datasource  # noqa: F401
+    except ImportError:
+        raise SparkUnavailableError(
+            f"PySpark {pyspark.__version__} has no Python data source API "
+            "(pyspark.sql.datasource, Spark 4.0+): pip install 'pyspark>=4.0'"
+        ) from None
+    return str(pyspark.__version__)
+
+
+def _worker_pythonpath() -> str:
+    paths = [os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)]
+    existing = os.environ.get("PYTHONPATH", "")
+    if existing:
+        paths += existing.split(os.pathsep)
+    return os.pathsep.join(dict.fromkeys(paths))
+
+
+def spark_session(
+    master: str = "local[2]",
+    app_name: str = "streams-runtime",
+    conf: Mapping[str, str] | None = None,
+    log_level: str = "ERROR",
+) -> SparkSession:
+    """The active SparkSession (as it is), or a new one; the Kafka data source is registered.
+
+    Raises JavaMissingError / SparkUnavailableError before trying to start the JVM.
+    """
+    check_pyspark()
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        register(active)
+        return active
+    check_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ["PYTHONPATH"] = _worker_pythonpath()
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(log_level)
+    register(spark)
+    return spark
+
+
+def register(spark: SparkSession) -> None:
+    """Make `format("streams-kafka")` available in this session (idempotent)."""
+    from runtime.spark.source import KafkaDataSource
+
+    spark.dataSource.register(KafkaDataSource)
+
+
+class Progress:
+    """One line per stage of a job, with elapsed time: `[backfill 12.3s] message`."""
+
+    def __init__(self, name: str, stream: IO[str] | None = None, quiet: bool = False) -> None:
+        self.name = name
+        self.stream = stream if stream is not None else sys.stderr
+        self.quiet = quiet
+        self.started = time.monotonic()
+
+    def __call__(self, message: str, **fields: Any) -> None:
+        if self.quiet:
+            return
+        extra = "".join(f" {k}={v}" for k, v in fields.items())
+        elapsed = time.monotonic() - self.started
+        print(f"[{self.name} {elapsed:6.1f}s] {message}{extra}", file=self.stream, flush=True)
