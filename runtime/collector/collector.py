@@ -13,18 +13,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import NamedTuple
 
 from runtime.topology.record import Headers
 
-
-class OutputRecord(NamedTuple):
-    topic: str
-    partition: int
-    key: bytes | None
-    value: bytes | None
-    timestamp: int
-    headers: Headers | None
+OutputRecord = tuple[str, int, bytes | None, bytes | None, int, Headers | None]
+"""(topic, partition, key, value, timestamp, headers): a plain tuple, since one
+is built per output record on the hot path and a NamedTuple costs more."""
 
 
 TopicPartitionKey = tuple[str, int]
@@ -48,7 +42,7 @@ class RecordCollector:
             buffers = self._buffers
             count = 0
             for record in batch:
-                key = (record.topic, record.partition)
+                key = (record[0], record[1])
                 buffer = buffers.get(key)
                 if buffer is None:
                     buffers[key] = [record]

@@ -379,23 +379,23 @@ class PollingThread(threading.Thread):
     def _produce(self, records: list[OutputRecord]) -> int:
         if self._txn is not None:
             self._txn.ensure_open()
-        first = records[0]
-        if first.topic in self._changelog_topics:
-            tp = (first.topic, first.partition)
+        topic, partition = records[0][0], records[0][1]
+        if topic in self._changelog_topics:
+            tp = (topic, partition)
             self._changelog_produced[tp] = self._changelog_produced.get(tp, 0) + len(records)
         produce = self._producer.produce
-        for record in records:
+        for _topic, _partition, key, value, timestamp, headers in records:
             while True:
                 try:
                     produce(
-                        record.topic,
-                        record.value,
-                        record.key,
-                        partition=record.partition,
+                        topic,
+                        value,
+                        key,
+                        partition=partition,
                         # 0 asks the producer for "now": used when the
                         # input had no timestamp (-1).
-                        timestamp=record.timestamp if record.timestamp > 0 else 0,
-                        headers=record.headers,  # type: ignore[arg-type]
+                        timestamp=timestamp if timestamp > 0 else 0,
+                        headers=headers,  # type: ignore[arg-type]
                     )
                     break
                 except BufferError:

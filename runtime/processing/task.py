@@ -217,7 +217,7 @@ class StreamTask:
             else:
                 self._round_robin += 1
                 partition = self._round_robin % count
-        self.output.append(OutputRecord(topic, partition, key, value, timestamp, headers))
+        self.output.append((topic, partition, key, value, timestamp, headers))
 
     def partition_count(self, topic: str) -> int:
         try:

@@ -89,6 +89,11 @@ class Int64Serde:
         return "serdes.INT64"
 
 
+# Built once: json.dumps with non-default separators builds an encoder per call.
+_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_JSON_DECODER = json.JSONDecoder()
+
+
 class JsonSerde:
     """JSON text in UTF-8, compact separators."""
 
@@ -97,11 +102,11 @@ class JsonSerde:
     def serialize(self, obj: Any) -> bytes | None:
         if obj is None:
             return None
-        return json.dumps(obj, separators=(",", ":")).encode("utf-8")
+        return _JSON_ENCODER.encode(obj).encode("utf-8")
 
     def deserialize(self, data: bytes | None) -> Any:
         # Decoding first skips json's encoding detection on bytes.
-        return None if data is None else json.loads(data.decode("utf-8"))
+        return None if data is None else _JSON_DECODER.decode(data.decode("utf-8"))
 
     def __repr__(self) -> str:
         return "serdes.JSON"
