@@ -165,6 +165,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
     except (KafkaSourceError, ValueError) as exc:
         print(f"streams-runtime audit: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Exception as exc:  # Spark's errors: the first line says what failed
+        lines = str(exc).strip().splitlines()
+        print(
+            f"streams-runtime audit: failed: {type(exc).__name__}: {lines[0] if lines else ''}",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
     finally:
         if created:
             spark.stop()
@@ -174,6 +181,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_backfill(args: argparse.Namespace) -> int:
     from runtime.config import ConfigError, load_config
+    from runtime.logging import configure_logging
     from runtime.polling.topics import TopicError
     from runtime.spark.plan import BackfillError
     from runtime.spark.session import JavaMissingError, Progress, SparkUnavailableError
@@ -183,6 +191,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"streams-runtime: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    configure_logging(config.log_level)
     try:
         topology = load_topology(args.target)
     except Exception as exc:

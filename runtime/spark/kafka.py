@@ -129,9 +129,16 @@ def producer_settings(bootstrap: str, overrides: Mapping[str, str] | None = None
 # -- metadata and offsets (driver) ---------------------------------------------
 
 
-def partitions_of(client: Consumer, topics: Sequence[str], timeout: float) -> dict[str, list[int]]:
-    """Partition numbers per topic; KafkaSourceError naming missing topics."""
-    deadline = time.monotonic() + timeout
+def partitions_of(
+    client: Consumer, topics: Sequence[str], timeout: float, unknown_timeout: float = 5.0
+) -> dict[str, list[int]]:
+    """Partition numbers per topic; KafkaSourceError naming missing topics.
+
+    Waits up to `timeout` for metadata, but only `unknown_timeout` for a topic
+    the cluster does not know (a topic created a moment ago shows up by then).
+    """
+    start = time.monotonic()
+    deadline = start + timeout
     missing: dict[str, str] = {}
     while True:
         found: dict[str, list[int]] = {}
@@ -148,7 +155,9 @@ def partitions_of(client: Consumer, topics: Sequence[str], timeout: float) -> di
                 found[topic] = sorted(tmd.partitions)
         if not missing:
             return found
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        unknown = all("not found" in why or "UNKNOWN_TOPIC" in why for why in missing.values())
+        if now >= deadline or (unknown and now - start >= unknown_timeout):
             listed = ", ".join(f"{t!r} ({why})" for t, why in missing.items())
             raise KafkaSourceError(f"topic(s) not available: {listed}")
         time.sleep(0.2)
@@ -328,7 +337,6 @@ def read_range(
         return
     conf = dict(settings)
     conf["auto.offset.reset"] = "error" if fail_on_data_loss else "earliest"
-    conf.setdefault("queued.min.messages", max(batch_size * 2, 20000))
     consumer = Consumer(conf)
     try:
         # Metadata first: assign() before the leader is known costs librdkafka
@@ -473,12 +481,3 @@ def header_pairs(headers: Iterable[Any] | None) -> list[tuple[str, bytes | None]
             value = value.encode("utf-8")
         out.append((str(key), None if value is None else bytes(value)))
     return out
-
-
-def end_offsets_json(
-    bootstrap: str, topics: Sequence[str], isolation: str = "read_committed"
-) -> dict[str, dict[str, int]]:
-    """Current ends of `topics`, as Spark offset JSON (for `endingOffsets`)."""
-    return offsets_to_json(
-        {tp: hi for tp, (_, hi) in watermarks(bootstrap, topics, isolation).items()}
-    )

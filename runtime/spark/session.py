@@ -9,7 +9,8 @@ at a cluster. Spark's Python workers run this interpreter
 topology modules and the functions inside them import there as here.
 
 `Progress` prints one line per stage of a long job to stderr; Spark's own
-console progress bar shows too when stderr is a terminal.
+console progress bar shows too when stderr is a terminal (it is switched off
+otherwise, where its carriage returns would garble logs).
 
 Called from the main thread of the driver process.
 """
@@ -136,13 +137,28 @@ def spark_session(
         register(active)
         return active
     check_java()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ["PYTHONPATH"] = _worker_pythonpath()
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+    # Spark's progress bar redraws one line with \r: only for a terminal.
+    console = {"spark.ui.showConsoleProgress": "true" if sys.stderr.isatty() else "false"}
+    for key, value in {**DEFAULT_CONF, **console, **(conf or {})}.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    # The JVM and, through it, the Python workers take these from the
+    # environment at start-up; the process's own environment is left as it was.
+    worker_env = {
+        "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable),
+        "PYTHONPATH": _worker_pythonpath(),
+    }
+    saved = {name: os.environ.get(name) for name in worker_env}
+    os.environ.update(worker_env)
+    try:
+        spark = builder.getOrCreate()
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
     spark.sparkContext.setLogLevel(log_level)
     register(spark)
     return spark

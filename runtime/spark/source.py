@@ -41,7 +41,6 @@ any librdkafka property of the clients.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -496,8 +495,3 @@ class KafkaDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         return KafkaStreamWriter(WriteOptions.parse(self.options, schema))
-
-
-def offsets_option(offsets: Mapping[k.TopicPartitionKey, int]) -> str:
-    """`{(topic, p): offset}` as the JSON of `startingOffsets`/`endingOffsets`."""
-    return json.dumps(k.offsets_to_json(offsets))
