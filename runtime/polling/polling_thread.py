@@ -794,6 +794,9 @@ class PollingThread(threading.Thread):
             remaining = self._producer.flush(self._config.shutdown_timeout_ms / 1000.0)
             if remaining:
                 log.warning("producer_close_unflushed", unacknowledged=remaining)
+            # Release the client's threads and connections now, not whenever
+            # the App object is garbage-collected.
+            self._producer.close()
         except Exception as exc:
             log.warning("producer_close_failed", error=str(exc))
         # Left over only if close() did not call on_revoke: close them dirty.
