@@ -315,7 +315,7 @@ class StreamsConfig:
     processing_threads: int = setting("processing.threads", "int", _cpu_count, "Processing threads at start-up (resizable at runtime).", min=0, default_doc="number of CPUs")
     processing_guarantee: ProcessingGuarantee = setting("processing.guarantee", "enum", "at_least_once", "Commit offsets after output is acknowledged, or one transaction per commit.", choices=_GUARANTEES)
     commit_interval_ms: int = setting("commit.interval.ms", "int", _commit_interval_default, "How often (ms) to commit offsets or the transaction.", min=0, default_doc="`30000`; `100` with `exactly_once_v2`")
-    buffered_records_per_partition: int = setting("buffered.records.per.partition", "int", 1000, "Input records buffered per partition before the partition is paused.", min=1)
+    buffered_records_per_partition: int = setting("buffered.records.per.partition", "int", 5000, "Input records buffered per partition before the partition is paused (it resumes at half); bounds memory at about this many records per assigned partition.", min=1)
     task_timeslice_ms: int = setting("task.timeslice.ms", "int", 100, "How long (ms) a processing thread keeps one task before giving others a turn.", min=1)
     max_poll_records: int = setting("max.poll.records", "int", 1000, "Records per `consume()` batch of the polling thread.", min=1)
     poll_ms: int = setting("poll.ms", "int", 100, "How long (ms) the polling thread blocks waiting for input.", min=0)

@@ -28,12 +28,6 @@ def consumer_config(
         "partition.assignment.strategy": assignment_strategy,
         "enable.partition.eof": False,
         "isolation.level": "read_committed" if config.exactly_once else "read_uncommitted",
-        # librdkafka prefetches up to queued.min.messages per partition and
-        # throws that prefetch away when a partition is paused, to fetch it
-        # again on resume. With its default (100,000) a full input buffer
-        # would make the broker re-serve most of what it sent; matching our
-        # own per-partition bound keeps the prefetch to one buffer's worth.
-        "queued.min.messages": config.buffered_records_per_partition,
         "queued.max.messages.kbytes": 32768,
         "fetch.wait.max.ms": 100,
         # Broker restarts are reported through error_cb; librdkafka's own

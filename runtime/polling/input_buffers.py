@@ -22,6 +22,10 @@ class InputBuffers:
 
     def __init__(self, bound: int) -> None:
         self.bound = bound
+        # Resume only once a paused queue is half empty: pausing makes
+        # librdkafka drop its prefetch for the partition and resuming fetches
+        # it again, so resuming at bound-1 would refetch for every record.
+        self.resume_below = max(1, bound // 2)
         self._queues: dict[PartitionKey, InputQueue] = {}
         self._paused: list[InputQueue] = []
 
@@ -91,8 +95,8 @@ class InputBuffers:
         return routed, to_pause
 
     def to_resume(self) -> list[PartitionKey]:
-        """Paused partitions whose queue drained below the bound (now unpaused)."""
-        bound = self.bound
+        """Paused partitions whose queue drained to half the bound (now unpaused)."""
+        bound = self.resume_below
         resumed: list[PartitionKey] = []
         still: list[InputQueue] = []
         for queue in self._paused:

@@ -56,7 +56,7 @@ def test_defaults() -> None:
     assert c.processing_guarantee == "at_least_once"
     assert not c.exactly_once
     assert c.commit_interval_ms == 30000
-    assert c.buffered_records_per_partition == 1000
+    assert c.buffered_records_per_partition == 5000
     assert c.task_timeslice_ms == 100
     assert c.max_poll_records == 1000
     assert c.poll_ms == 100
