@@ -210,6 +210,12 @@ def test_second_instance_joins_and_leaves_under_eos(
     try:
         wait_until(lambda: reader.poll() >= 0 and len(reader.msgs) > 500, 60, message="no output")
         second.start()
+        # The second instance must really join (and take tasks) before it leaves.
+        wait_until(
+            lambda: '"partitions_assigned"' in second.tail(200_000),
+            90,
+            message="the second instance never got partitions",
+        )
         wait_until(lambda: reader.poll() >= 0 and len(reader.msgs) > 3000, 90, message="stalled")
         second.send(signal.SIGTERM)
         assert second.wait(30) == 0
