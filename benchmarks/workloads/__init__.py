@@ -1,0 +1,13 @@
+"""Benchmark workloads: one module per workload, each a ``python -m benchmarks`` subcommand.
+
+A workload module provides ``NAME``, ``add_arguments(parser)`` and ``main(args) -> int``,
+and its child-process runners are listed in ``benchmarks.child.RUNNERS``. To add one
+(stateful, I/O-bound, skewed, restoration, a thread-per-client baseline), write the
+module and add it to ``WORKLOADS``.
+"""
+
+from __future__ import annotations
+
+WORKLOADS = {
+    "stateless": "benchmarks.workloads.stateless",
+}
