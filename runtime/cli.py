@@ -51,12 +51,11 @@ def load_topology(target: str) -> Any:
     return obj
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from runtime.admin.daemon import DaemonSetupError, preflight, run_daemon
-    from runtime.app import App
+def load_config_and_topology(args: argparse.Namespace) -> tuple[Any, Any] | int:
+    """`--config`/`--set`/env and MODULE:ATTR, with logging set up; an exit
+    code (bad input) instead when either is wrong, the reason on stderr."""
     from runtime.config import ConfigError, load_config
     from runtime.logging import configure_logging
-    from runtime.polling.topics import TopicError
 
     try:
         config = load_config(args.config, args.set or ())
@@ -69,6 +68,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"streams-runtime: cannot load topology {args.target}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    return config, topology
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from runtime.admin.daemon import DaemonSetupError, preflight, run_daemon
+    from runtime.app import App
+    from runtime.config import ConfigError
+    from runtime.polling.topics import TopicError
+
+    loaded = load_config_and_topology(args)
+    if isinstance(loaded, int):
+        return loaded
+    config, topology = loaded
     try:
         preflight(config)
         app = App(topology, config)
@@ -180,23 +192,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    from runtime.config import ConfigError, load_config
-    from runtime.logging import configure_logging
     from runtime.polling.topics import TopicError
     from runtime.spark.plan import BackfillError
     from runtime.spark.session import JavaMissingError, Progress, SparkUnavailableError
 
-    try:
-        config = load_config(args.config, args.set or ())
-    except ConfigError as exc:
-        print(f"streams-runtime: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    configure_logging(config.log_level)
-    try:
-        topology = load_topology(args.target)
-    except Exception as exc:
-        print(f"streams-runtime: cannot load topology {args.target}: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    loaded = load_config_and_topology(args)
+    if isinstance(loaded, int):
+        return loaded
+    config, topology = loaded
     try:
         from runtime.spark.plan import check_nodes
 
