@@ -10,4 +10,7 @@ from __future__ import annotations
 
 WORKLOADS = {
     "stateless": "benchmarks.workloads.stateless",
+    # The runtime against the thread-per-client baseline, five workloads
+    # (benchmarks/compare/; its runs use their own child entry point).
+    "compare": "benchmarks.compare.main",
 }

@@ -1,0 +1,333 @@
+"""Workload "compare": the shared-client runtime against the thread-per-client baseline.
+
+One invocation runs, per workload, both models on identical data at every
+thread count, ``--repeats`` times, alternating the models, and writes
+``<out>/compare[-TAG].json``, ``.md`` and one PNG per workload. Workloads:
+stateless, stateful, io, skew, restore (see ``benchmarks/compare/workloads.py``).
+
+Default sizes finish the whole suite in about 20-25 minutes on a 2-core machine
+(``--quick`` for a ~5-minute smoke run). ``--report FILE.json`` re-renders the
+markdown and plots from a result file without running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+NAME = "compare"
+ALL_WORKLOADS = ("stateless", "stateful", "io", "skew", "restore")
+MODELS = ("runtime", "baseline")
+
+# Same for both models; everything else is the runtime's defaults.
+# - commit.interval.ms=1000: as the stateless benchmark (the default is 30 s).
+# - session.timeout.ms=3000 (heartbeat 1000): Tansu holds a group's first join
+#   for about session.timeout.ms / 2; 3 s instead of 6 s saves ~1.5 s per run.
+# - restore.consumer.fetch.queue.backoff.ms=0: librdkafka's default (1000 ms)
+#   pauses fetching for a second whenever the prefetch queue is over
+#   queued.min.messages; measured here it made the runtime's restoration
+#   thread restore 1,000,000 records in 27.6 s instead of 5.7 s (see README).
+BASE_CONFIG: dict[str, Any] = {
+    "commit.interval.ms": 1000,
+    "consumer.session.timeout.ms": 3000,
+    "consumer.heartbeat.interval.ms": 1000,
+    "restore.consumer.fetch.queue.backoff.ms": 0,
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workloads",
+        default=",".join(ALL_WORKLOADS),
+        help=f"comma-separated subset of {','.join(ALL_WORKLOADS)} (default: all)",
+    )
+    parser.add_argument(
+        "--threads",
+        default="1,2,4,8",
+        help="thread counts (runtime: processing.threads; baseline: stream "
+        "threads); default 1,2,4,8",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="rounds per workload (default 3)")
+    parser.add_argument("--models", default=",".join(MODELS), help="default runtime,baseline")
+    parser.add_argument("--partitions", type=int, default=8, help="input partitions (default 8)")
+    parser.add_argument(
+        "--records",
+        action="append",
+        default=[],
+        metavar="WORKLOAD=N",
+        help="backlog records of a workload, e.g. --records stateless=100000 "
+        "(defaults: stateless 200000, stateful 300000, io 6000, skew 4000)",
+    )
+    parser.add_argument(
+        "--feed-rate",
+        action="append",
+        default=[],
+        metavar="WORKLOAD=R",
+        help="records/s of the latency phase (restore: while restoring); "
+        "defaults: 4000 (io/skew: 400)",
+    )
+    parser.add_argument(
+        "--feed-seconds", type=float, default=2.0, help="length of the latency phase (default 2 s)"
+    )
+    parser.add_argument(
+        "--restore-records",
+        type=int,
+        default=1_000_000,
+        help="changelog records task 0_0 restores in 'restore' (default 1000000)",
+    )
+    parser.add_argument(
+        "--echo-delay-ms",
+        type=float,
+        default=1.0,
+        help="echo server delay per record for io/skew (default 1.0)",
+    )
+    parser.add_argument(
+        "--baseline-restore",
+        choices=("blocking", "interleaved"),
+        default="blocking",
+        help="baseline restoration: blocking (restore a task completely before "
+        "the thread does anything else; default) or interleaved (one batch "
+        "per loop, as Kafka Streams 2.6-3.x)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra config for BOTH models (repeatable)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes, 1 repeat, threads 1,4: a smoke run of a few minutes",
+    )
+    parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    parser.add_argument("--tag", default="", help="suffix of the result files")
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=20.0,
+        help="before each run wait up to this long for other processes to use "
+        "< 0.25 cores (default 20; 0: off)",
+    )
+    parser.add_argument(
+        "--redo-noisy", type=int, default=1, help="run a noisy run again up to N times (default 1)"
+    )
+    parser.add_argument(
+        "--report", metavar="FILE.json", help="only re-render markdown and plots from a result file"
+    )
+
+
+def _pairs(items: list[str], cast: Any) -> dict[str, Any]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"expected NAME=VALUE, got {item!r}")
+        out[key.strip()] = cast(value)
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    from benchmarks.compare import report
+
+    if args.report:
+        with open(args.report) as f:
+            result = json.load(f)
+        out_dir = os.path.dirname(args.report) or "."
+        name = os.path.splitext(os.path.basename(args.report))[0]
+        result["summary"] = report.summarize(result)
+        paths = report.write(out_dir, name, result)
+        print("wrote " + ", ".join(paths))
+        return 0
+
+    from benchmarks.compare.session import RunSettings, latency_floor, run_one
+    from benchmarks.compare.workloads import WORKLOADS, generate
+    from benchmarks.harness import BenchSession, machine_info
+    from benchmarks.workloads.stateless import parse_settings
+
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    for w in workloads:
+        if w not in WORKLOADS:
+            raise SystemExit(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    threads = [int(t) for t in args.threads.split(",") if t.strip()]
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    records = _pairs(args.records, int)
+    rates = _pairs(args.feed_rate, float)
+    repeats = args.repeats
+    restore_records = args.restore_records
+    if args.quick:
+        threads = [1, 4] if args.threads == "1,2,4,8" else threads
+        repeats = 1
+        records = {"stateless": 50_000, "stateful": 50_000, "io": 2_000, "skew": 2_000, **records}
+        restore_records = min(restore_records, 200_000)
+    config = {**BASE_CONFIG, **parse_settings(args.settings)}
+    name = f"{NAME}-{args.tag}" if args.tag else NAME
+    out_dir = args.out
+    log_dir = os.path.join(out_dir, "logs", name)
+    os.makedirs(log_dir, exist_ok=True)
+    session_id = uuid.uuid4().hex[:6]
+    started = time.monotonic()
+    result: dict[str, Any] = {
+        "name": name,
+        "command": "python -m benchmarks compare " + " ".join(_argv_echo(args)),
+        "threads": threads,
+        "models": models,
+        "repeats": repeats,
+        "partitions": args.partitions,
+        "config": config,
+        "baseline_restore": args.baseline_restore,
+        "echo_delay_ms": args.echo_delay_ms,
+        "machine": machine_info(),
+        "workloads": {},
+        "runs": [],
+    }
+    print(
+        f"[{NAME}] workloads {workloads}, threads {threads}, models {models}, repeats {repeats}",
+        flush=True,
+    )
+    try:
+        for wl_name in workloads:
+            wl = WORKLOADS[wl_name]
+            backlog_n = int(records.get(wl_name, wl.records))
+            rate = float(rates.get(wl_name, wl.feed_rate))
+            feed_seconds = args.feed_seconds if not wl.restore else 0.0
+            backlog = generate(wl, 0, backlog_n, args.partitions)
+            per_partition = [0] * args.partitions
+            for _k, _v, p in backlog:
+                per_partition[p] += 1
+            result["workloads"][wl_name] = {
+                "title": wl.title,
+                "description": wl.description,
+                "backlog": backlog_n,
+                "backlog_per_partition": per_partition,
+                "feed_rate": rate,
+                "feed_seconds": feed_seconds,
+                "restore_records": restore_records if wl.restore else None,
+                "output_check": wl.output,
+            }
+            wl_started = time.monotonic()
+            print(
+                f"[{NAME}] {wl_name}: {wl.title}; backlog {backlog_n} "
+                f"(per partition {per_partition})"
+                + (f", restore {restore_records}" if wl.restore else ""),
+                flush=True,
+            )
+            echo_proc = None
+            with BenchSession(log_dir) as session:
+                echo = None
+                if wl.echo:
+                    echo_proc, echo = _start_echo(args.echo_delay_ms)
+                try:
+                    settings = RunSettings(
+                        workload=wl,
+                        partitions=args.partitions,
+                        backlog=backlog,
+                        feed_rate=rate,
+                        feed_seconds=feed_seconds,
+                        restore_records=restore_records,
+                        config=config,
+                        log_dir=log_dir,
+                        session_id=session_id,
+                        quiet_wait=args.quiet_wait,
+                        echo=echo,
+                        echo_pid=echo_proc.pid if echo_proc else None,
+                        restore_mode=args.baseline_restore,
+                    )
+                    for repeat in range(1, repeats + 1):
+                        for k, n_threads in enumerate(threads):
+                            order = models if (repeat + k) % 2 == 1 else list(reversed(models))
+                            for model in order:
+                                for redo in range(args.redo_noisy + 1):
+                                    run = run_one(session, settings, model, n_threads, repeat)
+                                    run["redo"] = redo
+                                    result["runs"].append(run)
+                                    again = (
+                                        run.get("noisy")
+                                        and "error" not in run
+                                        and redo < args.redo_noisy
+                                    )
+                                    if again:
+                                        run["discarded"] = "noisy: other processes were busy"
+                                    _print_run(run)
+                                    if not again:
+                                        break
+                    if args.feed_seconds > 0:
+                        floor = latency_floor(session, wl, args.partitions, rate, args.feed_seconds)
+                        result["workloads"][wl_name]["latency_floor"] = floor
+                        print(
+                            f"  latency floor (feeder -> broker -> reader, no model): "
+                            f"p50 {floor['p50_ms']:.1f} ms, p99 {floor['p99_ms']:.1f} ms",
+                            flush=True,
+                        )
+                finally:
+                    if echo_proc is not None:
+                        echo_proc.terminate()
+                        echo_proc.wait(10)
+            result["workloads"][wl_name]["session_s"] = time.monotonic() - wl_started
+            _write(out_dir, name, result, started)
+    finally:
+        _write(out_dir, name, result, started)
+    with open(os.path.join(out_dir, f"{name}.md")) as f:
+        print(f.read(), flush=True)
+    return 1 if any("error" in r and not r.get("discarded") for r in result["runs"]) else 0
+
+
+def _argv_echo(args: argparse.Namespace) -> list[str]:
+    import sys
+
+    argv = sys.argv[1:]
+    return argv[1:] if argv and argv[0] == NAME else argv
+
+
+def _write(out_dir: str, name: str, result: dict[str, Any], started: float) -> None:
+    from benchmarks.compare import report
+
+    result["suite_s"] = time.monotonic() - started
+    result["summary"] = report.summarize(result)
+    paths = report.write(out_dir, name, result)
+    print(f"[{NAME}] wrote {', '.join(paths)}", flush=True)
+
+
+def _start_echo(delay_ms: float) -> tuple[Any, tuple[str, int]]:
+    import subprocess
+    import sys
+
+    from benchmarks.harness import REPO_ROOT
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.compare.echo", "--delay-ms", str(delay_ms)],
+        stdout=subprocess.PIPE,
+        cwd=REPO_ROOT,
+    )
+    assert proc.stdout is not None
+    port = int(proc.stdout.readline())
+    return proc, ("127.0.0.1", port)
+
+
+def _print_run(run: dict[str, Any]) -> None:
+    head = f"  {run['workload']:<9} {run['model']:<8} t={run['threads']} r{run['repeat']}"
+    if run.get("discarded"):
+        head += " (discarded: noisy)"
+    if "records_per_s" not in run:
+        print(f"{head} FAILED: {str(run.get('error', ''))[:3000]}", flush=True)
+        return
+    lat = run.get("latency") or {}
+    extra = ""
+    if run["workload"] == "restore":
+        extra = f" restore {run.get('restore_s', float('nan')):.2f}s"
+    print(
+        f"{head} {run['records_per_s']:>9,.0f} rec/s ({run['seconds']:.2f}s) "
+        f"cpu {run.get('cpu_s', float('nan')):.2f}s rss {run.get('peak_rss_mb', float('nan')):.0f}MB "
+        f"conns {run.get('connections_at_ready')}/{run.get('connections_max')} "
+        f"p50 {lat.get('p50_ms', float('nan')):.0f}ms p99 {lat.get('p99_ms', float('nan')):.0f}ms "
+        f"join {run.get('join_s', float('nan')):.1f}s{extra} "
+        f"{'ok' if run.get('correct') else 'WRONG: ' + str(run.get('error', ''))[:200]}"
+        f"{' NOISY' if run.get('noisy') else ''}",
+        flush=True,
+    )

@@ -1,0 +1,414 @@
+"""Summaries, JSON, markdown and PNG plots of a comparison session.
+
+``summarize(result)``: one row per (workload, model, threads) with median,
+min and max of every figure over the counted runs (not discarded, correct),
+and the runtime/baseline ratio at equal thread count (medians, and paired per
+repeat). ``write`` puts ``<name>.json``, ``<name>.md`` and
+``<name>-<workload>.png`` (if matplotlib imports) into the output directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from typing import Any
+
+FIGURES = {
+    "records_per_s": "records/s",
+    "records_per_s_processed": "records/s processed (no output wait)",
+    "cpu_s_per_million": "CPU s per million records",
+    "peak_rss_mb": "peak RSS MB",
+    "connections_at_ready": "broker connections",
+    "connections_max": "broker connections (max)",
+    "join_s": "start to stable assignment s",
+    "restore_s": "restore s",
+    "p50_ms": "p50 latency ms",
+    "p99_ms": "p99 latency ms",
+    "cpu_s": "CPU s in window",
+    "processed_all_s": "go to all processed s",
+}
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    finite = [v for v in values if v is not None and v == v and not math.isinf(v)]
+    if not finite:
+        return {"median": float("nan"), "min": float("nan"), "max": float("nan"), "n": 0}
+    return {
+        "median": statistics.median(finite),
+        "min": min(finite),
+        "max": max(finite),
+        "n": len(finite),
+    }
+
+
+def _figure(run: dict[str, Any], key: str) -> float | None:
+    value = (run.get("latency") or {}).get(key) if key in ("p50_ms", "p99_ms") else run.get(key)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def counted(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in runs if not r.get("discarded") and r.get("correct") and "error" not in r]
+
+
+def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for run in result["runs"]:
+        if run.get("discarded"):
+            continue
+        groups.setdefault((run["workload"], run["model"], run["threads"]), []).append(run)
+    rows: list[dict[str, Any]] = []
+    for (workload, model, threads), group in groups.items():
+        good = counted(group)
+        row: dict[str, Any] = {
+            "workload": workload,
+            "model": model,
+            "threads": threads,
+            "runs_ok": len(good),
+            "runs_failed": len(group) - len(good),
+            "errors": [str(r.get("error", ""))[:300] for r in group if r not in good],
+        }
+        for key in FIGURES:
+            row[key] = _stats([v for v in (_figure(r, key) for r in good) if v is not None])
+        row["noisy_runs"] = sum(1 for r in good if r.get("noisy"))
+        rows.append(row)
+    by_key = {(r["workload"], r["model"], r["threads"]): r for r in rows}
+    for row in rows:
+        if row["model"] != "runtime":
+            continue
+        base = by_key.get((row["workload"], "baseline", row["threads"]))
+        if base is None:
+            continue
+        rt, bl = row["records_per_s"], base["records_per_s"]
+        row["ratio_to_baseline"] = (
+            rt["median"] / bl["median"] if rt["n"] and bl["n"] and bl["median"] > 0 else None
+        )
+        paired = []
+        base_by_repeat = {
+            r["repeat"]: r["records_per_s"]
+            for r in counted(result["runs"])
+            if r["workload"] == row["workload"]
+            and r["model"] == "baseline"
+            and r["threads"] == row["threads"]
+        }
+        for r in counted(result["runs"]):
+            if (
+                r["workload"] == row["workload"]
+                and r["model"] == "runtime"
+                and r["threads"] == row["threads"]
+                and base_by_repeat.get(r["repeat"])
+            ):
+                paired.append(r["records_per_s"] / base_by_repeat[r["repeat"]])
+        row["paired_ratio"] = _stats(paired)
+    order = {"stateless": 0, "stateful": 1, "io": 2, "skew": 3, "restore": 4}
+    rows.sort(key=lambda r: (order.get(r["workload"], 9), r["threads"], r["model"] != "runtime"))
+    return rows
+
+
+# -- formatting -----------------------------------------------------------------------
+
+
+def _med(s: dict[str, float] | None, digits: int = 0) -> str:
+    if not s or not s.get("n") or s["median"] != s["median"]:
+        return "n/a"
+    return f"{s['median']:,.{digits}f}"
+
+
+def _range(s: dict[str, float] | None, digits: int = 0) -> str:
+    if not s or not s.get("n") or s["median"] != s["median"]:
+        return "n/a"
+    if s["n"] == 1 or s["min"] == s["max"]:
+        return f"{s['median']:,.{digits}f}"
+    return f"{s['median']:,.{digits}f} ({s['min']:,.{digits}f}-{s['max']:,.{digits}f})"
+
+
+def _ratio(x: float | None) -> str:
+    if x is None or x != x:
+        return "n/a"
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.2f}x"
+
+
+def _ratio_of(a: dict[str, float], b: dict[str, float]) -> float | None:
+    if not a.get("n") or not b.get("n"):
+        return None
+    if b["median"] == 0:
+        return float("inf") if a["median"] > 0 else None
+    return float(a["median"] / b["median"])
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    rows = result.get("summary") or summarize(result)
+    by_key = {(r["workload"], r["model"], r["threads"]): r for r in rows}
+    lines = [
+        "# Runtime (shared clients) vs thread-per-client baseline",
+        "",
+        f"`{result['command']}`: {result['repeats']} repeat(s) per workload, thread counts "
+        f"{', '.join(map(str, result['threads']))}, models alternated within each pair; one "
+        f"dev broker per workload; every run in a fresh process on identical input. Config "
+        f"for both models: `{', '.join(f'{k}={v}' for k, v in result['config'].items())}` "
+        f"(everything else the runtime's defaults); baseline restoration: "
+        f"{result.get('baseline_restore', 'blocking')}. Suite time "
+        f"{result.get('suite_s', 0) / 60:.1f} min.",
+        "",
+        f"Machine: nproc={m.get('nproc')}, {m.get('cpu', '?')}, Python {m.get('python')}, "
+        f"confluent-kafka {m.get('confluent_kafka')} / librdkafka {m.get('librdkafka')}, "
+        f"broker {m.get('broker', 'tansu')} on the same machine; git {m.get('git_head', '?')}; "
+        f"{m.get('date')}.",
+        "",
+        "## Summary at equal thread count",
+        "",
+        "records/s: medians; ratio = runtime / baseline. Connections: ESTABLISHED TCP "
+        "connections of the process to the broker. Restore workload: records/s is the "
+        "processing rate of the other tasks while task 0_0 restores, latency that of the "
+        "records fed meanwhile.",
+        "",
+        "| workload | threads | runtime rec/s | baseline rec/s | ratio | conns rt / bl | "
+        "peak RSS MB rt / bl | p99 ms rt / bl |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for wl_name in result["workloads"]:
+        for n in result["threads"]:
+            rt = by_key.get((wl_name, "runtime", n))
+            bl = by_key.get((wl_name, "baseline", n))
+            if rt is None and bl is None:
+                continue
+            lines.append(
+                f"| {wl_name} | {n} | {_med(rt and rt['records_per_s'])} | "
+                f"{_med(bl and bl['records_per_s'])} | "
+                f"{_ratio(_ratio_of(rt['records_per_s'], bl['records_per_s']) if rt and bl else None)} | "
+                f"{_med(rt and rt['connections_at_ready'])} / {_med(bl and bl['connections_at_ready'])} | "
+                f"{_med(rt and rt['peak_rss_mb'])} / {_med(bl and bl['peak_rss_mb'])} | "
+                f"{_med(rt and rt['p99_ms'])} / {_med(bl and bl['p99_ms'])} |"
+            )
+    lines += ["", "## Targets", ""] + _verdicts(result, by_key)
+    for wl_name, wl in result["workloads"].items():
+        lines += ["", f"## {wl_name}: {wl['title']}", "", wl["description"] + "."]
+        if wl.get("restore_records"):
+            lines.append(
+                f"Task 0_0 restores {wl['restore_records']:,} changelog records; records arrive "
+                f"at {wl['feed_rate']:,.0f}/s for partitions 1-7 from `go` until 1 s after the "
+                "restore ended (the rate bounds the records/s column)."
+            )
+        else:
+            lines.append(
+                f"Backlog {wl['backlog']:,} records (per partition "
+                f"{wl['backlog_per_partition']}); latency phase {wl['feed_rate']:,.0f} "
+                f"records/s for {wl['feed_seconds']:.0f} s."
+            )
+        floor = wl.get("latency_floor")
+        if floor:
+            lines.append(
+                f"Latency floor of the measuring path alone (feeder -> broker -> reader, no "
+                f"model, same rate): p50 {floor['p50_ms']:.1f} ms, p99 {floor['p99_ms']:.1f} ms."
+            )
+        lines += [
+            "",
+            "| model | threads | records/s median (min-max) | processed/s | CPU s / M records | "
+            "peak RSS MB | conns ready (max) | p50 ms | p99 ms | start to stable s |"
+            + (" restore s |" if wl.get("restore_records") else "")
+            + " runs ok |",
+            "|---|---|---|---|---|---|---|---|---|---|"
+            + ("---|" if wl.get("restore_records") else "")
+            + "---|",
+        ]
+        for row in [r for r in rows if r["workload"] == wl_name]:
+            lines.append(
+                f"| {row['model']} | {row['threads']} | {_range(row['records_per_s'])} | "
+                f"{_med(row['records_per_s_processed'])} | "
+                f"{_med(row['cpu_s_per_million'], 1) if not wl.get('restore_records') else 'n/a'} | "
+                f"{_range(row['peak_rss_mb'])} | {_med(row['connections_at_ready'])} "
+                f"({_med(row['connections_max'])}) | {_range(row['p50_ms'])} | "
+                f"{_range(row['p99_ms'])} | {_med(row['join_s'], 1)} |"
+                + (f" {_range(row['restore_s'], 2)} |" if wl.get("restore_records") else "")
+                + f" {row['runs_ok']}/{row['runs_ok'] + row['runs_failed']}"
+                + (f" ({row['noisy_runs']} noisy)" if row["noisy_runs"] else "")
+                + " |"
+            )
+        for row in [r for r in rows if r["workload"] == wl_name and r["runs_failed"]]:
+            for error in row["errors"]:
+                first = error.strip().splitlines()[0] if error.strip() else "?"
+                lines.append(f"- FAILED {row['model']} t={row['threads']}: {first[:300]}")
+    lines += ["", "## How it is measured", "", *_method(result), ""]
+    return "\n".join(lines)
+
+
+def _verdicts(result: dict[str, Any], by_key: dict[tuple[str, str, int], Any]) -> list[str]:
+    out = []
+    threads = result["threads"]
+
+    def ratio(wl: str, n: int) -> float | None:
+        rt, bl = by_key.get((wl, "runtime", n)), by_key.get((wl, "baseline", n))
+        if rt is None or bl is None:
+            return None
+        return _ratio_of(rt["records_per_s"], bl["records_per_s"])
+
+    misses = []
+    for wl in result["workloads"]:
+        for n in threads:
+            r = ratio(wl, n)
+            if r is not None and r < 0.97:
+                misses.append(f"{wl} t={n} ({r:.2f}x)")
+    out.append(
+        "- Throughput, runtime >= baseline at equal threads on every workload (>= 0.97x counted "
+        "as matching): "
+        + ("met everywhere." if not misses else "missed at " + ", ".join(misses) + ".")
+    )
+    conn = []
+    for n in threads:
+        rts = [
+            by_key[(w, "runtime", n)]["connections_at_ready"]["median"]
+            for w in result["workloads"]
+            if (w, "runtime", n) in by_key
+        ]
+        bls = [
+            by_key[(w, "baseline", n)]["connections_at_ready"]["median"]
+            for w in result["workloads"]
+            if (w, "baseline", n) in by_key
+        ]
+        if rts and bls:
+            conn.append(f"t={n}: {_fmt_set(rts)} vs {_fmt_set(bls)}")
+    out.append("- Broker connections, runtime vs baseline: " + "; ".join(conn) + ".")
+    mem = []
+    for n in threads:
+        if n < 4:
+            continue
+        for wl in result["workloads"]:
+            rt, bl = by_key.get((wl, "runtime", n)), by_key.get((wl, "baseline", n))
+            if rt and bl and rt["peak_rss_mb"]["n"] and bl["peak_rss_mb"]["n"]:
+                mem.append((wl, n, rt["peak_rss_mb"]["median"], bl["peak_rss_mb"]["median"]))
+    if mem:
+        lost = [f"{w} t={n} ({a:.0f} vs {b:.0f} MB)" for w, n, a, b in mem if a >= b]
+        out.append(
+            "- Less memory from 4 threads up: "
+            + ("met everywhere." if not lost else "missed at " + ", ".join(lost) + ".")
+        )
+    for wl in ("skew", "restore"):
+        if wl in result["workloads"]:
+            parts = [f"t={n}: {_ratio(ratio(wl, n))}" for n in threads]
+            out.append(f"- {wl}: runtime/baseline >= 2x? " + ", ".join(parts) + ".")
+    if "io" in result["workloads"] and (("io", "runtime", threads[0]) in by_key):
+        base = by_key[("io", "runtime", threads[0])]["records_per_s"]["median"]
+        parts = []
+        for n in threads:
+            row = by_key.get(("io", "runtime", n))
+            if row and base == base and base > 0:
+                speedup = row["records_per_s"]["median"] / base
+                parts.append(
+                    f"t={n}: {speedup:.2f}x ({speedup / (n / threads[0]) * 100:.0f}% of linear)"
+                )
+        out.append(
+            f"- I/O-bound scaling of the runtime against t={threads[0]}: " + ", ".join(parts) + "."
+        )
+    return out
+
+
+def _fmt_set(values: list[float]) -> str:
+    unique = sorted({int(v) for v in values if v == v})
+    return "/".join(str(v) for v in unique) if unique else "n/a"
+
+
+def _method(result: dict[str, Any]) -> list[str]:
+    return [
+        "- Each run: fresh input topic loaded with the workload's records (same bytes, same "
+        "partitions every run), fresh output topic and application.id; the child joins the "
+        "group and buffers input but processes nothing until its assignment is complete, "
+        "balanced and unchanged for 0.5 s ('start to stable' column); then `go`.",
+        "- records/s = backlog / (time the harness's reader has seen the whole backlog's output "
+        "- go). The reader consumes the output topic from the harness process "
+        "(fetch.wait.max.ms=2, consume() every 2 ms); for the count workloads the output is folded per key per "
+        "commit, so completion is when the latest counts add up to the input, which waits for "
+        "the next commit (commit.interval.ms=1000, both models).",
+        "- CPU s / M records: the child's user+system CPU (all threads, librdkafka's included) "
+        "from /proc over the same window. Peak RSS: the child's VmHWM at the end of the run "
+        "(start-up included). Connections: the child's ESTABLISHED TCP sockets to the broker "
+        "port (/proc/<pid>/net/tcp matched with /proc/<pid>/fd) when it reported ready; "
+        "(max) is the maximum of samples every 0.25 s.",
+        "- Latency: after the backlog, a feeder in the harness produces records at a fixed "
+        "rate, each stamped with the wall clock at produce time; latency = the reader's wall "
+        "clock when it receives the output record - that timestamp (outputs keep the input "
+        "timestamp). It includes the feeder's produce path (linger.ms=0), the model, the "
+        "producer's acknowledgement path and the reader's fetch; the per-workload 'latency "
+        "floor' is that path without a model. For count workloads one output per "
+        "key per commit is sampled (cached writes are folded), so latency there is dominated "
+        "by the commit interval.",
+        "- Noise: before each run the harness waits for other processes to use < 0.25 cores; "
+        "a run during which they used more is run again once and marked noisy if it stays so.",
+    ]
+
+
+# -- files -------------------------------------------------------------------------------
+
+
+def write(out_dir: str, name: str, result: dict[str, Any]) -> list[str]:
+    os.makedirs(out_dir, exist_ok=True)
+    if "summary" not in result:
+        result["summary"] = summarize(result)
+    paths = []
+    json_path = os.path.join(out_dir, f"{name}.json")
+    with open(json_path, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+        f.write("\n")
+    paths.append(json_path)
+    md_path = os.path.join(out_dir, f"{name}.md")
+    with open(md_path, "w") as f:
+        f.write(markdown(result))
+    paths.append(md_path)
+    paths += plot(out_dir, name, result)
+    return paths
+
+
+def plot(out_dir: str, name: str, result: dict[str, Any]) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:  # noqa: BLE001 - the plots are optional
+        return []
+    rows = result.get("summary") or summarize(result)
+    colors = {"runtime": "#3b75af", "baseline": "#d9822b"}
+    panels = [
+        ("records_per_s", "records/s (median, min-max)"),
+        ("p99_ms", "p99 latency ms"),
+        ("peak_rss_mb", "peak RSS MB"),
+        ("connections_at_ready", "broker connections"),
+    ]
+    paths = []
+    for wl_name, wl in result["workloads"].items():
+        wl_rows = [r for r in rows if r["workload"] == wl_name]
+        if not wl_rows:
+            continue
+        fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
+        for ax, (key, label) in zip(axes, panels, strict=True):
+            for model in ("runtime", "baseline"):
+                pts = sorted(
+                    (r["threads"], r[key]) for r in wl_rows if r["model"] == model and r[key]["n"]
+                )
+                if not pts:
+                    continue
+                xs = [p[0] for p in pts]
+                med = [p[1]["median"] for p in pts]
+                lo = [p[1]["median"] - p[1]["min"] for p in pts]
+                hi = [p[1]["max"] - p[1]["median"] for p in pts]
+                ax.errorbar(
+                    xs, med, yerr=[lo, hi], marker="o", capsize=3, label=model, color=colors[model]
+                )
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(result["threads"])
+            ax.set_xticklabels([str(t) for t in result["threads"]])
+            ax.set_xlabel("threads")
+            ax.set_title(label, fontsize=10)
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+        axes[0].legend()
+        fig.suptitle(f"{wl_name}: {wl['title']}")
+        fig.tight_layout()
+        path = os.path.join(out_dir, f"{name}-{wl_name}.png")
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths
