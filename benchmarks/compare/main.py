@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="WORKLOAD=N",
         help="backlog records of a workload, e.g. --records stateless=100000 "
-        "(defaults: stateless 200000, stateful 300000, io 6000, skew 4000)",
+        "(defaults: stateless 200000, stateful 500000, io 6000, skew 4000)",
     )
     parser.add_argument(
         "--feed-rate",
@@ -71,7 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "defaults: 4000 (io/skew: 400)",
     )
     parser.add_argument(
-        "--feed-seconds", type=float, default=2.0, help="length of the latency phase (default 2 s)"
+        "--feed-seconds",
+        type=float,
+        default=1.5,
+        help="length of the latency phase (default 1.5 s)",
     )
     parser.add_argument(
         "--restore-records",
@@ -269,6 +272,9 @@ def main(args: argparse.Namespace) -> int:
                     if echo_proc is not None:
                         echo_proc.terminate()
                         echo_proc.wait(10)
+                    # Destroy the session's admin client before its broker stops
+                    # (else librdkafka logs reconnect attempts until exit).
+                    session.admin = None
             result["workloads"][wl_name]["session_s"] = time.monotonic() - wl_started
             _write(out_dir, name, result, started)
     finally:

@@ -103,9 +103,11 @@ def load(bootstrap: str, topic: str, records: Any, count_hint: int = 0) -> float
         if n % 20000 == 0:
             producer.poll(0)
     remaining = producer.flush(180)
+    seconds = time.perf_counter() - started
+    producer.close()
     if remaining or errors:
         raise RuntimeError(f"loading {topic} failed: {remaining} unflushed, errors {errors[:3]}")
-    return time.perf_counter() - started
+    return seconds
 
 
 def restore_records(count: int) -> Any:
@@ -235,13 +237,12 @@ class Feeder(threading.Thread):
         self.last_ms: float | None = None
         self.error: str | None = None
         self._stop_event = threading.Event()
+        # Set by the harness when the timed feed may begin (start() first: the
+        # thread warms its producer up meanwhile).
+        self.begin = threading.Event()
         self._producer = Producer(
             {"bootstrap.servers": bootstrap, "linger.ms": 0, "enable.idempotence": True}
         )
-        # Connected, with the topic's leaders and a producer id, before the first
-        # timed record: a cold producer holds its first records for ~0.5 s.
-        self._producer.list_topics(topic, timeout=10)
-        time.sleep(0.3)
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -252,9 +253,16 @@ class Feeder(threading.Thread):
         make = self._make
         topic = self._topic
         limit = self._count if self._count is not None else 1 << 62
-        started = time.monotonic()
         j = 0
         try:
+            # Connected, with the topic's leaders and a producer id, before the
+            # first timed record: a cold producer holds its first records ~0.5 s.
+            producer.list_topics(topic, timeout=10)
+            time.sleep(0.3)
+            while not self.begin.wait(0.1):
+                if self._stop_event.is_set():
+                    return
+            started = time.monotonic()
             while j < limit and not self._stop_event.is_set():
                 due = min(limit, int((time.monotonic() - started) * self._rate) + 1)
                 while j < due:
@@ -273,6 +281,11 @@ class Feeder(threading.Thread):
                 self.error = "feeder: records not acknowledged"
         except Exception as exc:  # noqa: BLE001 - reported with the run
             self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            # Release its connections now, not when the object is collected
+            # (a producer outliving the broker logs reconnect attempts).
+            with contextlib.suppress(Exception):
+                producer.close()
 
 
 class Sampler(threading.Thread):
@@ -323,6 +336,19 @@ class RunSettings:
     restore_mode: str = "blocking"
     settle_s: float = 0.5
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _Loader(threading.Thread):
+    def __init__(self, fn: Callable[[], None]) -> None:
+        super().__init__(name="bench-loader", daemon=True)
+        self._fn = fn
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            self._fn()
+        except Exception as exc:  # noqa: BLE001 - reported by the run
+            self.error = f"{type(exc).__name__}: {exc}"
 
 
 class _Child:
@@ -441,18 +467,27 @@ def run_one(
     try:
         session.create_topic(input_topic, partitions)
         session.create_topic(output_topic, partitions)
-        run["load_s"] = load(session.bootstrap, input_topic, settings.backlog)
+        changelog = f"{app_id}-{STORE}-changelog"
         if wl.restore:
-            changelog = f"{app_id}-{STORE}-changelog"
             _create_compacted(session, changelog, partitions)
             run["restore_records"] = settings.restore_records
-            run["restore_load_s"] = load(
-                session.bootstrap, changelog, restore_records(settings.restore_records)
-            )
         if settings.quiet_wait > 0:
             waited, busy = wait_for_quiet(session, settings.quiet_wait, window_s=0.5)
             run["quiet_wait_s"] = round(waited, 1)
             run["other_cores_before"] = round(busy, 2)
+
+        # The input (and the changelog to restore) is loaded while the child
+        # starts and joins the group; nothing is processed or restored before
+        # `go`, which waits for the load.
+        def load_inputs() -> None:
+            run["load_s"] = load(session.bootstrap, input_topic, settings.backlog)
+            if wl.restore:
+                run["restore_load_s"] = load(
+                    session.bootstrap, changelog, restore_records(settings.restore_records)
+                )
+
+        loader = _Loader(load_inputs)
+        loader.start()
 
         spec = {
             "model": model,
@@ -477,6 +512,9 @@ def run_one(
         sampler = Sampler(child.pid, int(session.bootstrap.rsplit(":", 1)[1]))
         sampler.start()
         ready = child.wait_event("ready", 180)
+        loader.join(300)
+        if loader.is_alive() or loader.error:
+            raise RuntimeError(f"loading the input failed: {loader.error or 'timed out'}")
         run["join_s"] = ready["join_s"]
         run["ready_s"] = ready["ready_s"]
         run["baseline_assignment"] = ready.get("assignment")
@@ -494,6 +532,8 @@ def run_one(
                 settings.feed_rate,
                 None,
             )
+            feeder.start()
+            time.sleep(0.4)  # its warm-up
         marks0 = _marks(session, child.pid, settings.echo_pid)
         child.send("go")
         go = time.monotonic()
@@ -599,22 +639,37 @@ def _throughput_and_latency(
     marks0: dict[str, float],
 ) -> None:
     backlog = len(settings.backlog)
-    timeout = max(120.0, backlog / 300.0)
-    done = _wait_reader(reader, child, backlog, timeout)
-    if done is None:
-        raise TimeoutError(
-            f"output incomplete after {timeout:.0f} s: {reader.progress} of {backlog}"
+    count = int(settings.feed_rate * settings.feed_seconds)
+    feeder = None
+    if count > 0:
+        # Warms up in its own thread during the throughput phase; feeds later.
+        feeder = Feeder(
+            session.bootstrap,
+            run["input_topic"],
+            lambda j: settings.workload.make(backlog + j, settings.partitions),
+            settings.feed_rate,
+            count,
         )
-    marks1 = _marks(session, child.pid, settings.echo_pid)
-    seconds = done - go
-    run["seconds"] = seconds
-    run["records_per_s"] = backlog / seconds
-    _window(run, marks0, marks1)
-    run["cpu_s_per_million"] = run["cpu_s"] / backlog * 1e6
-    run["rss_mb_at_done"] = procfs.memory_mb(child.pid).get("VmRSS", float("nan"))
+        feeder.start()
     try:
-        _latency_phase(session, settings, run, child, reader)
+        timeout = max(120.0, backlog / 300.0)
+        done = _wait_reader(reader, child, backlog, timeout)
+        if done is None:
+            raise TimeoutError(
+                f"output incomplete after {timeout:.0f} s: {reader.progress} of {backlog}"
+            )
+        marks1 = _marks(session, child.pid, settings.echo_pid)
+        seconds = done - go
+        run["seconds"] = seconds
+        run["records_per_s"] = backlog / seconds
+        _window(run, marks0, marks1)
+        run["cpu_s_per_million"] = run["cpu_s"] / backlog * 1e6
+        run["rss_mb_at_done"] = procfs.memory_mb(child.pid).get("VmRSS", float("nan"))
+        if feeder is not None:
+            _latency_phase(settings, run, child, reader, feeder, count)
     finally:
+        if feeder is not None:
+            feeder.stop()
         # The child saw its processed count reach the backlog (checked every
         # 50 ms): the processing-only rate, without waiting for the output.
         processed_all = child.poll_event("processed_all")
@@ -624,28 +679,18 @@ def _throughput_and_latency(
 
 
 def _latency_phase(
-    session: BenchSession,
     settings: RunSettings,
     run: dict[str, Any],
     child: _Child,
     reader: Reader,
+    feeder: Feeder,
+    count: int,
 ) -> None:
+    """A fixed offered rate, well below every run's capacity, after the backlog."""
     backlog = len(settings.backlog)
-
-    # Latency phase: a fixed offered rate, well below every run's capacity.
-    count = int(settings.feed_rate * settings.feed_seconds)
-    if count <= 0:
-        return
     from_ms = time.time() * 1000.0
     reader.latency_from_ms = from_ms
-    feeder = Feeder(
-        session.bootstrap,
-        run["input_topic"],
-        lambda j: settings.workload.make(backlog + j, settings.partitions),
-        settings.feed_rate,
-        count,
-    )
-    feeder.start()
+    feeder.begin.set()
     feeder.join(settings.feed_seconds * 3 + 30)
     if feeder.error:
         raise RuntimeError(feeder.error)
@@ -691,7 +736,7 @@ def _restore_phase(
     marks0: dict[str, float],
 ) -> None:
     reader.latency_from_ms = go_wall_ms
-    feeder.start()
+    feeder.begin.set()
     try:
         timeout = max(180.0, settings.restore_records / 5000.0)
         done = child.wait_event("restore_done", timeout)
@@ -750,9 +795,11 @@ def latency_floor(
                 rate,
                 count,
             )
+            feeder.start()
+            time.sleep(0.4)  # its warm-up
             from_ms = time.time() * 1000.0
             reader.latency_from_ms = from_ms
-            feeder.start()
+            feeder.begin.set()
             feeder.join(seconds * 3 + 30)
             reader.wait_for(partitions + count, 30)
             return _latency_figures(reader.latencies(from_ms), rate, count)
@@ -763,7 +810,7 @@ def latency_floor(
         session.delete_topic(topic)
 
 
-def _settle_reader(reader: Reader, idle_s: float = 0.5, max_s: float = 10.0) -> None:
+def _settle_reader(reader: Reader, idle_s: float = 0.3, max_s: float = 10.0) -> None:
     deadline = time.monotonic() + max_s
     while time.monotonic() < deadline and time.monotonic() - reader.last_receive < idle_s:
         time.sleep(0.05)

@@ -155,7 +155,7 @@ WORKLOADS: dict[str, Workload] = {
             "group_by_key().count() into RocksDB with changelog (cache on, defaults), "
             "10,000 string keys, output the counts (INT64)",
             "sum",
-            300_000,
+            500_000,
             4000.0,
             2.0,
             _stateful_record,
