@@ -36,7 +36,13 @@ from confluent_kafka import (
 from runtime.collector.collector import OutputRecord
 from runtime.config import StreamsConfig
 from runtime.logging import get_logger
-from runtime.polling.clients import consumer_config, producer_config, restore_consumer_config
+from runtime.polling.clients import (
+    consume_available,
+    consumer_config,
+    fetch_resumed_now,
+    producer_config,
+    restore_consumer_config,
+)
 from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.topics import TopicLayout
 from runtime.processing.task import StreamTask, TaskSettings, task_id_of
@@ -211,7 +217,7 @@ class StreamThread(threading.Thread):
             timeout = 0.005
         else:
             timeout = self._poll_s
-        records = self._consumer.consume(self._config.max_poll_records, timeout)
+        records = consume_available(self._consumer, self._config.max_poll_records, timeout)
         if records:
             routed, to_pause = self._buffers.route(records, self._on_consume_error)
             self.consumed_total += routed
@@ -220,7 +226,9 @@ class StreamThread(threading.Thread):
         if self._buffers.any_paused:
             to_resume = self._buffers.to_resume()
             if to_resume:
-                self._consumer.resume([TopicPartition(t, p) for t, p in to_resume])
+                partitions = [TopicPartition(t, p) for t, p in to_resume]
+                self._consumer.resume(partitions)
+                fetch_resumed_now(self._consumer, partitions)
         if (self._to_restore or self._restoring) and self._gates.restore.is_set():
             self.restore()
         if processing:

@@ -27,15 +27,10 @@ MODELS = ("runtime", "baseline")
 # - commit.interval.ms=1000: as the stateless benchmark (the default is 30 s).
 # - session.timeout.ms=3000 (heartbeat 1000): Tansu holds a group's first join
 #   for about session.timeout.ms / 2; 3 s instead of 6 s saves ~1.5 s per run.
-# - restore.consumer.fetch.queue.backoff.ms=0: librdkafka's default (1000 ms)
-#   pauses fetching for a second whenever the prefetch queue is over
-#   queued.min.messages; measured here it made the runtime's restoration
-#   thread restore 1,000,000 records in 27.6 s instead of 5.7 s (see README).
 BASE_CONFIG: dict[str, Any] = {
     "commit.interval.ms": 1000,
     "consumer.session.timeout.ms": 3000,
     "consumer.heartbeat.interval.ms": 1000,
-    "restore.consumer.fetch.queue.backoff.ms": 0,
 }
 
 

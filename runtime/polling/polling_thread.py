@@ -30,7 +30,12 @@ from confluent_kafka import (
 from runtime.collector.collector import OutputRecord, RecordCollector
 from runtime.config import StreamsConfig
 from runtime.logging import get_logger
-from runtime.polling.clients import consumer_config, producer_config
+from runtime.polling.clients import (
+    consume_available,
+    consumer_config,
+    fetch_resumed_now,
+    producer_config,
+)
 from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.topics import TopicLayout
 from runtime.polling.transactions import (
@@ -222,9 +227,16 @@ class PollingThread(threading.Thread):
             log.info("polling_thread_stopped")
 
     def poll_once(self) -> None:
-        paused_or_output = self._buffers.any_paused or self._collector.buffered > 0
-        timeout = 0.005 if paused_or_output else self._config.poll_ms / 1000.0
-        records = self._consumer.consume(self._config.max_poll_records, timeout)
+        # Block for input only when nothing else will need this thread soon:
+        # output on its way (buffered, or being made by a processing thread)
+        # must be produced within a few ms, not after the next poll.ms.
+        soon = (
+            self._buffers.any_paused
+            or self._collector.buffered > 0
+            or self._task_manager.has_work_in_flight()
+        )
+        timeout = 0.005 if soon else self._config.poll_ms / 1000.0
+        records = consume_available(self._consumer, self._config.max_poll_records, timeout)
         if records:
             self.route_records(records)
         if self._buffers.any_paused:
@@ -259,7 +271,9 @@ class PollingThread(threading.Thread):
     def resume_drained_partitions(self) -> None:
         to_resume = self._buffers.to_resume()
         if to_resume:
-            self._consumer.resume([TopicPartition(t, p) for t, p in to_resume])
+            partitions = [TopicPartition(t, p) for t, p in to_resume]
+            self._consumer.resume(partitions)
+            fetch_resumed_now(self._consumer, partitions)
 
     # --- standbys ---------------------------------------------------------------
 

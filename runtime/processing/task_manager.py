@@ -102,6 +102,23 @@ class TaskManager:
         with self._cond:
             self._cond.notify_all()
 
+    def has_work_in_flight(self) -> bool:
+        """True while a task is held or a processable task has buffered records.
+
+        The polling thread asks this (once per loop) to decide how long it may
+        block waiting for input: output is on its way while this holds.
+        """
+        with self._cond:
+            if self._owners:
+                return True
+            if self._lock_all_future is not None or self._pause_all:
+                return False
+            return any(
+                task.buffered
+                for task_id, task in self._tasks.items()
+                if task_id not in self._failed and task_id not in self._paused
+            )
+
     def drain_failures(self) -> list[TaskFailedError]:
         """Failures parked since the last call; the tasks stay unscheduled."""
         with self._cond:

@@ -49,8 +49,12 @@ def test_map_filter_split_flat_map_over_four_partitions(bootstrap: str, tmp_path
         .branch(lambda k, v: v["n"] % 2 == 0, name="even")
         .default_branch(name="odd")
     )
-    branches["p-even"].map_values(lambda v: v["n"]).to(evens, key_serde=serdes.STRING, value_serde=serdes.INT64)
-    branches["p-odd"].map_values(lambda v: v["n"]).to(odds, key_serde=serdes.STRING, value_serde=serdes.INT64)
+    branches["p-even"].map_values(lambda v: v["n"]).to(
+        evens, key_serde=serdes.STRING, value_serde=serdes.INT64
+    )
+    branches["p-odd"].map_values(lambda v: v["n"]).to(
+        odds, key_serde=serdes.STRING, value_serde=serdes.INT64
+    )
     stream.flat_map_values(lambda v: v["text"].split()).to(words, value_serde=serdes.STRING)
 
     app = App(builder.build(), base_config(bootstrap, unique_name("pipe"), tmp_path))

@@ -150,3 +150,28 @@ def test_release_hook_runs_before_unlock() -> None:
     task = manager.acquire_next("t1", 0.1, never)
     manager.release(task, "t1", None)  # type: ignore[arg-type]
     assert seen == [{"0_0": "t1"}]
+
+
+def test_work_in_flight_while_a_task_is_held_or_has_processable_records() -> None:
+    a, b = FakeTask("0_0"), FakeTask("0_1")
+    manager = manager_with(a, b)
+    assert not manager.has_work_in_flight()
+
+    a.add(0)
+    assert manager.has_work_in_flight()
+    held = manager.acquire_next("t1", 0.1, never)
+    assert held is a
+    a.records.clear()  # processed, not yet released: output is still coming
+    a.timestamps.clear()
+    assert manager.has_work_in_flight()
+    manager.release(a, "t1", None)  # type: ignore[arg-type]
+    assert not manager.has_work_in_flight()
+
+    # Records nobody may process now are not work in flight.
+    b.add(0)
+    manager.pause("0_1")
+    assert not manager.has_work_in_flight()
+    manager.resume("0_1")
+    assert manager.has_work_in_flight()
+    manager.pause()
+    assert not manager.has_work_in_flight()
