@@ -117,7 +117,9 @@ class App:
         self._listeners: list[StateListener] = []
         self._finished = threading.Event()
         self._failure: BaseException | None = None
-        self._task_manager = TaskManager()
+        # A task with input waits at most about one time slice before it is
+        # served ahead of bigger buffers (see runtime.processing.task_manager).
+        self._task_manager = TaskManager(starvation_s=self.config.task_timeslice_ms / 1000.0)
         self._collector = RecordCollector()
         self._task_manager.set_release_hook(self._hand_over_output)
         self._pool = ProcessingThreadPool(

@@ -138,6 +138,13 @@ class Reader(threading.Thread):
         self.error: str | None = None
         self.last_receive = time.monotonic()
         self._stop_event = threading.Event()
+        # Optional split of the output into groups (count mode), each with the
+        # monotonic time its expected count was reached: for skew, when the
+        # records of the cold partitions were all through.
+        self.group_of: Callable[[bytes | None], int] | None = None
+        self.group_expected: dict[int, int] = {}
+        self.group_counts: dict[int, int] = {}
+        self.group_done: dict[int, float] = {}
         self._target: tuple[int, threading.Event, list[float]] | None = None
         self._lock = threading.Lock()
         self._consumer = Consumer(
@@ -193,6 +200,13 @@ class Reader(threading.Thread):
                     timestamp = message.timestamp()[1]
                     if timestamp >= since:
                         samples.append((timestamp, now_ms))
+                    group_of = self.group_of
+                    if group_of is not None:
+                        group = group_of(message.value())
+                        n = self.group_counts.get(group, 0) + 1
+                        self.group_counts[group] = n
+                        if n == self.group_expected.get(group):
+                            self.group_done[group] = received
                     if self.mode == "sum":
                         value = message.value()
                         count = int.from_bytes(value, "big", signed=True) if value else 0
@@ -507,6 +521,11 @@ def run_one(
             "echo": list(settings.echo) if settings.echo else None,
         }
         reader = Reader(session.bootstrap, output_topic, partitions, wl.output)
+        if wl.group_of is not None:
+            reader.group_of = wl.group_of
+            for _key, value, _p in settings.backlog:
+                group = wl.group_of(value)
+                reader.group_expected[group] = reader.group_expected.get(group, 0) + 1
         reader.start()
         child = _Child(spec, log_path)
         sampler = Sampler(child.pid, int(session.bootstrap.rsplit(":", 1)[1]))
@@ -662,6 +681,8 @@ def _throughput_and_latency(
         seconds = done - go
         run["seconds"] = seconds
         run["records_per_s"] = backlog / seconds
+        if reader.group_done:
+            run["group_done_s"] = {str(g): t - go for g, t in sorted(reader.group_done.items())}
         _window(run, marks0, marks1)
         run["cpu_s_per_million"] = run["cpu_s"] / backlog * 1e6
         run["rss_mb_at_done"] = procfs.memory_mb(child.pid).get("VmRSS", float("nan"))

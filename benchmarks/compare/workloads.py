@@ -49,6 +49,9 @@ class Workload:
     topology: str  # name of a builder below
     echo: bool = False
     restore: bool = False
+    # Output value -> group, for workloads whose groups finish at different
+    # times (skew: 0 = the hot partition's records, 1 = the cold partitions').
+    group_of: Callable[[bytes | None], int] | None = None
 
 
 # -- data ---------------------------------------------------------------------------
@@ -84,6 +87,15 @@ def _skew_record(i: int, partitions: int) -> Record:
     key = f"dev-{i % 1000:04d}".encode()
     partition = 0 if i % 5 != 4 or partitions == 1 else 1 + i // 5 % (partitions - 1)
     return key, _io_value(i), partition
+
+
+def _skew_group(value: bytes | None) -> int:
+    """0 for a record _skew_record put on the hot partition, 1 for a cold one.
+
+    The echo topology keeps the value, which carries the record's index.
+    """
+    i = int(value[8:16]) if value else 0
+    return 0 if i % 5 != 4 else 1
 
 
 def _restore_feed_record(i: int, partitions: int) -> Record:
@@ -186,6 +198,7 @@ WORKLOADS: dict[str, Workload] = {
             _skew_record,
             "echo",
             echo=True,
+            group_of=_skew_group,
         ),
         Workload(
             "restore",

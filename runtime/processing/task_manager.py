@@ -8,9 +8,15 @@ processing threads (`drain_failures`). One condition variable guards it all;
 a processing thread takes it once per batch, never per record.
 
 Scheduling: the unlocked task with the most buffered records goes first; ties
-go to the task whose head record is oldest. A task with a wall-clock
-punctuation due is eligible with an empty buffer. A failed or paused task is
-never handed out.
+go to the task whose head record is oldest. Most-buffered-first alone starves:
+with one hot partition the hot task always has the most records, and a task
+with a few records waited for the hot one's whole backlog (measured on the
+skew benchmark: the cold partitions' output came 3.7x later than in the
+thread-per-client model). So a task with records that has not been served for
+`starvation_s` (the time slice) goes first, longest-waiting first: every task
+with input gets a turn within about (tasks / threads) time slices. A task with
+a wall-clock punctuation due is eligible with an empty buffer. A failed or
+paused task is never handed out.
 """
 
 from __future__ import annotations
@@ -34,9 +40,15 @@ _MAX_IDLE_WAIT = 0.1
 class TaskManager:
     """Processable tasks and their locks. Thread-safe; see each method for callers."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, starvation_s: float = 0.1, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._cond = threading.Condition(threading.Lock())
+        self._starvation_s = starvation_s
+        self._clock = clock
         self._tasks: dict[str, StreamTask] = {}
+        # When each task was last released (or added): the scheduler's aging.
+        self._last_served: dict[str, float] = {}
         self._owners: dict[str, str] = {}  # task id -> thread name holding it
         self._failed: dict[str, TaskFailedError] = {}
         self._failures_to_report: list[TaskFailedError] = []
@@ -55,6 +67,7 @@ class TaskManager:
     def add_task(self, task: StreamTask) -> None:
         with self._cond:
             self._tasks[task.id] = task
+            self._last_served[task.id] = self._clock()
             self._failed.pop(task.id, None)
             self._cond.notify_all()
 
@@ -65,6 +78,7 @@ class TaskManager:
                 raise RuntimeError(f"task {task_id} is held by {self._owners[task_id]}")
             self._failed.pop(task_id, None)
             self._paused.discard(task_id)
+            self._last_served.pop(task_id, None)
             return self._tasks.pop(task_id, None)
 
     def tasks(self) -> list[StreamTask]:
@@ -201,7 +215,7 @@ class TaskManager:
                 if should_stop():
                     return None
                 now = time.monotonic()
-                task, next_due = self._pick(now)
+                task, next_due = self._pick(now, self._clock())
                 if task is not None:
                     self._owners[task.id] = thread_name
                     return task
@@ -218,6 +232,8 @@ class TaskManager:
         with self._cond:
             if self._owners.get(task.id) == thread_name:
                 del self._owners[task.id]
+            if task.id in self._tasks:
+                self._last_served[task.id] = self._clock()
             if error is not None:
                 error.thread_name = thread_name
                 self._failed[task.id] = error
@@ -227,14 +243,22 @@ class TaskManager:
                 future.set_result(None)
             self._cond.notify_all()
 
-    def _pick(self, now: float) -> tuple[StreamTask | None, float]:
-        """Choose under the lock: most buffered first, then oldest head."""
+    def _pick(self, now: float, served_now: float) -> tuple[StreamTask | None, float]:
+        """Choose under the lock: starving first, then most buffered, then oldest head.
+
+        `now` is the monotonic clock (punctuation), `served_now` the scheduler's
+        clock (aging; the same clock unless a test injects one).
+        """
         if self._lock_all_future is not None or self._pause_all:
             return None, float("inf")
         best: StreamTask | None = None
         best_buffered = 0
         best_head = 0
         next_due = float("inf")
+        starving: StreamTask | None = None
+        starving_served = 0.0
+        threshold = served_now - self._starvation_s
+        last_served = self._last_served
         for task_id, task in self._tasks.items():
             if task_id in self._owners or task_id in self._failed or task_id in self._paused:
                 continue
@@ -246,6 +270,12 @@ class TaskManager:
                 else:
                     next_due = min(next_due, due)
                     continue
+            else:
+                served = last_served.get(task_id, served_now)
+                if served <= threshold and (starving is None or served < starving_served):
+                    starving, starving_served = task, served
+            if starving is not None:
+                continue  # only starving tasks compete now
             if best is None or buffered > best_buffered:
                 best, best_buffered, best_head = task, buffered, -2
             elif buffered == best_buffered:
@@ -254,4 +284,6 @@ class TaskManager:
                 head = task.head_timestamp()
                 if head < best_head:
                     best, best_head = task, head
+        if starving is not None:
+            return starving, next_due
         return best, next_due

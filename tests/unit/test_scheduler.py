@@ -175,3 +175,62 @@ def test_work_in_flight_while_a_task_is_held_or_has_processable_records() -> Non
     assert manager.has_work_in_flight()
     manager.pause()
     assert not manager.has_work_in_flight()
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_task_with_few_records_is_not_starved_by_a_hot_task() -> None:
+    clock = ManualClock()
+    manager = TaskManager(starvation_s=0.1, clock=clock)
+    hot, cold_a, cold_b = FakeTask("0_0"), FakeTask("0_1"), FakeTask("0_2")
+    for i in range(1000):
+        hot.add(i)
+    cold_a.add(0)
+    cold_b.add(0)
+    for task in (hot, cold_a, cold_b):
+        manager.add_task(task)  # type: ignore[arg-type]
+
+    # Within the time slice, most buffered first.
+    assert manager.acquire_next("t1", 0.1, never) is hot
+    clock.now += 0.05
+    manager.release(hot, "t1", None)  # type: ignore[arg-type]
+    assert manager.acquire_next("t1", 0.1, never) is hot
+    # The cold tasks have now waited longer than a time slice: they go first,
+    # the longest-waiting first, although the hot task has far more records.
+    clock.now += 0.2
+    manager.release(hot, "t1", None)  # type: ignore[arg-type]
+    clock.now += 0.001
+    first = manager.acquire_next("t1", 0.1, never)
+    assert first in (cold_a, cold_b)
+    clock.now += 0.001
+    manager.release(first, "t1", None)  # type: ignore[arg-type]
+    second = manager.acquire_next("t1", 0.1, never)
+    assert {first, second} == {cold_a, cold_b}
+    manager.release(second, "t1", None)  # type: ignore[arg-type]
+    # Everyone was served recently: back to most buffered first.
+    assert manager.acquire_next("t1", 0.1, never) is hot
+
+
+def test_the_longest_waiting_starving_task_goes_first() -> None:
+    clock = ManualClock()
+    manager = TaskManager(starvation_s=0.1, clock=clock)
+    older, newer, hot = FakeTask("0_0"), FakeTask("0_1"), FakeTask("0_2")
+    older.add(0)
+    manager.add_task(older)  # type: ignore[arg-type]
+    clock.now += 0.05
+    newer.add(0)
+    newer.add(1)
+    manager.add_task(newer)  # type: ignore[arg-type]
+    for i in range(50):
+        hot.add(i)
+    manager.add_task(hot)  # type: ignore[arg-type]
+    clock.now += 0.5
+    assert manager.acquire_next("t1", 0.1, never) is older
+    assert manager.acquire_next("t2", 0.1, never) is newer
+    assert manager.acquire_next("t3", 0.1, never) is hot
