@@ -257,8 +257,27 @@ def test_failed_transaction_is_aborted_rewound_and_recovered(tmp_path: Path) -> 
                 time.sleep(12)  # the outage itself: longer than the transaction timeout
             finally:
                 broker.resume()
+                committed_at_resume = app.status()["transactions_committed"]
             feeder.join(120)
+            # Commits run one after another on the polling thread: once one
+            # succeeds after the outage, the failed one has been aborted (and
+            # counted). Reading the count earlier raced with a slow abort.
+            wait_until(
+                lambda: app.status()["transactions_committed"] > committed_at_resume,
+                120,
+                message="no transaction committed after the outage",
+            )
             aborted = app.status()["transactions_aborted"]
+            # Then until every input record is consumed and a few more
+            # transactions committed: the output is complete before it is read
+            # (after the outage the group may still be rejoining).
+            wait_until(lambda: app.status()["total_lag"] == 0, 120, message="input not consumed")
+            done_at = app.status()["transactions_committed"]
+            wait_until(
+                lambda: app.status()["transactions_committed"] >= done_at + 3,
+                60,
+                message="no commits after the input was consumed",
+            )
             strict = broker_filters_aborted_transactions(bootstrap)
             exactly_once_checks(bootstrap, topics, total, keys, strict=strict or aborted == 0)
             assert app.state in (AppState.RUNNING, AppState.REBALANCING)
