@@ -328,8 +328,9 @@ def _verdicts(result: dict[str, Any], by_key: dict[tuple[str, str, int], Any]) -
 _WHY = [
     "- **Throughput at 1 thread (CPU-bound workloads).** The runtime runs a polling thread "
     "beside its processing thread; the baseline's single stream thread does both jobs. Two "
-    "Python threads contending for the GIL on the same work cost about 15% more CPU (py-spy "
-    "GIL samples, stateless: 1.68 s vs 1.46 s for the same records). From 2 threads up both "
+    "Python threads contending for the GIL on the same work cost more CPU (stateless, 1 "
+    "thread: 1.14x the baseline's CPU seconds per million records in the committed run). From "
+    "2 threads up both "
     "models contend, and the runtime's fewer clients and threads win it back.",
     "- **Connections: 5, not 3.** librdkafka opens a bootstrap connection and, for the group "
     "consumer, a separate group-coordinator connection besides the broker connection; the "

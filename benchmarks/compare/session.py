@@ -254,6 +254,8 @@ class Feeder(threading.Thread):
         # Set by the harness when the timed feed may begin (start() first: the
         # thread warms its producer up meanwhile).
         self.begin = threading.Event()
+        # Set once warmed up: the harness waits on it before timing the feed.
+        self.warm = threading.Event()
         self._producer = Producer(
             {"bootstrap.servers": bootstrap, "linger.ms": 0, "enable.idempotence": True}
         )
@@ -273,6 +275,7 @@ class Feeder(threading.Thread):
             # first timed record: a cold producer holds its first records ~0.5 s.
             producer.list_topics(topic, timeout=10)
             time.sleep(0.3)
+            self.warm.set()
             while not self.begin.wait(0.1):
                 if self._stop_event.is_set():
                     return
@@ -552,7 +555,7 @@ def run_one(
                 None,
             )
             feeder.start()
-            time.sleep(0.4)  # its warm-up
+            feeder.warm.wait(15)
         marks0 = _marks(session, child.pid, settings.echo_pid)
         child.send("go")
         go = time.monotonic()
@@ -817,7 +820,7 @@ def latency_floor(
                 count,
             )
             feeder.start()
-            time.sleep(0.4)  # its warm-up
+            feeder.warm.wait(15)
             from_ms = time.time() * 1000.0
             reader.latency_from_ms = from_ms
             feeder.begin.set()

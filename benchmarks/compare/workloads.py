@@ -82,10 +82,15 @@ def _io_record(i: int, partitions: int) -> Record:
     return key, _io_value(i), default_partition(key, partitions)
 
 
+def _skew_is_hot(i: int) -> bool:
+    """Four records in five go to the hot partition."""
+    return i % 5 != 4
+
+
 def _skew_record(i: int, partitions: int) -> Record:
     """80% on partition 0, the rest round-robin over the others."""
     key = f"dev-{i % 1000:04d}".encode()
-    partition = 0 if i % 5 != 4 or partitions == 1 else 1 + i // 5 % (partitions - 1)
+    partition = 0 if _skew_is_hot(i) or partitions == 1 else 1 + i // 5 % (partitions - 1)
     return key, _io_value(i), partition
 
 
@@ -95,7 +100,7 @@ def _skew_group(value: bytes | None) -> int:
     The echo topology keeps the value, which carries the record's index.
     """
     i = int(value[8:16]) if value else 0
-    return 0 if i % 5 != 4 else 1
+    return 0 if _skew_is_hot(i) else 1
 
 
 def _restore_feed_record(i: int, partitions: int) -> Record:

@@ -14,6 +14,16 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from runtime.config import StreamsConfig
 
+# librdkafka stops fetching a partition for fetch.queue.backoff.ms (default
+# 1000) whenever its prefetch queue is over queued.min.messages or
+# queued.max.messages.kbytes. The input buffers and the restoration thread
+# drain that queue in milliseconds, so the default left both idle for most of
+# each second through a backlog (the compare benchmark's stateful count at 1
+# thread: 0.59x of the thread-per-client baseline before this and the other
+# consumer fixes here, 1.16x after). 0 busy-loops librdkafka's fetcher.
+# Users can override it (consumer.* / restore.consumer.*).
+FETCH_QUEUE_BACKOFF_MS = 10
+
 # Settings the commit protocol relies on: offsets are committed explicitly by
 # the polling thread, never automatically.
 _FORCED_CONSUMER = {"enable.auto.commit": False, "enable.auto.offset.store": False}
@@ -32,13 +42,7 @@ def consumer_config(
         "isolation.level": "read_committed" if config.exactly_once else "read_uncommitted",
         "queued.max.messages.kbytes": 32768,
         "fetch.wait.max.ms": 100,
-        # librdkafka stops fetching a partition for fetch.queue.backoff.ms
-        # (default 1000) once its prefetch queue is over queued.min.messages
-        # or queued.max.messages.kbytes. Through a backlog the input buffers
-        # drain that queue in milliseconds, so the default starved processing
-        # for most of each second (measured: 110-220k instead of 270k records/s
-        # on the stateful benchmark, threads 1). 0 busy-loops the fetcher.
-        "fetch.queue.backoff.ms": 10,
+        "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
         # Broker restarts are reported through error_cb; librdkafka's own
         # line per closed connection is noise on stderr.
         "log.connection.close": False,
@@ -80,12 +84,7 @@ def restore_consumer_config(config: StreamsConfig) -> dict[str, Any]:
         "isolation.level": "read_committed",
         "enable.partition.eof": True,
         "queued.min.messages": 20000,
-        # librdkafka stops fetching a partition for fetch.queue.backoff.ms
-        # (default 1000) whenever its prefetch queue is over the thresholds
-        # above. A restore drains that queue in far less than a second, so the
-        # default left the restoration thread idle most of the time: measured
-        # here 27.6 s instead of 5.7 s for 1,000,000 changelog records.
-        "fetch.queue.backoff.ms": 10,
+        "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
         "log.connection.close": False,
     }
     settings.update(config.restore_consumer_overrides)

@@ -125,12 +125,10 @@ class TaskManager:
         with self._cond:
             if self._owners:
                 return True
-            if self._lock_all_future is not None or self._pause_all:
+            if self._scheduling_stopped():
                 return False
             return any(
-                task.buffered
-                for task_id, task in self._tasks.items()
-                if task_id not in self._failed and task_id not in self._paused
+                task.buffered for task_id, task in self._tasks.items() if self._schedulable(task_id)
             )
 
     def drain_failures(self) -> list[TaskFailedError]:
@@ -215,7 +213,7 @@ class TaskManager:
                 if should_stop():
                     return None
                 now = time.monotonic()
-                task, next_due = self._pick(now, self._clock())
+                task, next_due = self._pick(self._clock())
                 if task is not None:
                     self._owners[task.id] = thread_name
                     return task
@@ -243,13 +241,25 @@ class TaskManager:
                 future.set_result(None)
             self._cond.notify_all()
 
-    def _pick(self, now: float, served_now: float) -> tuple[StreamTask | None, float]:
+    def _scheduling_stopped(self) -> bool:
+        """All tasks locked for a commit, or all paused (call under the lock)."""
+        return self._lock_all_future is not None or self._pause_all
+
+    def _schedulable(self, task_id: str) -> bool:
+        """Not held, not failed, not paused (call under the lock)."""
+        return (
+            task_id not in self._owners
+            and task_id not in self._failed
+            and task_id not in self._paused
+        )
+
+    def _pick(self, now: float) -> tuple[StreamTask | None, float]:
         """Choose under the lock: starving first, then most buffered, then oldest head.
 
-        `now` is the monotonic clock (punctuation), `served_now` the scheduler's
-        clock (aging; the same clock unless a test injects one).
+        `now` is the scheduler's clock (monotonic unless a test injects one):
+        punctuations are due and tasks age against it.
         """
-        if self._lock_all_future is not None or self._pause_all:
+        if self._scheduling_stopped():
             return None, float("inf")
         best: StreamTask | None = None
         best_buffered = 0
@@ -257,10 +267,10 @@ class TaskManager:
         next_due = float("inf")
         starving: StreamTask | None = None
         starving_served = 0.0
-        threshold = served_now - self._starvation_s
+        threshold = now - self._starvation_s
         last_served = self._last_served
         for task_id, task in self._tasks.items():
-            if task_id in self._owners or task_id in self._failed or task_id in self._paused:
+            if not self._schedulable(task_id):
                 continue
             buffered = task.buffered
             if buffered == 0:
@@ -271,7 +281,7 @@ class TaskManager:
                     next_due = min(next_due, due)
                     continue
             else:
-                served = last_served.get(task_id, served_now)
+                served = last_served.get(task_id, now)
                 if served <= threshold and (starving is None or served < starving_served):
                     starving, starving_served = task, served
             if starving is not None:
