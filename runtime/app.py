@@ -527,7 +527,12 @@ class App:
             for t in self._pool.threads()
         ]
         lag = dict(polling.lag) if polling else {}
-        closed = polling.closed_task_totals if polling else {}
+        closed = dict(polling.closed_task_totals) if polling else {}
+        if polling is not None:
+            # Output records the production handler skipped or dead-lettered.
+            refused = polling.output_error_counts
+            closed["skipped"] = closed.get("skipped", 0) + refused.skipped
+            closed["dead_lettered"] = closed.get("dead_lettered", 0) + refused.dead_lettered
         return {
             "application_id": self.config.application_id,
             "client_id": self.config.client_id,

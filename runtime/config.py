@@ -288,6 +288,7 @@ def _dlq_topic_default(values: Mapping[str, Any]) -> str | None:
     handlers = (
         values["deserialization.exception.handler"],
         values["processing.exception.handler"],
+        values["production.exception.handler"],
     )
     if "dead_letter_queue" in handlers:
         return f"{values['application.id']}-dlq"
@@ -324,6 +325,7 @@ class StreamsConfig:
     default_value_serde: Serde = setting("default.value.serde", "serde", "bytes", "Serde for values where the topology names none.")
     deserialization_exception_handler: ErrorHandler = setting("deserialization.exception.handler", "enum", "log_and_fail", "What to do with a record that fails to deserialize.", choices=_HANDLERS)
     processing_exception_handler: ErrorHandler = setting("processing.exception.handler", "enum", "log_and_fail", "What to do with a record that fails in processing.", choices=_HANDLERS)
+    production_exception_handler: ErrorHandler = setting("production.exception.handler", "enum", "log_and_fail", "What to do with an output record the broker refuses for good (too large, invalid); other produce failures always stop the app.", choices=_HANDLERS)
     dead_letter_queue_topic: str | None = setting("errors.dead.letter.queue.topic.name", "str", _dlq_topic_default, "Dead-letter topic: failed records are also written here, with error headers.", pattern=_TOPIC, nullable=True, default_doc=_DLQ_DEFAULT_DOC)
     replication_factor: int = setting("replication.factor", "int", -1, "Replication factor of topics the runtime creates; -1: the broker's default.", min=1, also=(-1,))
     log_level: LogLevel = setting("log.level", "enum", "info", "Log level of the runtime.", choices=_LOG_LEVELS)

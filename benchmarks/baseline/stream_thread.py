@@ -260,7 +260,7 @@ class StreamThread(threading.Thread):
         produce = self._producer.produce
         changelogs = self._changelog_topics
         counts = self._changelog_produced
-        for topic, partition, key, value, timestamp, headers in records:
+        for topic, partition, key, value, timestamp, headers, _st, _sp, _so in records:
             if topic in changelogs:
                 tp = (topic, partition)
                 counts[tp] = counts.get(tp, 0) + 1

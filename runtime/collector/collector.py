@@ -16,9 +16,12 @@ from collections.abc import Iterable
 
 from runtime.topology.record import Headers
 
-OutputRecord = tuple[str, int, bytes | None, bytes | None, int, Headers | None]
-"""(topic, partition, key, value, timestamp, headers): a plain tuple, since one
-is built per output record on the hot path and a NamedTuple costs more."""
+OutputRecord = tuple[str, int, bytes | None, bytes | None, int, Headers | None, str, int, int]
+"""(topic, partition, key, value, timestamp, headers, source topic, source
+partition, source offset): a plain tuple, since one is built per output record
+on the hot path and a NamedTuple costs more. The source fields name the input
+record being processed when the output was made (empty topic and -1 when
+none), so that a record the broker refuses can be traced to its input."""
 
 
 TopicPartitionKey = tuple[str, int]

@@ -48,6 +48,11 @@ class InputBuffers:
     def partitions(self) -> list[PartitionKey]:
         return sorted(self._queues)
 
+    def buffered(self, key: PartitionKey) -> int:
+        """Records of one partition consumed and not yet taken by a processing thread."""
+        queue = self._queues.get(key)
+        return len(queue.records) if queue is not None else 0
+
     @property
     def any_paused(self) -> bool:
         return bool(self._paused)

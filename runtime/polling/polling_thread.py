@@ -37,6 +37,7 @@ from runtime.polling.clients import (
     producer_config,
 )
 from runtime.polling.input_buffers import InputBuffers
+from runtime.polling.production import OutputErrors, ProductionCounts
 from runtime.polling.topics import TopicLayout
 from runtime.polling.transactions import (
     TransactionFailed,
@@ -65,6 +66,9 @@ log = get_logger("runtime.polling")
 # bounded by task.timeslice.ms unless user code hangs).
 _LOCK_WARN_AFTER_S = 5.0
 _LAG_REFRESH_S = 1.0
+# A long `poll.ms` is waited in slices of this length, so that a shutdown, a
+# commit request or output handed over meanwhile is served at once.
+_WAIT_SLICE_S = 0.05
 _STATUS_INTERVAL_S = 2.0
 # An instance whose status is older than this is taken for gone.
 _INSTANCE_TIMEOUT_MS = 10_000
@@ -144,7 +148,6 @@ class PollingThread(threading.Thread):
         # cleanup thread; replaced whole, read racily.
         self.owned: frozenset[str] = frozenset()
         self._changelog_produced: dict[tuple[str, int], int] = {}
-        self._delivery_errors: list[str] = []
         self._last_commit = time.monotonic()
         self._last_lag_refresh = 0.0
         self.fatal_error: BaseException | None = None
@@ -156,6 +159,7 @@ class PollingThread(threading.Thread):
         self.last_commit_wall_time: float | None = None
         self.last_commit_duration_s = 0.0
         self.lag: dict[tuple[str, int], int] = {}
+        self._committed_for_lag: dict[tuple[str, int], int] = {}
         self.broker_down_since: float | None = None
         self.assigned: list[tuple[str, int]] = []
         # Counts of tasks closed here, so totals survive rebalances.
@@ -177,6 +181,13 @@ class PollingThread(threading.Thread):
             config,
             {"error_cb": self._on_client_error, "on_delivery": self._on_delivery_error},
         )
+        if layout.max_message_bytes is not None:
+            # Records too large for a topic are then refused by produce(),
+            # where the record and its origin are at hand (see production.py).
+            producer_settings["message.max.bytes"] = min(
+                int(producer_settings.get("message.max.bytes", 1_000_000)),
+                max(1000, layout.max_message_bytes - 1024),
+            )
         self._eos = config.exactly_once
         self._txn: Transactions | None = None
         if self._eos:
@@ -190,6 +201,13 @@ class PollingThread(threading.Thread):
             self._producer = self._txn.producer
         else:
             self._producer = Producer(producer_settings)
+        self._output_errors = OutputErrors(
+            config.production_exception_handler,
+            config.dead_letter_queue_topic,
+            int(producer_settings.get("message.max.bytes", 1_000_000)),
+            self._eos,
+            lambda: self._producer,
+        )
 
     # --- requests from other threads ------------------------------------------
 
@@ -220,6 +238,10 @@ class PollingThread(threading.Thread):
             if not self._abort:
                 self.commit_all("shutdown")
         except BaseException as exc:  # noqa: BLE001 - reported to the app, never lost
+            # Whatever failed, nothing may be committed from here on: output
+            # in flight may be lost, and the revocation that closing the
+            # consumer triggers must not commit past it (rule 3).
+            self._abort = True
             self.fatal_error = exc
             log.error("polling_thread_failed", error=f"{type(exc).__name__}: {exc}")
         finally:
@@ -236,7 +258,7 @@ class PollingThread(threading.Thread):
             or self._task_manager.has_work_in_flight()
         )
         timeout = 0.005 if soon else self._config.poll_ms / 1000.0
-        records = consume_available(self._consumer, self._config.max_poll_records, timeout)
+        records = self.wait_for_records(timeout)
         if records:
             self.route_records(records)
         if self._buffers.any_paused:
@@ -256,6 +278,30 @@ class PollingThread(threading.Thread):
         if now - self._last_lag_refresh >= _LAG_REFRESH_S:
             self._last_lag_refresh = now
             self.refresh_lag()
+
+    def wait_for_records(self, timeout: float) -> list[Message]:
+        """Consume what is there, waiting up to `timeout` s for something to do.
+
+        The wait ends early on input, on a stop or commit request, and on
+        output or buffered work appearing (a processing thread finished a
+        batch): `poll.ms` bounds idleness, never responsiveness.
+        """
+        deadline = time.monotonic() + timeout
+        max_records = self._config.max_poll_records
+        while True:
+            remaining = deadline - time.monotonic()
+            records = consume_available(
+                self._consumer, max_records, max(0.0, min(remaining, _WAIT_SLICE_S))
+            )
+            if records or remaining <= _WAIT_SLICE_S:
+                return records
+            if (
+                self._stop_event.is_set()
+                or self._commit_now.is_set()
+                or self._collector.buffered > 0
+                or self._task_manager.has_work_in_flight()
+            ):
+                return records
 
     def route_records(self, records: list[Message]) -> None:
         """Append consumed records to their task's input queue; pause full ones."""
@@ -398,7 +444,8 @@ class PollingThread(threading.Thread):
             tp = (topic, partition)
             self._changelog_produced[tp] = self._changelog_produced.get(tp, 0) + len(records)
         produce = self._producer.produce
-        for _topic, _partition, key, value, timestamp, headers in records:
+        for record in records:
+            _t, _p, key, value, timestamp, headers, _st, _sp, _so = record
             while True:
                 try:
                     produce(
@@ -416,14 +463,20 @@ class PollingThread(threading.Thread):
                     # The producer's queue is full (a slow or absent broker):
                     # serve delivery reports until there is room.
                     self._producer.poll(0.1)
+                except KafkaException as exc:
+                    # Refused for good (too large, ...): the handler skips it,
+                    # dead-letters it, or raises ProductionFailed.
+                    self._output_errors.on_produce_error(record, exc)
+                    break
         return len(records)
 
     def check_failures(self) -> None:
         failures = self._task_manager.drain_failures()
         if failures:
             self._hooks.on_task_failures(failures)
-        if self._delivery_errors:
-            raise FatalError(f"output could not be delivered: {self._delivery_errors[0]}")
+        failure = self._output_errors.take_failure()
+        if failure is not None:
+            raise failure
 
     def maybe_commit(self) -> None:
         due = time.monotonic() - self._last_commit >= self._config.commit_interval_ms / 1000.0
@@ -488,13 +541,19 @@ class PollingThread(threading.Thread):
             try:
                 self._txn.commit(offsets, self._consumer.consumer_group_metadata())
             except TransactionFailed as failure:
+                refused = self._output_errors.take_failure()
+                if refused is not None:
+                    # A record the broker refused for good: rewinding would
+                    # only refuse it again.
+                    raise refused from failure
                 self._after_abort(failure)
                 return False
         else:
             # Output acknowledged, then the offsets that produced it (rule 3).
             self.flush_producer()
-            if self._delivery_errors:
-                raise FatalError(f"output could not be delivered: {self._delivery_errors[0]}")
+            refused = self._output_errors.take_failure()
+            if refused is not None:
+                raise refused
         # Only now does state reach the disk, then the checkpoint names it.
         for task in tasks:
             task.commit_state()
@@ -545,6 +604,7 @@ class PollingThread(threading.Thread):
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         try:
+            self._committed_for_lag.clear()
             created = self._create_tasks(partitions)
             self.assigned = self._buffers.partitions()
             log.info(
@@ -600,7 +660,8 @@ class PollingThread(threading.Thread):
         self.commit_failures_total += 1
         self._collector.take_all()
         self._changelog_produced.clear()
-        self._delivery_errors.clear()
+        # A delivery failure inside the aborted transaction went with it.
+        self._output_errors.take_failure()
         task_ids = [t for t in self._tasks if t not in self._restoring]
         partitions = [
             TopicPartition(topic, self._tasks[t].partition)
@@ -752,7 +813,7 @@ class PollingThread(threading.Thread):
     def _on_delivery_error(self, error: KafkaError | None, message: Message) -> None:
         if error is None:
             return
-        self._delivery_errors.append(f"{message.topic()}[{message.partition()}]: {error.str()}")
+        self._output_errors.on_delivery_error(error, message)
 
     def _on_consume_error(self, message: Message) -> None:
         error = message.error()
@@ -771,24 +832,70 @@ class PollingThread(threading.Thread):
             self.broker_down_since = None
 
     def refresh_lag(self) -> None:
-        """Records behind the end of each assigned partition (cached watermarks)."""
+        """Records behind the end of each assigned partition (cached watermarks).
+
+        "Done" is the next offset to process: after the last processed record
+        when the task processed any; else the consumer's position less what
+        sits in the input buffer; else the group's committed offset (asked of
+        the broker once per partition); else the log start. A task that has
+        not processed yet after a restart therefore shows the lag of its
+        committed offset, not of offset 0.
+        """
+        keys = self._buffers.partitions()
+        if not keys:
+            self.lag = {}
+            return
+        try:
+            positions = {
+                (tp.topic, tp.partition): tp.offset
+                for tp in self._consumer.position([TopicPartition(t, p) for t, p in keys])
+            }
+        except KafkaException:
+            positions = {}
         lag: dict[tuple[str, int], int] = {}
-        for topic, partition in self._buffers.partitions():
+        needs_committed: list[tuple[str, int]] = []
+        done_at: dict[tuple[str, int], int] = {}
+        for topic, partition in keys:
+            task = self._tasks.get(task_id_of(self._layout.subtopology_of[topic], partition))
+            processed = task.processed_offsets.get(topic) if task else None
+            position = positions.get((topic, partition), -1)
+            if processed is not None:
+                done_at[(topic, partition)] = processed + 1
+            elif position >= 0:
+                done_at[(topic, partition)] = position - self._buffers.buffered((topic, partition))
+            elif (topic, partition) in self._committed_for_lag:
+                done_at[(topic, partition)] = self._committed_for_lag[(topic, partition)]
+            else:
+                needs_committed.append((topic, partition))
+        if needs_committed:
+            self._learn_committed_for_lag(needs_committed)
+        for key in keys:
+            topic, partition = key
             try:
-                _low, high = self._consumer.get_watermark_offsets(
+                low, high = self._consumer.get_watermark_offsets(
                     TopicPartition(topic, partition), cached=True
                 )
             except KafkaException:
                 continue
             if high < 0:
                 continue
-            task = self._tasks.get(task_id_of(self._layout.subtopology_of[topic], partition))
-            done = task.processed_offsets.get(topic, -1) + 1 if task else 0
-            if done == 0:
-                committed = task.committed_offsets.get(topic) if task else None
-                done = committed + 1 if committed is not None else 0
-            lag[(topic, partition)] = max(0, high - done)
+            done = done_at.get(key, self._committed_for_lag.get(key, -1))
+            if done < 0:
+                done = max(low, 0)
+            lag[key] = max(0, high - done)
         self.lag = lag
+
+    def _learn_committed_for_lag(self, keys: list[tuple[str, int]]) -> None:
+        """Ask the group's committed offsets once for partitions with nothing else known."""
+        try:
+            committed = self._consumer.committed(
+                [TopicPartition(t, p) for t, p in keys], timeout=2.0
+            )
+        except KafkaException:
+            return
+        for tp in committed:
+            # -1 (nothing committed) is remembered too: ask once, not every second.
+            self._committed_for_lag[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else -1
 
     def _close_clients(self) -> None:
         try:
@@ -833,6 +940,11 @@ class PollingThread(threading.Thread):
             except Exception as exc:
                 log.warning("task_close_failed", task_id=task_id, error=str(exc))
         self._buffers.clear()
+
+    @property
+    def output_error_counts(self) -> ProductionCounts:
+        """Output records the production handler skipped, dead-lettered, truncated."""
+        return self._output_errors.counts
 
     @property
     def transactions_committed(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from runtime.logging import get_logger
 from runtime.topology.topology import Topology
@@ -35,6 +35,10 @@ class TopicLayout:
     subtopology_of: dict[str, int]
     # changelog topic -> subtopology id
     changelogs: dict[str, int]
+    # The smallest `max.message.bytes` of the topics this app writes, if the
+    # cluster told us: the producer's limit is lowered to it, so that a record
+    # too large for its topic is refused at produce(), where it is known.
+    max_message_bytes: int | None = None
 
     def task_partitions(self, subtopology_id: int) -> int:
         return max(self.partitions[t] for t in self.sources[subtopology_id])
@@ -182,9 +186,40 @@ def resolve_topics(
 
     if to_create:
         _create(admin, to_create, topic_configs, replication_factor, timeout)
+    written = set(partitions) - set(subtopology_of) | set(changelogs) | set(extra_outputs)
+    written |= {n for n in subtopology_of if n.startswith(f"{application_id}-")}
     return TopicLayout(
-        sources=sources, partitions=partitions, subtopology_of=subtopology_of, changelogs=changelogs
+        sources=sources,
+        partitions=partitions,
+        subtopology_of=subtopology_of,
+        changelogs=changelogs,
+        max_message_bytes=smallest_max_message_bytes(admin, sorted(written), timeout),
     )
+
+
+def smallest_max_message_bytes(admin: AdminClient, topics: list[str], timeout: float) -> int | None:
+    """The smallest `max.message.bytes` among `topics`, or None if unknown.
+
+    Brokers that do not answer DescribeConfigs (some Kafka-compatible ones)
+    leave the producer's own limit in force; a refusal then arrives in a
+    delivery report instead.
+    """
+    if not topics:
+        return None
+    try:
+        futures = admin.describe_configs(
+            [ConfigResource(ResourceType.TOPIC, name) for name in topics],
+            request_timeout=timeout,
+        )
+        limits = []
+        for future in futures.values():
+            entry = future.result(timeout).get("max.message.bytes")
+            if entry is not None and entry.value is not None:
+                limits.append(int(entry.value))
+    except (KafkaException, ValueError, TypeError) as exc:
+        log.debug("max_message_bytes_unknown", error=str(exc))
+        return None
+    return min(limits) if limits else None
 
 
 def _create(

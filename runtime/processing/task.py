@@ -217,7 +217,19 @@ class StreamTask:
             else:
                 self._round_robin += 1
                 partition = self._round_robin % count
-        self.output.append((topic, partition, key, value, timestamp, headers))
+        self.output.append(
+            (
+                topic,
+                partition,
+                key,
+                value,
+                timestamp,
+                headers,
+                self._record_topic,
+                self.partition,
+                self._record_offset,
+            )
+        )
 
     def partition_count(self, topic: str) -> int:
         try:

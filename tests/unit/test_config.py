@@ -188,6 +188,7 @@ BAD_VALUES = [
     ("default.value.serde", 12),
     ("deserialization.exception.handler", "ignore"),
     ("processing.exception.handler", "log_and_retry"),
+    ("production.exception.handler", "log_and_skip"),
     ("errors.dead.letter.queue.topic.name", "bad topic"),
     ("errors.dead.letter.queue.topic.name", "x" * 250),
     ("replication.factor", 0),
@@ -278,7 +279,12 @@ def test_dlq_unset_by_default() -> None:
 
 
 @pytest.mark.parametrize(
-    "handler_key", ["deserialization.exception.handler", "processing.exception.handler"]
+    "handler_key",
+    [
+        "deserialization.exception.handler",
+        "processing.exception.handler",
+        "production.exception.handler",
+    ],
 )
 def test_dlq_derived_from_handler(handler_key: str) -> None:
     c = build({handler_key: "dead_letter_queue"})

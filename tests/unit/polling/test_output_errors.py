@@ -1,0 +1,154 @@
+"""production.exception.handler decisions, with a fake producer (pure logic)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from runtime.collector.collector import OutputRecord
+from runtime.polling.production import (
+    HEADER_SINK_TOPIC,
+    HEADER_TRUNCATED,
+    OutputErrors,
+    ProductionFailed,
+    record_size,
+)
+
+LIMIT = 10_000
+
+
+class FakeProducer:
+    """Refuses records over LIMIT bytes as librdkafka does; keeps the rest."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def produce(self, topic: str, value: bytes | None, key: bytes | None, **kw: Any) -> None:
+        if record_size(key, value, kw.get("headers")) > LIMIT:
+            raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+        self.sent.append({"topic": topic, "key": key, "value": value, **kw})
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+
+def record(topic: str, value: bytes, headers: list | None = None) -> OutputRecord:
+    return (topic, 0, b"k", value, 1000, headers, "input", 3, 42)
+
+
+def errors(
+    handler: str, dlq: str | None = "dlq", eos: bool = False
+) -> tuple[OutputErrors, FakeProducer]:
+    producer = FakeProducer()
+    return OutputErrors(handler, dlq, LIMIT, eos, lambda: producer), producer  # type: ignore[arg-type, return-value]
+
+
+def too_large() -> KafkaException:
+    return KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+
+
+def test_log_and_fail_raises_naming_output_input_and_fix() -> None:
+    handler, producer = errors("log_and_fail", dlq=None)
+    with pytest.raises(ProductionFailed) as failed:
+        handler.on_produce_error(record("out", b"x" * 20_000), too_large())
+    message = str(failed.value)
+    assert "out[0]" in message and "input[3]@42" in message
+    assert "max.message.bytes" in message and "production.exception.handler" in message
+    assert producer.sent == []
+
+
+def test_log_and_continue_skips_and_counts() -> None:
+    handler, producer = errors("log_and_continue", dlq=None)
+    handler.on_produce_error(record("out", b"x" * 20_000), too_large())
+    assert handler.counts.skipped == 1 and handler.counts.dead_lettered == 0
+    assert producer.sent == []
+
+
+def test_dead_letter_queue_truncates_the_too_large_copy_with_a_header() -> None:
+    handler, producer = errors("dead_letter_queue")
+    handler.on_produce_error(record("out", b"x" * 20_000), too_large())
+    assert handler.counts.skipped == 1
+    assert handler.counts.dead_lettered == 1 and handler.counts.truncated == 1
+    [sent] = producer.sent
+    headers = dict(sent["headers"])
+    assert sent["topic"] == "dlq"
+    assert headers[HEADER_SINK_TOPIC] == b"out"
+    assert headers["__streams.errors.offset"] == b"42"
+    assert int(headers[HEADER_TRUNCATED]) > 20_000
+    assert 0 < len(sent["value"]) < 20_000 and b"x" * len(sent["value"]) == sent["value"]
+
+
+def test_a_too_large_dead_letter_record_is_cut_whatever_the_handler() -> None:
+    handler, producer = errors("log_and_fail")
+    stack = [("__streams.errors.stacktrace", b"s" * 3000)]
+    handler.on_produce_error(record("dlq", b"v" * 50_000, stack), too_large())
+    [sent] = producer.sent
+    names = [name for name, _ in sent["headers"]]
+    assert "__streams.errors.stacktrace" not in names
+    assert record_size(sent["key"], sent["value"], sent["headers"]) <= LIMIT
+
+
+def test_errors_that_are_not_about_one_record_always_stop() -> None:
+    handler, _ = errors("log_and_continue")
+    with pytest.raises(ProductionFailed):
+        handler.on_produce_error(
+            record("out", b"v"), KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+        )
+
+
+class FakeMessage:
+    def __init__(self, topic: str, value: bytes) -> None:
+        self._topic, self._value = topic, value
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return 1
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def value(self) -> bytes:
+        return self._value
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 5)
+
+    def headers(self) -> None:
+        return None
+
+
+def test_delivery_refusal_under_at_least_once_follows_the_handler() -> None:
+    handler, producer = errors("dead_letter_queue")
+    handler.on_delivery_error(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), FakeMessage("out", b"v"))  # type: ignore[arg-type]
+    assert handler.take_failure() is None
+    assert [s["topic"] for s in producer.sent] == ["dlq"]
+
+
+def test_delivery_refusal_under_exactly_once_always_stops() -> None:
+    handler, producer = errors("dead_letter_queue", eos=True)
+    handler.on_delivery_error(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), FakeMessage("out", b"v"))  # type: ignore[arg-type]
+    failure = handler.take_failure()
+    assert failure is not None and "out[1]" in str(failure)
+    assert handler.take_failure() is None, "a failure is taken once"
+    assert producer.sent == []
+
+
+def test_dead_letter_handler_needs_a_topic() -> None:
+    with pytest.raises(ValueError):
+        errors("dead_letter_queue", dlq=None)
+
+
+def test_a_timeout_under_exactly_once_is_left_to_the_transaction_abort() -> None:
+    handler, _ = errors("log_and_fail", eos=True)
+    handler.on_delivery_error(KafkaError(KafkaError._MSG_TIMED_OUT), FakeMessage("out", b"v"))  # type: ignore[arg-type]
+    assert handler.take_failure() is None
+
+
+def test_a_timeout_under_at_least_once_stops() -> None:
+    handler, _ = errors("log_and_continue")
+    handler.on_delivery_error(KafkaError(KafkaError._MSG_TIMED_OUT), FakeMessage("out", b"v"))  # type: ignore[arg-type]
+    assert handler.take_failure() is not None
