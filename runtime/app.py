@@ -25,13 +25,13 @@ from runtime.polling.clients import admin_config, restore_consumer_config
 from runtime.polling.polling_thread import PollingThread, PollingThreadHooks
 from runtime.polling.topics import TopicLayout, resolve_topics
 from runtime.processing.errors import ErrorPolicy, TaskFailedError
-from runtime.processing.task import StreamTask, TaskSettings
+from runtime.processing.queries import StoreQuery
+from runtime.processing.task import TaskSettings
 from runtime.processing.task_manager import TaskManager
 from runtime.processing.threads import ProcessingThreadPool
 from runtime.state.cache import CacheBudget
 from runtime.state.cleanup import CleanupThread
 from runtime.state.placement import ShutdownRequest, status_topic_name
-from runtime.state.queries import StoreQuery
 from runtime.state.restoration import RestorationThread
 from runtime.topology.serdes import serde_from_name
 from runtime.topology.topology import Topology
@@ -121,9 +121,11 @@ class App:
         # served ahead of bigger buffers (see runtime.processing.task_manager).
         self._task_manager = TaskManager(starvation_s=self.config.task_timeslice_ms / 1000.0)
         self._collector = RecordCollector()
-        self._task_manager.set_release_hook(self._hand_over_output)
         self._pool = ProcessingThreadPool(
-            self.config.client_id, self._task_manager, self.config.task_timeslice_ms
+            self.config.client_id,
+            self._task_manager,
+            self.config.task_timeslice_ms,
+            self._collector,
         )
         self._polling: PollingThread | None = None
         self._restoration: RestorationThread | None = None
@@ -468,11 +470,6 @@ class App:
         assert self._polling is not None
         # Nothing failed here: commit what was processed, then stop.
         self._polling.request_stop(commit=True)
-
-    def _hand_over_output(self, task: StreamTask) -> None:
-        output = task.take_output()
-        if output:
-            self._collector.hand_over(output)
 
     # --- observability -----------------------------------------------------------
 

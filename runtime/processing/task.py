@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from confluent_kafka import Message
 
@@ -93,6 +93,16 @@ class _Punctuation:
         self.cancelled = True
 
 
+class CommitBatch(NamedTuple):
+    """What one task gives one commit (see `StreamTask.prepare_commit`)."""
+
+    task: StreamTask
+    offsets: dict[str, int]
+    """Next offset to commit per input topic, only for topics that moved."""
+    output: list[OutputRecord]
+    """Output since the last hand-over, cached state writes included, in order."""
+
+
 class TaskSettings:
     """What every task of one app shares (resolved once at start-up, read-only)."""
 
@@ -138,6 +148,7 @@ class StreamTask:
         self.stream_time = -1
         self.output: list[OutputRecord] = []
         self.commit_requested = False
+        self._pending_offsets: dict[str, int] = {}
         self.closed = False
         # Counters, read racily by the status snapshot.
         self.processed_count = 0
@@ -460,60 +471,59 @@ class StreamTask:
         output, self.output = self.output, []
         return output
 
-    # --- offsets and lifecycle (polling thread, task locked or closed) -------
+    # --- the commit (polling thread, task locked) ----------------------------
 
-    def offsets_to_commit(self) -> dict[str, int]:
-        """Next offsets to commit per input topic, only those that moved."""
-        moved = {}
-        for topic, offset in self.processed_offsets.items():
-            if self.committed_offsets.get(topic) != offset:
-                moved[topic] = offset + 1
-        return moved
+    def prepare_commit(self) -> CommitBatch:
+        """Commit, first half: what this commit takes from the task.
 
-    def mark_committed(self, offsets: dict[str, int]) -> None:
-        for topic, next_offset in offsets.items():
-            self.committed_offsets[topic] = next_offset - 1
+        Emits the stores' cached writes (changelog records and downstream
+        updates, in topology order: an upstream store's emission may write a
+        downstream one) and returns them with the rest of the output, and the
+        next input offsets to commit for the topics that moved since the last
+        commit. Called by the committer on the polling thread, task locked.
+        """
+        self.commit_requested = False
+        offsets = {
+            topic: offset + 1
+            for topic, offset in self.processed_offsets.items()
+            if self.committed_offsets.get(topic) != offset
+        }
+        for store in self.stores.values():
+            store.emit_cached()
+        self._pending_offsets = offsets
+        return CommitBatch(self, offsets, self.take_output())
+
+    def post_commit(
+        self, changelog_positions: Mapping[tuple[str, int], int], offsets_committed: bool
+    ) -> None:
+        """Commit, second half, once the output is acknowledged (or its
+        transaction committed): store batches go to disk atomically, each
+        changelog position moves to what the producer's delivery reports say
+        (the next offset after the last acknowledged changelog record), the
+        checkpoint names those positions, and, if the input offsets were
+        committed, they count as committed. Polling thread, task locked.
+        """
+        offsets = self._pending_offsets
+        self._pending_offsets = {}
+        checkpoint: dict[tuple[str, int], int] = {}
+        for store in self.stores.values():
+            store.flush()
+            changelog = store.changelog
+            if changelog is None:
+                continue
+            position = changelog_positions.get((changelog.topic, changelog.partition))
+            if position is not None:
+                store.update_changelog_offset(position)
+            checkpoint.update(store.checkpoint_offsets())
+        if checkpoint:
+            write_checkpoint(checkpoint_path(self.directory), checkpoint)
+        if offsets_committed:
+            for topic, next_offset in offsets.items():
+                self.committed_offsets[topic] = next_offset - 1
 
     @property
     def changelog_partitions(self) -> list[tuple[str, int]]:
         return list(self.restore_from)
-
-    def emit_state(self) -> None:
-        """Commit, step 1: emit cached writes (changelog records, downstream
-        updates) into the task's output. Polling thread, all tasks locked.
-        Stores in topology order: an upstream store's emission may write a
-        downstream one."""
-        for store in self.stores.values():
-            store.emit_cached()
-
-    def commit_state(self) -> None:
-        """Commit, step 2, once the output is acknowledged or its transaction
-        committed: write each store's batch to disk atomically."""
-        for store in self.stores.values():
-            store.flush()
-
-    def write_checkpoint(self, produced: dict[tuple[str, int], int]) -> None:
-        """Advance each store's changelog position by the records this commit
-        produced to it (acknowledged), and write the task's checkpoint file.
-
-        A task is the only writer of its changelog partitions, so its
-        position after restoration plus the records produced since is the
-        changelog's end offset; where other writers or transaction markers
-        add offsets, this undercounts, which only means a longer replay.
-        """
-        if not self.stores:
-            return
-        offsets: dict[tuple[str, int], int] = {}
-        for store in self.stores.values():
-            changelog = store.changelog
-            if changelog is None:
-                continue
-            tp = (changelog.topic, changelog.partition)
-            if changelog.changelog_offset is not None:
-                store.update_changelog_offset(changelog.changelog_offset + produced.pop(tp, 0))
-            offsets.update(store.checkpoint_offsets())
-        if offsets:
-            write_checkpoint(checkpoint_path(self.directory), offsets)
 
     def close(self) -> None:
         """Close the processor graph and stores; drop buffered input (it is

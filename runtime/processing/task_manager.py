@@ -55,12 +55,6 @@ class TaskManager:
         self._paused: set[str] = set()
         self._pause_all = False
         self._lock_all_future: Future[None] | None = None
-        self._on_release: Callable[[StreamTask], None] | None = None
-
-    def set_release_hook(self, hook: Callable[[StreamTask], None]) -> None:
-        """Called (by the releasing processing thread) with each task before it
-        is unlocked: the app hands its output to the record collector here."""
-        self._on_release = hook
 
     # --- polling thread -------------------------------------------------------
 
@@ -223,10 +217,11 @@ class TaskManager:
                 self._cond.wait(min(remaining, _MAX_IDLE_WAIT, max(0.0, next_due - now)))
 
     def release(self, task: StreamTask, thread_name: str, error: TaskFailedError | None) -> None:
-        """Unlock a task after a batch; park `error` if the batch failed."""
-        hook = self._on_release
-        if hook is not None:
-            hook(task)
+        """Unlock a task after a batch; park `error` if the batch failed.
+
+        The releasing processing thread has handed the batch's output to the
+        record collector already.
+        """
         with self._cond:
             if self._owners.get(task.id) == thread_name:
                 del self._owners[task.id]

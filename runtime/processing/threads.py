@@ -1,8 +1,10 @@
 """Processing threads and the resizable pool that owns them.
 
 A processing thread loops: lock the next task from the scheduler, process it
-for one time slice, hand its output to the collector, release it. It never
-calls a Kafka client. The pool keeps thread names `<client.id>-ProcessingThread-<n>`
+for one time slice, hand its output to the record collector, release it. The
+hand-over comes before the release, so a commit (which locks every task) sees
+every processed record's output in the collector. It never calls a Kafka
+client. The pool keeps thread names `<client.id>-ProcessingThread-<n>`
 with the lowest free index, as Kafka Streams does for stream threads.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any, Protocol
 
 from runtime.logging import get_logger
 from runtime.processing.errors import TaskFailedError
@@ -18,13 +21,34 @@ from runtime.processing.task_manager import TaskManager
 log = get_logger("runtime.processing")
 
 
+class OutputSink(Protocol):
+    """Where a processing thread puts a batch's output (the record collector)."""
+
+    def hand_over(self, batch: Any) -> None: ...
+
+
+class _Discard:
+    """For pools whose tasks' output nobody reads (scheduler tests)."""
+
+    def hand_over(self, batch: Any) -> None:
+        pass
+
+
 class ProcessingThread(threading.Thread):
     """One worker of the pool. Created and stopped by ProcessingThreadPool."""
 
-    def __init__(self, name: str, index: int, task_manager: TaskManager, timeslice_s: float):
+    def __init__(
+        self,
+        name: str,
+        index: int,
+        task_manager: TaskManager,
+        collector: OutputSink,
+        timeslice_s: float,
+    ):
         super().__init__(name=name, daemon=True)
         self.index = index
         self._task_manager = task_manager
+        self._collector = collector
         self._timeslice_s = timeslice_s
         self._stop_requested = threading.Event()
         self.batches = 0
@@ -62,6 +86,9 @@ class ProcessingThread(threading.Thread):
                     self.current_task = None
                     self.busy_seconds += time.monotonic() - started
                     self.batches += 1
+                    output = task.take_output()
+                    if output:
+                        self._collector.hand_over(output)
                     manager.release(task, self.name, error)
         finally:
             log.info("processing_thread_stopped")
@@ -70,9 +97,16 @@ class ProcessingThread(threading.Thread):
 class ProcessingThreadPool:
     """The live set of processing threads. Thread-safe; any thread may call."""
 
-    def __init__(self, client_id: str, task_manager: TaskManager, timeslice_ms: int) -> None:
+    def __init__(
+        self,
+        client_id: str,
+        task_manager: TaskManager,
+        timeslice_ms: int,
+        collector: OutputSink | None = None,
+    ) -> None:
         self._prefix = f"{client_id}-ProcessingThread-"
         self._task_manager = task_manager
+        self._collector: OutputSink = collector if collector is not None else _Discard()
         self._timeslice_s = timeslice_ms / 1000.0
         self._lock = threading.Lock()
         self._threads: list[ProcessingThread] = []
@@ -86,7 +120,11 @@ class ProcessingThreadPool:
             while index in used:
                 index += 1
             thread = ProcessingThread(
-                f"{self._prefix}{index}", index, self._task_manager, self._timeslice_s
+                f"{self._prefix}{index}",
+                index,
+                self._task_manager,
+                self._collector,
+                self._timeslice_s,
             )
             self._threads.append(thread)
             thread.start()
@@ -127,7 +165,9 @@ class ProcessingThreadPool:
                 return None
             old.request_stop()
             self._threads.remove(old)
-            thread = ProcessingThread(name, old.index, self._task_manager, self._timeslice_s)
+            thread = ProcessingThread(
+                name, old.index, self._task_manager, self._collector, self._timeslice_s
+            )
             self._threads.append(thread)
             thread.start()
         log.info("processing_thread_replaced", name=name)

@@ -22,12 +22,12 @@ import time
 from collections import defaultdict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from runtime.logging import get_logger
-from runtime.processing.task import StreamTask
+from runtime.state.builders import LayeredStore
 from runtime.state.placement import SHUTDOWN_REQUEST_KEY, InstanceStatus, ShutdownRequest
 from runtime.state.standby import StandbyTask
 
@@ -36,9 +36,64 @@ log = get_logger("runtime.restoration")
 TopicPartitionKey = tuple[str, int]
 
 
+class RestorableTask(Protocol):
+    """What restoration needs of an active task (`StreamTask` is one).
+
+    The stores are opened by the task's owner; restoration writes them only
+    between `add_task` and the hand-back through `drain_restored`, while no
+    processing thread can see the task.
+    """
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def stores(self) -> dict[str, LayeredStore]: ...
+
+    @property
+    def restore_from(self) -> dict[TopicPartitionKey, int | None]: ...
+
+    restored_records: int
+
+
+# The restoration thread's inbox: one small typed message per request from the
+# polling thread. Futures, where present, complete on the restoration thread.
+@dataclass(frozen=True)
+class _AddTask:
+    task: RestorableTask
+
+
+@dataclass(frozen=True)
+class _RemoveTask:
+    task_id: str
+    done: Future[bool]
+
+
+@dataclass(frozen=True)
+class _AddStandby:
+    standby: StandbyTask
+
+
+@dataclass(frozen=True)
+class _RemoveStandby:
+    task_id: str
+    done: Future[bool]
+
+
+@dataclass(frozen=True)
+class _Wake:
+    """Only wakes the loop (a stop request)."""
+
+
+_Action = _AddTask | _RemoveTask | _AddStandby | _RemoveStandby | _Wake
+
+
 @dataclass
 class _Restoring:
-    task: StreamTask
+    task: RestorableTask
     pending: set[TopicPartitionKey]
     store_of: dict[TopicPartitionKey, Any]
     started: float = field(default_factory=time.monotonic)
@@ -71,8 +126,8 @@ class RestorationThread(threading.Thread):
         self.standby_positions: dict[str, dict[str, int]] = {}
         self._consumer = Consumer(consumer_settings)
         self._batch_size = batch_size
-        self._actions: queue.SimpleQueue[tuple[str, Any, Future[bool] | None]] = queue.SimpleQueue()
-        self._restored: queue.SimpleQueue[StreamTask] = queue.SimpleQueue()
+        self._actions: queue.SimpleQueue[_Action] = queue.SimpleQueue()
+        self._restored: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._restoring: dict[str, _Restoring] = {}
         self._by_partition: dict[TopicPartitionKey, str] = {}
         self._stop_event = threading.Event()
@@ -83,9 +138,9 @@ class RestorationThread(threading.Thread):
 
     # --- polling thread -------------------------------------------------------
 
-    def add_task(self, task: StreamTask) -> None:
+    def add_task(self, task: RestorableTask) -> None:
         """Restore this task's stores; it comes back through drain_restored."""
-        self._actions.put(("add", task, None))
+        self._actions.put(_AddTask(task))
 
     def remove_task(self, task_id: str) -> Future[bool]:
         """Stop restoring a task (revoked); True if it was still restoring.
@@ -94,10 +149,11 @@ class RestorationThread(threading.Thread):
         the caller may close the task.
         """
         future: Future[bool] = Future()
-        self._actions.put(("remove", task_id, future))
+        self._actions.put(_RemoveTask(task_id, future))
         return future
 
-    def drain_restored(self) -> list[StreamTask]:
+    def drain_restored(self) -> list[Any]:
+        """Tasks restored since the last call, as they were added (polling thread)."""
         tasks = []
         while True:
             try:
@@ -107,13 +163,13 @@ class RestorationThread(threading.Thread):
 
     def add_standby(self, standby: StandbyTask) -> None:
         """Keep this standby's stores current (polling thread)."""
-        self._actions.put(("add_standby", standby, None))
+        self._actions.put(_AddStandby(standby))
 
     def remove_standby(self, task_id: str) -> Future[bool]:
         """Checkpoint and close a standby; the future completes when its
         stores are closed (so an active task may open them)."""
         future: Future[bool] = Future()
-        self._actions.put(("remove_standby", task_id, future))
+        self._actions.put(_RemoveStandby(task_id, future))
         return future
 
     def standby_ids(self) -> list[str]:
@@ -121,7 +177,7 @@ class RestorationThread(threading.Thread):
 
     def request_stop(self) -> None:
         self._stop_event.set()
-        self._actions.put(("wake", None, None))
+        self._actions.put(_Wake())
 
     def restoring_task_ids(self) -> list[str]:
         return sorted(self.progress)
@@ -159,24 +215,20 @@ class RestorationThread(threading.Thread):
         except queue.Empty:
             return
         while True:
-            kind, payload, future = action
-            if kind == "add":
-                self._start(payload)
-            elif kind == "add_standby":
-                self._start_standby(payload)
-            elif kind == "remove_standby":
-                assert future is not None
-                future.set_result(self._drop_standby(payload))
-            elif kind == "remove":
-                removed = self._stop_restoring(payload)
-                assert future is not None
-                future.set_result(removed)
+            if isinstance(action, _AddTask):
+                self._start(action.task)
+            elif isinstance(action, _AddStandby):
+                self._start_standby(action.standby)
+            elif isinstance(action, _RemoveStandby):
+                action.done.set_result(self._drop_standby(action.task_id))
+            elif isinstance(action, _RemoveTask):
+                action.done.set_result(self._stop_restoring(action.task_id))
             try:
                 action = self._actions.get_nowait()
             except queue.Empty:
                 return
 
-    def _start(self, task: StreamTask) -> None:
+    def _start(self, task: RestorableTask) -> None:
         partitions = []
         store_of = {}
         for store in task.stores.values():

@@ -141,17 +141,6 @@ def test_should_stop_returns_none_promptly() -> None:
     assert manager.acquire_next("t1", 5.0, lambda: True) is None
 
 
-def test_release_hook_runs_before_unlock() -> None:
-    a = FakeTask("0_0")
-    a.add(0)
-    manager = manager_with(a)
-    seen: list[dict[str, str]] = []
-    manager.set_release_hook(lambda task: seen.append(manager.owners()))  # type: ignore[arg-type,func-returns-value]
-    task = manager.acquire_next("t1", 0.1, never)
-    manager.release(task, "t1", None)  # type: ignore[arg-type]
-    assert seen == [{"0_0": "t1"}]
-
-
 def test_work_in_flight_while_a_task_is_held_or_has_processable_records() -> None:
     a, b = FakeTask("0_0"), FakeTask("0_1")
     manager = manager_with(a, b)

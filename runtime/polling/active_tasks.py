@@ -1,0 +1,264 @@
+"""The active tasks of this instance: create, hand to restoration, close, rewind.
+
+A task is created when one of its partitions is assigned. A task with
+changelogged stores goes to the restoration thread first and reaches the task
+manager when restored (`take_restored`); a stateless one goes to the task
+manager at once. At any moment a task is in the task manager or with the
+restoration thread, never both (see docs/architecture.md). Closing removes it
+from both, unregisters its input buffers and hands output made during close to
+the output channel, or drops it when it belongs to an aborted transaction.
+Rewinding closes a task and starts it again from the group's committed
+offsets, so a failed batch is processed again and never committed.
+
+Which partitions are assigned is decided elsewhere (the group's assignor
+through the rebalance callbacks today); this class only turns "these
+partitions are mine / no longer mine" into task events.
+
+Used by the polling thread only; `close`, `rewind` and `rewind_all` need every
+task locked (`Committer.tasks_locked`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Protocol
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from runtime.logging import get_logger
+from runtime.polling.input_buffers import InputBuffers
+from runtime.polling.output import OutputChannel
+from runtime.polling.topics import TopicLayout
+from runtime.processing.task import StreamTask, TaskSettings, task_id_of
+from runtime.topology.topology import Topology
+
+log = get_logger("runtime.tasks")
+
+# How long closing a restoring task waits for the restoration thread to let go
+# of its stores.
+_RESTORATION_RELEASE_S = 30.0
+
+
+class TaskRunner(Protocol):
+    """Where processable tasks go: the task manager (or a baseline's own loop)."""
+
+    def add_task(self, task: StreamTask) -> None: ...
+
+    def remove_task(self, task_id: str) -> object: ...
+
+
+class Restorer(Protocol):
+    """Where tasks with changelogs wait until restored: the restoration thread."""
+
+    def add_task(self, task: StreamTask) -> None: ...
+
+    def remove_task(self, task_id: str) -> Future[bool]: ...
+
+    def drain_restored(self) -> list[StreamTask]: ...
+
+
+class ActiveTasks:
+    """The tasks this instance runs, from creation to close. Polling thread only."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        layout: TopicLayout,
+        settings: TaskSettings,
+        buffers: InputBuffers,
+        task_manager: TaskRunner,
+        restoration: Restorer,
+        output: OutputChannel,
+        consumer: Consumer,
+        release_standby: Callable[[str], None],
+    ) -> None:
+        self._subtopologies = {s.id: s for s in topology.subtopologies}
+        self._layout = layout
+        self._settings = settings
+        self._buffers = buffers
+        self._task_manager = task_manager
+        self._restoration = restoration
+        self._output = output
+        self._consumer = consumer
+        self._release_standby = release_standby
+        self._tasks: dict[str, StreamTask] = {}
+        # With the restoration thread, not yet in the task manager.
+        self._restoring: set[str] = set()
+        # Counts of tasks closed here, so totals survive rebalances.
+        self.closed_totals = {"processed": 0, "skipped": 0, "dead_lettered": 0}
+
+    # --- views ------------------------------------------------------------------
+
+    def ids(self) -> frozenset[str]:
+        return frozenset(self._tasks)
+
+    def get(self, task_id: str) -> StreamTask | None:
+        return self._tasks.get(task_id)
+
+    def __bool__(self) -> bool:
+        return bool(self._tasks)
+
+    @property
+    def any_restoring(self) -> bool:
+        return bool(self._restoring)
+
+    def processable(self) -> list[StreamTask]:
+        """Tasks that process (not restoring): the ones a commit covers."""
+        return [t for t in self._tasks.values() if t.id not in self._restoring]
+
+    def restoring(self) -> list[StreamTask]:
+        return [self._tasks[t] for t in sorted(self._restoring) if t in self._tasks]
+
+    def commit_requested(self) -> bool:
+        return any(t.commit_requested for t in self._tasks.values())
+
+    def of(self, partitions: list[TopicPartition]) -> list[str]:
+        """Ids of the tasks here that read any of `partitions`."""
+        ids = set()
+        for tp in partitions:
+            sub = self._layout.subtopology_of.get(tp.topic)
+            if sub is not None:
+                task_id = task_id_of(sub, tp.partition)
+                if task_id in self._tasks:
+                    ids.add(task_id)
+        return sorted(ids)
+
+    def assigned_partitions(self, task_ids: list[str]) -> list[TopicPartition]:
+        """The input partitions of `task_ids` that are assigned here."""
+        return [
+            TopicPartition(topic, self._tasks[t].partition)
+            for t in task_ids
+            for topic in self._tasks[t].queues
+            if (topic, self._tasks[t].partition) in self._buffers
+        ]
+
+    # --- lifecycle ----------------------------------------------------------------
+
+    def create(self, partitions: list[TopicPartition]) -> int:
+        """Create the tasks of newly assigned partitions; how many were new."""
+        created = 0
+        for tp in partitions:
+            sub_id = self._layout.subtopology_of.get(tp.topic)
+            if sub_id is None:
+                continue
+            task_id = task_id_of(sub_id, tp.partition)
+            task = self._tasks.get(task_id)
+            if task is None:
+                # A standby of this task shares its stores: it goes first.
+                self._release_standby(task_id)
+                topics = [
+                    t
+                    for t in self._layout.sources[sub_id]
+                    if tp.partition < self._layout.partitions[t]
+                ]
+                task = StreamTask(self._subtopologies[sub_id], tp.partition, topics, self._settings)
+                self._tasks[task_id] = task
+                created += 1
+                if task.changelog_partitions:
+                    self._restoring.add(task_id)
+                    self._restoration.add_task(task)
+                    log.info("task_created", task_id=task_id, restoring=True)
+                else:
+                    self._task_manager.add_task(task)
+                    log.info("task_created", task_id=task_id)
+            self._buffers.register(task.queues[tp.topic])
+        return created
+
+    def take_restored(self) -> None:
+        """Give the tasks the restoration thread finished to the task manager."""
+        for task in self._restoration.drain_restored():
+            if task.id in self._restoring and not task.closed:
+                self._restoring.discard(task.id)
+                self._task_manager.add_task(task)
+                log.info("task_running", task_id=task.id, restored=task.restored_records)
+
+    def close(self, task_ids: list[str], discard_output: bool = False) -> None:
+        """Remove and close tasks (clean: the caller committed them first).
+
+        Output made during close goes to the output channel, unless it
+        belongs to an aborted transaction (`discard_output`).
+        """
+        for task_id in task_ids:
+            task = self._tasks.pop(task_id)
+            self._let_go(task)
+            try:
+                task.close()
+            except Exception as exc:  # a user close() failing must not stop the rebalance
+                log.warning("task_close_failed", task_id=task_id, error=str(exc))
+            output = task.take_output()
+            if output and not discard_output:
+                self._output.hand_over(output)
+            self._retire_counts(task)
+            log.info("task_closed", task_id=task_id)
+
+    def close_all_dirty(self) -> None:
+        """Close every task without committing (after a fatal error).
+
+        A processing thread that did not stop in time still holds its task,
+        which is then left to it.
+        """
+        for task_id in list(self._tasks):
+            task = self._tasks.pop(task_id)
+            self._retire_counts(task)
+            try:
+                self._let_go(task)
+                task.close()
+            except Exception as exc:
+                log.warning("task_close_failed", task_id=task_id, error=str(exc))
+        self._buffers.clear()
+
+    def rewind(self, task_id: str) -> bool:
+        """Close a task and start it again from its committed offsets.
+
+        Its failed batch is fetched and processed again (output it already
+        produced may repeat: at-least-once). False if the task is gone.
+        """
+        task = self._tasks.get(task_id)
+        if task is None:
+            return False
+        partitions = self.assigned_partitions([task_id])
+        self.close([task_id])
+        self._seek_to_committed(partitions)
+        self.create(partitions)
+        log.info("task_rewound", task_id=task_id)
+        return True
+
+    def rewind_all(self) -> list[str]:
+        """After an aborted transaction: every processing task starts again
+        from the committed offsets; its uncommitted output and state writes
+        are dropped. Returns the rewound task ids."""
+        task_ids = [t for t in self._tasks if t not in self._restoring]
+        partitions = self.assigned_partitions(task_ids)
+        self.close(task_ids, discard_output=True)
+        self._seek_to_committed(partitions)
+        self.create(partitions)
+        return task_ids
+
+    # --- helpers ------------------------------------------------------------------
+
+    def _let_go(self, task: StreamTask) -> None:
+        """Take a task out of the restoration thread, the task manager and the buffers."""
+        if task.id in self._restoring:
+            self._restoring.discard(task.id)
+            # The restoration thread must let go of the stores first.
+            self._restoration.remove_task(task.id).result(timeout=_RESTORATION_RELEASE_S)
+        self._task_manager.remove_task(task.id)
+        for topic in task.queues:
+            self._buffers.unregister(topic, task.partition)
+
+    def _seek_to_committed(self, partitions: list[TopicPartition]) -> None:
+        if not partitions:
+            return
+        committed = self._consumer.committed(partitions, timeout=30)
+        for tp in committed:
+            # No committed offset yet: start where auto.offset.reset says.
+            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        self._consumer.resume(partitions)
+
+    def _retire_counts(self, task: StreamTask) -> None:
+        totals = self.closed_totals
+        totals["processed"] += task.processed_count
+        totals["skipped"] += task.skipped_count
+        totals["dead_lettered"] += task.dead_lettered_count

@@ -1,0 +1,175 @@
+"""The commit protocol (correctness rules 3 and 4), in one place.
+
+A commit, in order:
+
+1. lock: stop scheduling and wait until no processing thread holds a task
+   (`tasks_locked`, the caller's `with` block);
+2. prepare: each task hands over its output and emits its cached state
+   (`StreamTask.prepare_commit` -> offsets to commit, output records);
+3. drain: the collector's buffers go into the producer;
+4. make durable: under exactly_once_v2 one transaction commits every task's
+   output, changelog records and input offsets (sent with the consumer's
+   group metadata, so a zombie of an older generation cannot commit); under
+   at_least_once the producer is flushed until every record is acknowledged,
+   then the input offsets are committed;
+5. post-commit: each task writes its store batches to disk and a checkpoint
+   naming the changelog offsets the delivery reports acknowledged
+   (`StreamTask.post_commit`).
+
+On a failed transaction the committer returns the failure
+(`CommitResult.aborted`) and does nothing else: the coordinator decides what
+follows (rewind every task). A record the broker refused for good raises
+`ProductionFailed` (from step 3 or 4): nothing is committed past it.
+
+Used by the polling thread only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from runtime.logging import get_logger
+from runtime.polling.output import OutputChannel
+from runtime.polling.transactions import TransactionFailed
+from runtime.processing.task import CommitBatch
+
+log = get_logger("runtime.commit")
+
+# How long the commit waits for processing threads to release their tasks
+# before it logs that it is still waiting (it keeps waiting: a batch is
+# bounded by task.timeslice.ms unless user code hangs).
+_LOCK_WARN_AFTER_S = 5.0
+
+
+class CommittableTask(Protocol):
+    """What the committer needs of a task (`StreamTask` implements it)."""
+
+    @property
+    def partition(self) -> int: ...
+
+    def prepare_commit(self) -> CommitBatch: ...
+
+    def post_commit(
+        self, changelog_positions: dict[tuple[str, int], int], offsets_committed: bool
+    ) -> None: ...
+
+
+class TaskLocks(Protocol):
+    """The task manager's side of the lock (step 1)."""
+
+    def lock_all_tasks(self) -> Any: ...
+
+    def unlock_all_tasks(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """How a commit ended; `aborted` is set when its transaction failed."""
+
+    committed: bool
+    partitions: int = 0
+    aborted: TransactionFailed | None = None
+
+
+class Committer:
+    """Runs the commit protocol for the polling thread. Polling thread only."""
+
+    def __init__(
+        self,
+        locks: TaskLocks,
+        output: OutputChannel,
+        consumer: Consumer,
+        abort_requested: Callable[[], bool],
+    ) -> None:
+        self._locks = locks
+        self._output = output
+        self._consumer = consumer
+        self._abort_requested = abort_requested
+        self.commits_total = 0
+        self.failures_total = 0
+        self.last_commit_wall_time: float | None = None
+        self.last_commit_duration_s = 0.0
+
+    @contextmanager
+    def tasks_locked(self) -> Iterator[None]:
+        """Step 1: stop scheduling and wait until no processing thread holds a task.
+
+        Delivery reports are served meanwhile. Scheduling resumes on exit.
+        """
+        future = self._locks.lock_all_tasks()
+        try:
+            started = time.monotonic()
+            while True:
+                try:
+                    future.result(timeout=0.05)
+                    break
+                except TimeoutError:
+                    self._output.serve()
+                    if time.monotonic() - started > _LOCK_WARN_AFTER_S:
+                        log.warning("commit_waiting_for_processing_threads")
+                        started = time.monotonic()
+            yield
+        finally:
+            self._locks.unlock_all_tasks()
+
+    def commit(self, tasks: Sequence[CommittableTask], reason: str) -> CommitResult:
+        """Steps 2-5 for `tasks`; every task must be locked (`tasks_locked`)."""
+        started = time.monotonic()
+        batches = [task.prepare_commit() for task in tasks]
+        offsets = [
+            TopicPartition(topic, batch.task.partition, offset)
+            for batch in batches
+            for topic, offset in batch.offsets.items()
+        ]
+        for batch in batches:
+            if batch.output:
+                self._output.hand_over(batch.output)
+        self._output.drain()
+        transactions = self._output.transactions
+        if transactions is not None:
+            try:
+                transactions.commit(offsets, self._consumer.consumer_group_metadata())
+            except TransactionFailed as failure:
+                refused = self._output.errors.take_failure()
+                if refused is not None:
+                    # A record the broker refused for good: rewinding would
+                    # only meet it again.
+                    raise refused from failure
+                self.failures_total += 1
+                return CommitResult(False, aborted=failure)
+            offsets_committed = True
+        else:
+            # Output acknowledged, then the offsets that produced it (rule 3).
+            self._output.flush(self._abort_requested)
+            refused = self._output.errors.take_failure()
+            if refused is not None:
+                raise refused
+            offsets_committed = self._commit_offsets(offsets, reason)
+        positions = self._output.take_changelog_positions()
+        for task in tasks:
+            task.post_commit(positions, offsets_committed)
+        if offsets and offsets_committed:
+            self.commits_total += 1
+            self.last_commit_wall_time = time.time()
+            self.last_commit_duration_s = time.monotonic() - started
+            log.debug("committed", reason=reason, partitions=len(offsets))
+        return CommitResult(offsets_committed, len(offsets))
+
+    def _commit_offsets(self, offsets: list[TopicPartition], reason: str) -> bool:
+        if not offsets:
+            return True
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            # At-least-once: the offsets are committed with the next commit;
+            # nothing is lost, at worst reprocessed.
+            self.failures_total += 1
+            log.warning("commit_failed", reason=reason, error=str(exc))
+            return False
+        return True

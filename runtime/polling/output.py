@@ -1,0 +1,231 @@
+"""The output side of the polling thread: the shared producer and what feeds it.
+
+`OutputChannel` owns the process's one producer (a transactional one under
+exactly_once_v2, wrapped by `Transactions`), moves the record collector's
+buffers into it, and reads its delivery reports: refusals go to the
+production exception handler (`production.OutputErrors`), and the offsets of
+acknowledged changelog records become the stores' changelog positions
+(`take_changelog_positions`), so checkpoints name offsets the broker gave,
+not counts kept by hand.
+
+Used by the polling thread only: the producer is not shared with any other
+thread, and delivery reports are served inside its `poll()`/`flush()` calls.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from runtime.collector.collector import OutputRecord, RecordCollector
+from runtime.config import StreamsConfig
+from runtime.logging import get_logger
+from runtime.polling.clients import producer_config
+from runtime.polling.production import OutputErrors, ProductionCounts
+from runtime.polling.transactions import Transactions, stable_transactional_id
+
+log = get_logger("runtime.output")
+
+# A flush that makes no progress for this long is reported as a broker outage
+# (a stalled broker raises no client error until socket timeouts expire).
+_FLUSH_STALL_S = 5.0
+
+
+class OutputChannel:
+    """The shared producer, the collector drain and the delivery reports.
+
+    Called by the polling thread only.
+    """
+
+    def __init__(
+        self,
+        config: StreamsConfig,
+        collector: RecordCollector,
+        changelog_topics: set[str],
+        max_message_bytes: int | None,
+        on_client_error: Callable[[KafkaError], None],
+        on_stall: Callable[[int], None],
+        client_id: str | None = None,
+    ) -> None:
+        self._collector = collector
+        self._changelog_topics = changelog_topics
+        self._on_stall = on_stall
+        settings = producer_config(
+            config, {"error_cb": on_client_error, "on_delivery": self._on_delivery}
+        )
+        if client_id is not None:
+            settings["client.id"] = client_id
+        # Changelog positions come from success reports, so reports are on for
+        # every record; the callback returns at once for other topics.
+        settings["delivery.report.only.error"] = False
+        if max_message_bytes is not None:
+            # Records too large for a topic are then refused by produce(),
+            # where the record and its origin are at hand (see production.py).
+            settings["message.max.bytes"] = min(
+                int(settings.get("message.max.bytes", 1_000_000)),
+                max(1000, max_message_bytes - 1024),
+            )
+        self.transactions: Transactions | None = None
+        self._plain: Producer | None = None
+        if config.exactly_once:
+            app_dir = Path(config.state_dir) / config.application_id
+            settings["transactional.id"] = stable_transactional_id(app_dir, config.application_id)
+            settings.setdefault("transaction.timeout.ms", 10000)
+            timeout_s = max(10.0, int(settings["transaction.timeout.ms"]) / 1000.0)
+            self.transactions = Transactions(lambda: Producer(settings), timeout_s)
+        else:
+            self._plain = Producer(settings)
+        self.errors = OutputErrors(
+            config.production_exception_handler,
+            config.dead_letter_queue_topic,
+            int(settings.get("message.max.bytes", 1_000_000)),
+            config.exactly_once,
+            lambda: self.producer,
+        )
+        # changelog (topic, partition) -> next offset after the last
+        # acknowledged record since the last take.
+        self._changelog_positions: dict[tuple[str, int], int] = {}
+        self.produced_total = 0
+
+    @property
+    def producer(self) -> Producer:
+        """The current producer (under EOS a fenced one is replaced on abort)."""
+        if self.transactions is not None:
+            return self.transactions.producer
+        assert self._plain is not None
+        return self._plain
+
+    @property
+    def error_counts(self) -> ProductionCounts:
+        return self.errors.counts
+
+    # --- producing ------------------------------------------------------------
+
+    def hand_over(self, batch: list[OutputRecord]) -> None:
+        """Queue a task's output behind what the collector holds (commit, close)."""
+        self._collector.hand_over(batch)
+
+    def drain(self) -> int:
+        """Move every buffered output record into the producer; how many."""
+        buffers = self._collector.take_all()
+        if not buffers:
+            return 0
+        if self.transactions is not None:
+            self.transactions.ensure_open()
+        produced = 0
+        for records in buffers.values():
+            produced += self._produce(records)
+        self.produced_total += produced
+        return produced
+
+    def send(self, records: list[OutputRecord]) -> int:
+        """Produce records straight away, in order (no collector in between)."""
+        if self.transactions is not None:
+            self.transactions.ensure_open()
+        produced = self._produce(records)
+        self.produced_total += produced
+        return produced
+
+    def _produce(self, records: list[OutputRecord]) -> int:
+        """Records in order, each to its own partition. Refusals go to the handler."""
+        producer = self.producer
+        produce = producer.produce
+        for record in records:
+            topic, partition, key, value, timestamp, headers, _st, _sp, _so = record
+            while True:
+                try:
+                    produce(
+                        topic,
+                        value,
+                        key,
+                        partition=partition,
+                        # 0 asks the producer for "now": used when the
+                        # input had no timestamp (-1).
+                        timestamp=timestamp if timestamp > 0 else 0,
+                        headers=headers,  # type: ignore[arg-type]
+                    )
+                    break
+                except BufferError:
+                    # The producer's queue is full (a slow or absent broker):
+                    # serve delivery reports until there is room.
+                    producer.poll(0.1)
+                except KafkaException as exc:
+                    # Refused for good (too large, ...): the handler skips it,
+                    # dead-letters it, or raises ProductionFailed.
+                    self.errors.on_produce_error(record, exc)
+                    break
+        return len(records)
+
+    def produce_one(self, topic: str, key: bytes | None, value: bytes | None) -> None:
+        """A control record (status, shutdown request) on partition 0 of `topic`."""
+        if self.transactions is not None:
+            self.transactions.ensure_open()
+        self.producer.produce(topic, value, key, partition=0)
+
+    def serve(self) -> None:
+        """Serve delivery reports without blocking."""
+        self.producer.poll(0)
+
+    def flush(self, abort_requested: Callable[[], bool]) -> None:
+        """Wait until every produced record is acknowledged (or failed).
+
+        Reports a stall through `on_stall(unacknowledged)` every few seconds.
+        Raises RuntimeError if `abort_requested()` turns true meanwhile.
+        """
+        producer = self.producer
+        waited_since = time.monotonic()
+        while True:
+            remaining = producer.flush(1.0)
+            if remaining == 0:
+                return
+            if time.monotonic() - waited_since > _FLUSH_STALL_S:
+                self._on_stall(remaining)
+                waited_since = time.monotonic()
+            if abort_requested():
+                raise RuntimeError("shutdown without commit requested during flush")
+
+    # --- delivery reports -----------------------------------------------------
+
+    def _on_delivery(self, error: KafkaError | None, message: Message) -> None:
+        if error is not None:
+            self.errors.on_delivery_error(error, message)
+            return
+        topic = message.topic()
+        if topic in self._changelog_topics:
+            key = (topic, message.partition())
+            after: int = message.offset() + 1  # type: ignore[operator]
+            if after > self._changelog_positions.get(key, -1):  # type: ignore[arg-type]
+                self._changelog_positions[key] = after  # type: ignore[index]
+
+    def take_changelog_positions(self) -> dict[tuple[str, int], int]:
+        """Changelog positions acknowledged since the last take (after a flush)."""
+        positions, self._changelog_positions = self._changelog_positions, {}
+        return positions
+
+    def discard(self) -> None:
+        """After an aborted transaction: drop undrained output and its reports."""
+        self._collector.take_all()
+        self._changelog_positions = {}
+        self.errors.take_failure()
+
+    # --- shutdown ---------------------------------------------------------------
+
+    def close(self, timeout_s: float, drain_first: bool) -> None:
+        """Abort an open transaction or drain and flush, then close the producer."""
+        try:
+            if self.transactions is not None and self.transactions.open:
+                # Whatever is still open was not committed with offsets: abort.
+                self.transactions.abort()
+            elif self.transactions is None and drain_first:
+                self.drain()
+            remaining = self.producer.flush(timeout_s)
+            if remaining:
+                log.warning("producer_close_unflushed", unacknowledged=remaining)
+            # Release the client's threads and connections now, not whenever
+            # the App object is garbage-collected.
+            self.producer.close()
+        except Exception as exc:
+            log.warning("producer_close_failed", error=str(exc))

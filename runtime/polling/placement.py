@@ -1,0 +1,155 @@
+"""Where tasks live besides the group's assignment: status and standbys.
+
+Every instance publishes its status (its active tasks and standbys) on the
+compacted `<application.id>-status` topic, which every instance's restoration
+thread reads. From those statuses each instance decides by itself which
+standbys it keeps (rendezvous hashing, `runtime.state.placement`), and the
+restoration thread keeps them warm. The same topic carries
+SHUTDOWN_APPLICATION requests to every instance. This is the room where the
+placer of learner tasks will live.
+
+Used by the polling thread only (it owns the producer that publishes).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from runtime.logging import get_logger
+from runtime.polling.output import OutputChannel
+from runtime.polling.topics import TopicLayout
+from runtime.processing.task import TaskSettings, task_id_of
+from runtime.state.placement import (
+    SHUTDOWN_REQUEST_KEY,
+    InstanceStatus,
+    ShutdownRequest,
+    live_instances,
+    standbys_for,
+    status_topic_name,
+)
+from runtime.state.restoration import RestorationThread
+from runtime.state.standby import StandbyTask
+from runtime.topology.topology import Subtopology, Topology
+
+log = get_logger("runtime.placement")
+
+# An instance whose status is older than this is taken for gone.
+_INSTANCE_TIMEOUT_MS = 10_000
+# How long a new active task waits for its standby's stores to close.
+_STANDBY_RELEASE_S = 30.0
+
+
+class TaskPlacement:
+    """Status publishing, standby placement and shutdown requests. Polling thread only."""
+
+    def __init__(
+        self,
+        application_id: str,
+        instance_id: str,
+        num_standby_replicas: int,
+        topology: Topology,
+        layout: TopicLayout,
+        settings: TaskSettings,
+        restoration: RestorationThread,
+        output: OutputChannel,
+        active_ids: Callable[[], frozenset[str]],
+    ) -> None:
+        self.instance_id = instance_id
+        self.status_topic = status_topic_name(application_id)
+        self._application_id = application_id
+        self._replicas = num_standby_replicas
+        self._settings = settings
+        self._restoration = restoration
+        self._output = output
+        self._active_ids = active_ids
+        self._standbys: dict[str, StandbyTask] = {}
+        self._removals: dict[str, Future[bool]] = {}
+        # Shutdown requests older than this instance are history.
+        self._started_ms = int(time.time() * 1000)
+        # Tasks with changelogged persistent stores: the ones worth a standby.
+        self._stateful: dict[str, tuple[Subtopology, int]] = {
+            task_id_of(sub.id, p): (sub, p)
+            for sub in topology.subtopologies
+            if any(spec.changelog and spec.kind != "memory" for spec in sub.store_specs)
+            for p in range(layout.task_partitions(sub.id))
+        }
+
+    def standby_ids(self) -> frozenset[str]:
+        return frozenset(self._standbys)
+
+    def publish_status(self, gone: bool = False) -> None:
+        """Tell the other instances which tasks run here (a tombstone when gone)."""
+        value = None
+        if not gone:
+            value = InstanceStatus(
+                self.instance_id,
+                self._active_ids(),
+                frozenset(self._standbys),
+                int(time.time() * 1000),
+            ).encode()
+        self._output.produce_one(self.status_topic, self.instance_id.encode(), value)
+
+    def reconcile_standbys(self) -> None:
+        """Move the standbys kept here toward what placement says."""
+        live = live_instances(self._restoration.statuses, timeout_ms=_INSTANCE_TIMEOUT_MS)
+        active = self._active_ids()
+        live[self.instance_id] = InstanceStatus(
+            self.instance_id, active, timestamp_ms=int(time.time() * 1000)
+        )
+        wanted = standbys_for(self.instance_id, self._stateful, live, self._replicas) - active
+        for task_id in sorted(set(self._standbys) - wanted):
+            self._standbys.pop(task_id)
+            self._removals[task_id] = self._restoration.remove_standby(task_id)
+        for task_id in sorted(wanted - set(self._standbys)):
+            self._wait_removed(task_id)
+            sub, partition = self._stateful[task_id]
+            standby = StandbyTask(
+                task_id,
+                partition,
+                sub.store_specs,
+                self._settings.state_dir,
+                self._application_id,
+            )
+            self._standbys[task_id] = standby
+            self._restoration.add_standby(standby)
+
+    def release_standby(self, task_id: str) -> None:
+        """Before a task becomes active here: close its standby (same stores)."""
+        if task_id in self._standbys:
+            self._standbys.pop(task_id)
+            self._removals[task_id] = self._restoration.remove_standby(task_id)
+        self._wait_removed(task_id)
+
+    def _wait_removed(self, task_id: str) -> None:
+        future = self._removals.pop(task_id, None)
+        if future is not None:
+            future.result(timeout=_STANDBY_RELEASE_S)
+
+    # --- SHUTDOWN_APPLICATION -------------------------------------------------------
+
+    def request_application_shutdown(self, reason: str) -> None:
+        """Ask every instance (this one included) to stop.
+
+        Under exactly-once the open transaction holds the failed batch's
+        output: it is aborted first, and the request goes in a transaction of
+        its own.
+        """
+        request = ShutdownRequest(self.instance_id, reason, int(time.time() * 1000))
+        transactions = self._output.transactions
+        if transactions is not None:
+            transactions.abort()
+        self._output.produce_one(self.status_topic, SHUTDOWN_REQUEST_KEY, request.encode())
+        if transactions is not None:
+            transactions.commit([], None)
+        else:
+            self._output.producer.flush(10)
+        log.warning("application_shutdown_requested", reason=reason)
+
+    def shutdown_request(self) -> ShutdownRequest | None:
+        """A SHUTDOWN_APPLICATION request made since this instance started, if any."""
+        request = self._restoration.shutdown_request
+        if request is not None and request.timestamp_ms >= self._started_ms:
+            return request
+        return None

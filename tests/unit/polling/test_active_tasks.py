@@ -1,0 +1,223 @@
+"""The active task lifecycle: real tasks (real RocksDB stores), fake clients."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from runtime import StreamsBuilder, serdes
+from runtime.polling.active_tasks import ActiveTasks
+from runtime.polling.input_buffers import InputBuffers
+from runtime.polling.topics import TopicLayout
+from runtime.processing.errors import ErrorPolicy
+from runtime.processing.task import StreamTask, TaskSettings
+from runtime.state.cache import CacheBudget
+
+APP = "lifecycle"
+
+
+def topology() -> Any:
+    """Subtopology 0: words -> copy (stateless); subtopology 1: counts (stateful)."""
+    builder = StreamsBuilder()
+    builder.stream("words", key_serde=serdes.STRING, value_serde=serdes.STRING).to("copy")
+    builder.stream(
+        "clicks", key_serde=serdes.STRING, value_serde=serdes.STRING
+    ).group_by_key().count(store="clicks").to_stream().to("click-counts", value_serde=serdes.INT64)
+    return builder.build()
+
+
+class FakeRunner:
+    def __init__(self) -> None:
+        self.tasks: dict[str, StreamTask] = {}
+
+    def add_task(self, task: StreamTask) -> None:
+        self.tasks[task.id] = task
+
+    def remove_task(self, task_id: str) -> StreamTask | None:
+        return self.tasks.pop(task_id, None)
+
+
+class FakeRestorer:
+    def __init__(self) -> None:
+        self.restoring: dict[str, StreamTask] = {}
+        self.done: list[StreamTask] = []
+
+    def add_task(self, task: StreamTask) -> None:
+        self.restoring[task.id] = task
+
+    def remove_task(self, task_id: str) -> Future[bool]:
+        future: Future[bool] = Future()
+        future.set_result(self.restoring.pop(task_id, None) is not None)
+        return future
+
+    def finish(self, task_id: str) -> None:
+        self.done.append(self.restoring.pop(task_id))
+
+    def drain_restored(self) -> list[StreamTask]:
+        done, self.done = self.done, []
+        return done
+
+
+class FakeOutput:
+    def __init__(self) -> None:
+        self.handed: list[Any] = []
+
+    def hand_over(self, batch: list[Any]) -> None:
+        self.handed.extend(batch)
+
+
+class FakeConsumer:
+    def __init__(self, committed: dict[tuple[str, int], int]) -> None:
+        self._committed = committed
+        self.seeks: list[tuple[str, int, int]] = []
+        self.resumed: list[tuple[str, int]] = []
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        return [
+            TopicPartition(
+                tp.topic, tp.partition, self._committed.get((tp.topic, tp.partition), -1001)
+            )
+            for tp in partitions
+        ]
+
+    def seek(self, tp: TopicPartition) -> None:
+        self.seeks.append((tp.topic, tp.partition, tp.offset))
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self.resumed += [(tp.topic, tp.partition) for tp in partitions]
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> dict[str, Any]:
+    topo = topology()
+    counts_changelog = f"{APP}-clicks-changelog"
+    layout = TopicLayout(
+        sources={0: ["words"], 1: ["clicks"]},
+        partitions={"words": 2, "copy": 2, "clicks": 2, "click-counts": 2, counts_changelog: 2},
+        subtopology_of={"words": 0, "clicks": 1},
+        changelogs={counts_changelog: 1},
+    )
+    settings = TaskSettings(
+        application_id=APP,
+        default_key_serde=serdes.BYTES,
+        default_value_serde=serdes.BYTES,
+        error_policy=ErrorPolicy("log_and_fail", "log_and_fail", None),
+        partition_counts=layout.partitions,
+        state_dir=str(tmp_path),
+        cache_budget=CacheBudget(1 << 20),
+    )
+    runner, restorer, output = FakeRunner(), FakeRestorer(), FakeOutput()
+    consumer = FakeConsumer({("words", 0): 41})
+    buffers = InputBuffers(100)
+    released: list[str] = []
+    tasks = ActiveTasks(
+        topo,
+        layout,
+        settings,
+        buffers,
+        runner,
+        restorer,
+        output,  # type: ignore[arg-type]
+        consumer,  # type: ignore[arg-type]
+        release_standby=released.append,
+    )
+    yield {
+        "tasks": tasks,
+        "runner": runner,
+        "restorer": restorer,
+        "output": output,
+        "consumer": consumer,
+        "buffers": buffers,
+        "released": released,
+    }
+    tasks.close_all_dirty()
+
+
+def tps(*pairs: tuple[str, int]) -> list[TopicPartition]:
+    return [TopicPartition(t, p) for t, p in pairs]
+
+
+def test_stateless_tasks_run_at_once_stateful_ones_restore_first(parts: dict[str, Any]) -> None:
+    tasks: ActiveTasks = parts["tasks"]
+    created = tasks.create(tps(("words", 0), ("clicks", 1), ("unknown", 0)))
+    assert created == 2
+    assert set(parts["runner"].tasks) == {"0_0"}
+    assert set(parts["restorer"].restoring) == {"1_1"}
+    assert tasks.any_restoring and [t.id for t in tasks.restoring()] == ["1_1"]
+    assert [t.id for t in tasks.processable()] == ["0_0"]
+    assert parts["released"] == ["0_0", "1_1"], "a standby of a new task goes first"
+    assert parts["buffers"].partitions() == [("clicks", 1), ("words", 0)]
+    # Assigning the same partition again creates nothing new.
+    assert tasks.create(tps(("words", 0))) == 0
+
+    parts["restorer"].finish("1_1")
+    tasks.take_restored()
+    assert set(parts["runner"].tasks) == {"0_0", "1_1"}
+    assert not tasks.any_restoring
+
+
+def test_close_hands_output_over_unless_it_belongs_to_an_aborted_transaction(
+    parts: dict[str, Any],
+) -> None:
+    tasks: ActiveTasks = parts["tasks"]
+    tasks.create(tps(("words", 0), ("words", 1)))
+    for task_id in ("0_0", "0_1"):
+        task = tasks.get(task_id)
+        assert task is not None
+        task.send("copy", b"k", b"v", 1, None, 0)
+    tasks.close(["0_0"])
+    assert len(parts["output"].handed) == 1
+    tasks.close(["0_1"], discard_output=True)
+    assert len(parts["output"].handed) == 1
+    assert parts["runner"].tasks == {} and parts["buffers"].partitions() == []
+    assert tasks.ids() == frozenset()
+
+
+def test_closing_a_restoring_task_takes_it_from_the_restorer(parts: dict[str, Any]) -> None:
+    tasks: ActiveTasks = parts["tasks"]
+    tasks.create(tps(("clicks", 0)))
+    tasks.close(["1_0"])
+    assert parts["restorer"].restoring == {}
+    assert not tasks.any_restoring
+
+
+def test_rewind_seeks_to_the_committed_offset_and_recreates_the_task(
+    parts: dict[str, Any],
+) -> None:
+    tasks: ActiveTasks = parts["tasks"]
+    tasks.create(tps(("words", 0), ("words", 1)))
+    before = tasks.get("0_0")
+    assert tasks.rewind("0_0")
+    after = tasks.get("0_0")
+    assert after is not None and after is not before and before is not None and before.closed
+    assert parts["consumer"].seeks == [("words", 0, 41)]
+    assert parts["consumer"].resumed == [("words", 0)]
+    assert tasks.rewind("9_9") is False
+
+
+def test_rewind_all_starts_uncommitted_partitions_from_the_reset_policy(
+    parts: dict[str, Any],
+) -> None:
+    tasks: ActiveTasks = parts["tasks"]
+    tasks.create(tps(("words", 0), ("words", 1)))
+    tasks.get("0_1").send("copy", b"k", b"v", 1, None, 0)  # type: ignore[union-attr]
+    rewound = tasks.rewind_all()
+    assert sorted(rewound) == ["0_0", "0_1"]
+    assert sorted(parts["consumer"].seeks) == [("words", 0, 41), ("words", 1, OFFSET_BEGINNING)]
+    assert parts["output"].handed == [], "aborted work's output is dropped"
+    assert sorted(parts["runner"].tasks) == ["0_0", "0_1"]
+
+
+def test_closed_tasks_keep_their_counts(parts: dict[str, Any]) -> None:
+    tasks: ActiveTasks = parts["tasks"]
+    tasks.create(tps(("words", 0)))
+    task = tasks.get("0_0")
+    assert task is not None
+    task.processed_count = 12
+    task.skipped_count = 2
+    tasks.close_all_dirty()
+    assert tasks.closed_totals == {"processed": 12, "skipped": 2, "dead_lettered": 0}

@@ -1,0 +1,294 @@
+"""The commit protocol's order and failure handling, with fake clients (pure logic)."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.polling.committer import Committer
+from runtime.polling.production import ProductionFailed
+from runtime.polling.transactions import TransactionFailed
+from runtime.processing.task import CommitBatch
+
+
+class Log(list[str]):
+    pass
+
+
+class FakeTask:
+    """Processes numbered records; each record makes one output record."""
+
+    def __init__(self, name: str, partition: int, log: Log) -> None:
+        self.id = name
+        self.partition = partition
+        self._log = log
+        self.processed = -1  # last processed offset
+        self.committed = -1
+        self.pending_output: list[Any] = []
+        self.post_commits: list[tuple[dict, bool]] = []
+        self._pending = -1
+
+    def process(self, count: int) -> None:
+        for _ in range(count):
+            self.processed += 1
+            self.pending_output.append((self.id, self.processed))
+
+    def prepare_commit(self) -> CommitBatch:
+        self._log.append(f"prepare {self.id}")
+        offsets = {"in": self.processed + 1} if self.processed != self.committed else {}
+        self._pending = self.processed
+        output, self.pending_output = self.pending_output, []
+        return CommitBatch(self, offsets, output)  # type: ignore[arg-type]
+
+    def post_commit(self, positions: dict, offsets_committed: bool) -> None:
+        self._log.append(f"post_commit {self.id} {offsets_committed}")
+        self.post_commits.append((positions, offsets_committed))
+        if offsets_committed:
+            self.committed = self._pending
+
+
+class FakeErrors:
+    def __init__(self) -> None:
+        self.failure: ProductionFailed | None = None
+
+    def take_failure(self) -> ProductionFailed | None:
+        failure, self.failure = self.failure, None
+        return failure
+
+
+class FakeTransactions:
+    def __init__(self, log: Log) -> None:
+        self._log = log
+        self.open = False
+        self.fail_with: TransactionFailed | None = None
+        self.committed_offsets: list[TopicPartition] = []
+
+    def commit(self, offsets: list[TopicPartition], metadata: Any) -> None:
+        self._log.append(f"txn_commit {len(offsets)} {metadata}")
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.committed_offsets = offsets
+
+
+class FakeOutput:
+    """Records handed over are 'in flight' until a flush acknowledges them."""
+
+    def __init__(self, log: Log, transactions: FakeTransactions | None = None) -> None:
+        self._log = log
+        self.transactions = transactions
+        self.errors = FakeErrors()
+        self.queued: list[Any] = []
+        self.in_flight: list[Any] = []
+        self.acknowledged: list[Any] = []
+        self.refuse_on_flush = False
+        self.served = 0
+
+    def hand_over(self, batch: list[Any]) -> None:
+        self.queued.extend(batch)
+
+    def drain(self) -> int:
+        self._log.append(f"drain {len(self.queued)}")
+        self.in_flight += self.queued
+        drained, self.queued = len(self.queued), []
+        return drained
+
+    def flush(self, abort_requested: Any) -> None:
+        self._log.append("flush")
+        if self.refuse_on_flush:
+            self.errors.failure = ProductionFailed("refused")
+            self.in_flight = []
+            return
+        self.acknowledged += self.in_flight
+        self.in_flight = []
+
+    def take_changelog_positions(self) -> dict:
+        return {("cl", 0): 7}
+
+    def serve(self) -> None:
+        self.served += 1
+
+
+class FakeConsumer:
+    def __init__(self, log: Log) -> None:
+        self._log = log
+        self.fail = False
+        self.committed: dict[tuple[str, int], int] = {}
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> None:
+        self._log.append(f"consumer_commit {len(offsets)}")
+        if self.fail:
+            raise KafkaException(KafkaError(KafkaError.REBALANCE_IN_PROGRESS))
+        for tp in offsets:
+            self.committed[(tp.topic, tp.partition)] = tp.offset
+
+    def consumer_group_metadata(self) -> str:
+        return "gen-3"
+
+
+class FakeLocks:
+    def __init__(self, future: Future[None] | None = None) -> None:
+        self.future = future or done()
+        self.locked = 0
+        self.unlocked = 0
+
+    def lock_all_tasks(self) -> Future[None]:
+        self.locked += 1
+        return self.future
+
+    def unlock_all_tasks(self) -> None:
+        self.unlocked += 1
+
+
+def done() -> Future[None]:
+    future: Future[None] = Future()
+    future.set_result(None)
+    return future
+
+
+def committer(
+    eos: bool = False,
+) -> tuple[Committer, Log, FakeOutput, FakeConsumer, FakeLocks]:
+    log = Log()
+    output = FakeOutput(log, FakeTransactions(log) if eos else None)
+    consumer = FakeConsumer(log)
+    locks = FakeLocks()
+    return Committer(locks, output, consumer, lambda: False), log, output, consumer, locks  # type: ignore[arg-type]
+
+
+def test_at_least_once_order_prepare_drain_flush_offsets_then_state() -> None:
+    c, log, output, consumer, _ = committer()
+    a, b = FakeTask("0_0", 0, log), FakeTask("0_1", 1, log)
+    a.process(3)
+    b.process(2)
+    result = c.commit([a, b], "interval")
+    assert log == [
+        "prepare 0_0",
+        "prepare 0_1",
+        "drain 5",
+        "flush",
+        "consumer_commit 2",
+        "post_commit 0_0 True",
+        "post_commit 0_1 True",
+    ]
+    assert result.committed and result.partitions == 2
+    assert consumer.committed == {("in", 0): 3, ("in", 1): 2}
+    assert a.post_commits[0][0] == {("cl", 0): 7}, "changelog positions from delivery reports"
+    assert c.commits_total == 1
+
+
+def test_refused_output_raises_before_any_offset_or_state_is_committed() -> None:
+    c, log, output, consumer, _ = committer()
+    task = FakeTask("0_0", 0, log)
+    task.process(4)
+    output.refuse_on_flush = True
+    with pytest.raises(ProductionFailed):
+        c.commit([task], "interval")
+    assert consumer.committed == {}
+    assert task.post_commits == []
+
+
+def test_a_failed_offset_commit_still_writes_state_but_keeps_offsets_uncommitted() -> None:
+    c, log, _, consumer, _ = committer()
+    task = FakeTask("0_0", 0, log)
+    task.process(1)
+    consumer.fail = True
+    result = c.commit([task], "interval")
+    assert not result.committed
+    assert task.post_commits == [({("cl", 0): 7}, False)]
+    assert task.committed == -1 and c.failures_total == 1
+    consumer.fail = False
+    assert c.commit([task], "interval").committed
+    assert consumer.committed == {("in", 0): 1}
+
+
+def test_exactly_once_commits_every_offset_in_the_transaction() -> None:
+    c, log, output, consumer, _ = committer(eos=True)
+    a, b = FakeTask("0_0", 0, log), FakeTask("1_0", 0, log)
+    a.process(2)
+    b.process(5)
+    assert c.commit([a, b], "interval").committed
+    assert log[-3:] == ["txn_commit 2 gen-3", "post_commit 0_0 True", "post_commit 1_0 True"]
+    assert "consumer_commit" not in " ".join(log)
+    assert output.transactions is not None
+    assert sorted(tp.offset for tp in output.transactions.committed_offsets) == [2, 5]
+
+
+def test_a_failed_transaction_is_returned_for_the_coordinator_to_decide() -> None:
+    c, log, output, _, _ = committer(eos=True)
+    task = FakeTask("0_0", 0, log)
+    task.process(2)
+    assert output.transactions is not None
+    failure = TransactionFailed(KafkaError(KafkaError._TIMED_OUT), recreated_producer=False)
+    output.transactions.fail_with = failure
+    result = c.commit([task], "interval")
+    assert result.aborted is failure and not result.committed
+    assert task.post_commits == [], "no state is written for an aborted transaction"
+
+
+def test_a_refusal_inside_a_failed_transaction_stops_instead_of_rewinding() -> None:
+    c, log, output, _, _ = committer(eos=True)
+    task = FakeTask("0_0", 0, log)
+    task.process(1)
+    assert output.transactions is not None
+    output.transactions.fail_with = TransactionFailed(
+        KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), recreated_producer=False
+    )
+    output.errors.failure = ProductionFailed("too large")
+    with pytest.raises(ProductionFailed):
+        c.commit([task], "interval")
+
+
+def test_tasks_locked_waits_for_the_lock_serving_the_producer_and_unlocks() -> None:
+    log = Log()
+    output = FakeOutput(log)
+    pending: Future[None] = Future()
+    locks = FakeLocks(pending)
+    c = Committer(locks, output, FakeConsumer(log), lambda: False)  # type: ignore[arg-type]
+    served_before = output.served
+
+    import threading
+
+    threading.Timer(0.2, lambda: pending.set_result(None)).start()
+    with c.tasks_locked():
+        assert pending.done()
+        assert locks.unlocked == 0
+    assert locks.unlocked == 1
+    assert output.served > served_before, "delivery reports served while waiting"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("process"), st.integers(0, 1), st.integers(1, 20)),
+            st.tuples(st.just("commit"), st.booleans(), st.booleans()),
+        ),
+        max_size=40,
+    )
+)
+def test_offsets_are_never_committed_past_acknowledged_output(ops: list[tuple]) -> None:
+    """Whatever fails when: a committed offset n means outputs 0..n-1 were acknowledged."""
+    c, log, output, consumer, _ = committer()
+    tasks = [FakeTask("0_0", 0, log), FakeTask("0_1", 1, log)]
+    for op in ops:
+        if op[0] == "process":
+            tasks[op[1]].process(op[2])
+            continue
+        _, refuse, offsets_fail = op
+        output.refuse_on_flush = refuse
+        consumer.fail = offsets_fail
+        try:
+            c.commit(tasks, "interval")
+        except ProductionFailed:
+            # The app stops here: nothing more is committed; the rest is
+            # reprocessed after a restart.
+            break
+        for task in tasks:
+            done_upto = consumer.committed.get(("in", task.partition), 0)
+            acked = {n for name, n in output.acknowledged if name == task.id}
+            assert set(range(done_upto)) <= acked
