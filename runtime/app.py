@@ -399,8 +399,9 @@ class App:
         whose `cause` is the user's exception) and returns REPLACE_THREAD (the
         failed task is rewound to its last commit and retried, the thread is
         replaced), SHUTDOWN_CLIENT (default: this instance stops, state ERROR)
-        or SHUTDOWN_APPLICATION (treated as SHUTDOWN_CLIENT for now: other
-        instances are not told yet). The failing batch is never committed.
+        or SHUTDOWN_APPLICATION (every instance stops: the request goes on the
+        `<application.id>-status` topic, which every instance's restoration
+        thread reads). The failing batch is never committed.
         """
         self._exception_handler = handler
 

@@ -1,12 +1,14 @@
 """A stream task: one subtopology instantiated for one partition number.
 
 The polling thread appends consumed messages to the task's input queues
-(`InputQueue.append`, a deque append, safe against the one consumer popping
-at the other end). Everything else runs on the one processing thread that
-holds the task's lock in the task manager: deserialization, the processor
-graph, punctuation, output accumulation. The polling thread reads offsets and
-takes output only while every task is locked for a commit or after the task
-was closed.
+(`InputQueue.records.append` in `InputBuffers.route`, a deque append, safe
+against the one holder popping at the other end). Everything else runs
+on the one processing thread that holds the task's lock in the task manager:
+deserialization, the processor graph, punctuation, output accumulation. The
+polling thread prepares and finishes commits (`prepare_commit`,
+`post_commit`) only while every task is locked for a commit, and takes output
+after the task was closed; the restoration thread writes the stores only
+before the task is processable. See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -141,8 +143,9 @@ class StreamTask:
         self._settings = settings
         self.queues: dict[str, InputQueue] = {t: InputQueue(t, partition) for t in topics}
         self._queue_list = list(self.queues.values())
-        # Offsets: last processed per input topic (processing thread writes,
-        # polling thread reads while the task is locked for a commit).
+        # Offsets: last processed per input topic. The holding processing
+        # thread writes; the committer reads while every task is locked; the
+        # lag figures read it racily (a stale value only misstates lag).
         self.processed_offsets: dict[str, int] = {}
         self.committed_offsets: dict[str, int] = {}
         self.stream_time = -1
