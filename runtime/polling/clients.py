@@ -8,6 +8,8 @@ correctness depends on, which are forced and documented.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
@@ -124,6 +126,24 @@ def consume_available(consumer: Consumer, max_records: int, timeout: float) -> l
     rest = consumer.consume(max_records - 1, 0)
     rest.insert(0, first)
     return rest
+
+
+# A long wait is cut in slices of this length, so that whatever else needs the
+# polling thread (a shutdown, a commit request, output) is served at once.
+_WAIT_SLICE_S = 0.05
+
+
+def consume_until(
+    consumer: Consumer, max_records: int, timeout: float, other_work: Callable[[], bool]
+) -> list[Message]:
+    """`consume_available`, waiting up to `timeout` s in short slices that end
+    early once `other_work()` is true. Called by the consumer's owning thread."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        records = consume_available(consumer, max_records, max(0.0, min(remaining, _WAIT_SLICE_S)))
+        if records or remaining <= _WAIT_SLICE_S or other_work():
+            return records
 
 
 def fetch_resumed_now(consumer: Consumer, partitions: list[TopicPartition]) -> None:

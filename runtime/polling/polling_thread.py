@@ -29,7 +29,7 @@ from runtime.collector.collector import RecordCollector
 from runtime.config import StreamsConfig
 from runtime.logging import get_logger
 from runtime.polling.active_tasks import ActiveTasks
-from runtime.polling.clients import consume_available, consumer_config, fetch_resumed_now
+from runtime.polling.clients import consume_until, consumer_config, fetch_resumed_now
 from runtime.polling.committer import CommitResult, Committer
 from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.lag import LagTracker
@@ -49,9 +49,6 @@ log = get_logger("runtime.polling")
 
 _LAG_REFRESH_S = 1.0
 _STATUS_INTERVAL_S = 2.0
-# A long `poll.ms` is waited in slices of this length, so that a shutdown, a
-# commit request or output handed over meanwhile is served at once.
-_WAIT_SLICE_S = 0.05
 
 
 class FatalError(RuntimeError):
@@ -217,26 +214,20 @@ class PollingThread(threading.Thread):
     def wait_for_records(self, timeout: float) -> list[Message]:
         """Consume what is there, waiting up to `timeout` s for something to do.
 
-        The wait ends early on input, on a stop or commit request, and on
-        output or buffered work appearing (a processing thread finished a
-        batch): `poll.ms` bounds idleness, never responsiveness.
+        The wait also ends on a stop or commit request and on output or
+        buffered work appearing: `poll.ms` bounds idleness, never responsiveness.
         """
-        deadline = time.monotonic() + timeout
-        max_records = self._config.max_poll_records
-        while True:
-            remaining = deadline - time.monotonic()
-            records = consume_available(
-                self._consumer, max_records, max(0.0, min(remaining, _WAIT_SLICE_S))
-            )
-            if records or remaining <= _WAIT_SLICE_S:
-                return records
-            if (
-                self._stop_event.is_set()
-                or self._commit_now.is_set()
-                or self._collector.buffered > 0
-                or self._task_manager.has_work_in_flight()
-            ):
-                return records
+        return consume_until(
+            self._consumer, self._config.max_poll_records, timeout, self._has_other_work
+        )
+
+    def _has_other_work(self) -> bool:
+        return (
+            self._stop_event.is_set()
+            or self._commit_now.is_set()
+            or self._collector.buffered > 0
+            or self._task_manager.has_work_in_flight()
+        )
 
     def route_records(self, records: list[Message]) -> None:
         """Append consumed records to their task's input queue; pause full ones."""
