@@ -8,6 +8,7 @@ thread that caused the change.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -33,6 +34,7 @@ from runtime.state.cache import CacheBudget
 from runtime.state.cleanup import CleanupThread
 from runtime.state.placement import ShutdownRequest, status_topic_name
 from runtime.state.restoration import RestorationThread
+from runtime.status import AppStatus, RestoreProgress, TaskStatus, ThreadStatus
 from runtime.topology.serdes import serde_from_name
 from runtime.topology.topology import Topology
 
@@ -474,91 +476,102 @@ class App:
 
     # --- observability -----------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
-        """A snapshot for the admin socket, the demo and tests (any thread)."""
+    def status(self) -> AppStatus:
+        """A typed snapshot for metrics, the autoscaler, the admin socket, the
+        demo and tests (any thread; see runtime.status)."""
         polling = self._polling
-        owners = self._task_manager.owners()
-        failed = self._task_manager.failed_task_ids()
-        live_tasks = sorted(self._task_manager.tasks(), key=lambda t: t.id)
-        tasks: list[dict[str, Any]] = []
-        for task in live_tasks:
-            tasks.append(
-                {
-                    "id": task.id,
-                    "state": "FAILED"
-                    if task.id in failed
-                    else ("PAUSED" if self._task_manager.is_paused(task.id) else "RUNNING"),
-                    "owner": owners.get(task.id),
-                    "partitions": [f"{t}-{task.partition}" for t in task.queues],
-                    "buffered": task.buffered,
-                    "processed": task.processed_count,
-                    "skipped": task.skipped_count,
-                    "dead_lettered": task.dead_lettered_count,
-                }
+        manager = self._task_manager
+        owners = manager.owners()
+        failed = manager.failed_task_ids()
+        live_tasks = sorted(manager.tasks(), key=lambda t: t.id)
+        tasks = [
+            TaskStatus(
+                id=task.id,
+                state="FAILED"
+                if task.id in failed
+                else ("PAUSED" if manager.is_paused(task.id) else "RUNNING"),
+                owner=owners.get(task.id),
+                partitions=tuple(f"{t}-{task.partition}" for t in task.queues),
+                buffered=task.buffered,
+                processed=task.processed_count,
+                skipped=task.skipped_count,
+                dead_lettered=task.dead_lettered_count,
             )
+            for task in live_tasks
+        ]
         restoration = self._restoration
         progress = dict(restoration.progress) if restoration else {}
-        for task in polling.restoring_tasks() if polling else []:
+        for task in polling.tasks.restoring() if polling else []:
             figures = progress.get(task.id, {})
             tasks.append(
-                {
-                    "id": task.id,
-                    "state": "RESTORING",
-                    "owner": None,
-                    "partitions": [f"{t}-{task.partition}" for t in task.queues],
-                    "buffered": task.buffered,
-                    "processed": 0,
-                    "skipped": 0,
-                    "dead_lettered": 0,
-                    "restore": figures,
-                }
+                TaskStatus(
+                    id=task.id,
+                    state="RESTORING",
+                    owner=None,
+                    partitions=tuple(f"{t}-{task.partition}" for t in task.queues),
+                    buffered=task.buffered,
+                    processed=0,
+                    skipped=0,
+                    dead_lettered=0,
+                    restore=RestoreProgress(
+                        restored=int(figures.get("restored", 0)),
+                        remaining=int(figures.get("remaining", -1)),
+                        rate=float(figures.get("rate", 0.0)),
+                    ),
+                )
             )
-        tasks.sort(key=lambda t: t["id"])
-        threads = [
-            {
-                "name": t.name,
-                "alive": t.is_alive(),
-                "task": t.current_task,
-                "batches": t.batches,
-                "busy_seconds": round(t.busy_seconds, 3),
-            }
+        tasks.sort(key=lambda t: t.id)
+        threads = tuple(
+            ThreadStatus(
+                name=t.name,
+                alive=t.is_alive(),
+                task=t.current_task,
+                batches=t.batches,
+                busy_seconds=round(t.busy_seconds, 3),
+            )
             for t in self._pool.threads()
-        ]
-        lag = dict(polling.lag) if polling else {}
-        closed = dict(polling.closed_task_totals) if polling else {}
-        if polling is not None:
-            # Output records the production handler skipped or dead-lettered.
-            refused = polling.output_error_counts
-            closed["skipped"] = closed.get("skipped", 0) + refused.skipped
-            closed["dead_lettered"] = closed.get("dead_lettered", 0) + refused.dead_lettered
-        return {
-            "application_id": self.config.application_id,
-            "client_id": self.config.client_id,
-            "state": str(self._state),
-            "started_at": self._started_at,
-            "processing_guarantee": self.config.processing_guarantee,
-            "assignment_strategy": polling.assignment_strategy if polling else None,
-            "threads": threads,
-            "tasks": tasks,
-            "consumed": polling.consumed_total if polling else 0,
-            "processed": closed.get("processed", 0) + sum(t.processed_count for t in live_tasks),
-            "produced": polling.produced_total if polling else 0,
-            "skipped": closed.get("skipped", 0) + sum(t.skipped_count for t in live_tasks),
-            "dead_lettered": closed.get("dead_lettered", 0)
-            + sum(t["dead_lettered"] for t in tasks),
-            "commits": polling.commits_total if polling else 0,
-            "transactions_committed": polling.transactions_committed if polling else 0,
-            "transactions_aborted": polling.transactions_aborted if polling else 0,
-            "last_commit_duration_s": polling.last_commit_duration_s if polling else 0.0,
-            "failed_threads": self.failed_threads,
-            "commit_failures": polling.commit_failures_total if polling else 0,
-            "last_commit": polling.last_commit_wall_time if polling else None,
-            "lag": {f"{t}-{p}": v for (t, p), v in sorted(lag.items())},
-            "total_lag": sum(lag.values()),
-            "broker_down_since": polling.broker_down_since if polling else None,
-            "failure": repr(self._failure) if self._failure else None,
-            "restored": restoration.restored_total if restoration else 0,
-            "standbys": dict(restoration.standby_positions) if restoration else {},
-            "instance_id": self.instance_id,
-            "dropped": _sum_dicts(t.dropped for t in live_tasks),
-        }
+        )
+        base = AppStatus(
+            application_id=self.config.application_id,
+            client_id=self.config.client_id,
+            instance_id=self.instance_id,
+            state=str(self._state),
+            started_at=self._started_at,
+            processing_guarantee=self.config.processing_guarantee,
+            assignment_strategy=polling.assignment_strategy if polling else None,
+            threads=threads,
+            tasks=tuple(tasks),
+            failed_threads=self.failed_threads,
+            failure=repr(self._failure) if self._failure else None,
+            restored=restoration.restored_total if restoration else 0,
+            standbys=dict(restoration.standby_positions) if restoration else {},
+            processed=sum(t.processed_count for t in live_tasks),
+            skipped=sum(t.skipped_count for t in live_tasks),
+            dead_lettered=sum(t.dead_lettered for t in tasks),
+            dropped=_sum_dicts(t.dropped for t in live_tasks),
+        )
+        if polling is None:
+            return base
+        closed = polling.tasks.closed_totals
+        # Output records the production handler skipped or dead-lettered.
+        refused = polling.output.error_counts
+        transactions = polling.output.transactions
+        committer = polling.committer
+        lag = dict(polling.lag_tracker.lag)
+        return dataclasses.replace(
+            base,
+            consumed=polling.consumed_total,
+            processed=base.processed + closed["processed"],
+            produced=polling.output.produced_total,
+            skipped=base.skipped + closed["skipped"] + refused.skipped,
+            dead_lettered=base.dead_lettered + closed["dead_lettered"] + refused.dead_lettered,
+            commits=committer.commits_total,
+            commit_failures=committer.failures_total,
+            transactions_committed=transactions.committed if transactions else 0,
+            transactions_aborted=transactions.aborted if transactions else 0,
+            last_commit=committer.last_commit_wall_time,
+            last_commit_duration_s=committer.last_commit_duration_s,
+            lag={f"{t}-{p}": v for (t, p), v in sorted(lag.items())},
+            total_lag=sum(lag.values()),
+            broker_down_since=polling.broker_down_since,
+        )

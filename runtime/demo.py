@@ -17,7 +17,6 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -126,18 +125,18 @@ def run_demo(duration: float | None, rate: int, threads: int, partitions: int) -
             flush=True,
         )
         started = time.monotonic()
-        last: dict[str, Any] = app.status()
+        last = app.status()
         last_time = time.monotonic()
         while not stop.wait(1.0):
             now = time.monotonic()
             status = app.status()
             elapsed = now - last_time
-            rate_in = (status["processed"] - last["processed"]) / elapsed
-            rate_out = (status["produced"] - last["produced"]) / elapsed
+            rate_in = (status.processed - last.processed) / elapsed
+            rate_out = (status.produced - last.produced) / elapsed
             line = (
-                f"[{now - started:6.0f}s] {status['state']:<11} threads={len(app.processing_threads)} "
-                f"tasks={len(status['tasks'])} in={rate_in:8.0f}/s out={rate_out:8.0f}/s "
-                f"lag={status['total_lag']:<7} dlq={status['dead_lettered']} sent={load.sent}"
+                f"[{now - started:6.0f}s] {status.state:<11} threads={len(app.processing_threads)} "
+                f"tasks={len(status.tasks)} in={rate_in:8.0f}/s out={rate_out:8.0f}/s "
+                f"lag={status.total_lag:<7} dlq={status.dead_lettered} sent={load.sent}"
             )
             if sys.stdout.isatty():
                 print("\r" + line, end="", flush=True)
@@ -152,10 +151,10 @@ def run_demo(duration: float | None, rate: int, threads: int, partitions: int) -
         app.close(30)
         final = app.status()
         print(
-            f"processed {final['processed']} records, produced {final['produced']}, "
-            f"dead-lettered {final['dead_lettered']}; final state {final['state']}"
+            f"processed {final.processed} records, produced {final.produced}, "
+            f"dead-lettered {final.dead_lettered}; final state {final.state}"
         )
-        return 0 if str(final["state"]) == "NOT_RUNNING" else 1
+        return 0 if final.state == "NOT_RUNNING" else 1
     finally:
         broker.stop()
         log_file.close()

@@ -35,6 +35,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from runtime.logging import get_logger
+from runtime.status import AppStatus
 
 __all__ = [
     "APP_STATES",
@@ -160,90 +161,82 @@ class AppCollector(Collector):
         yield from self.families(status)
 
     @staticmethod
-    def families(status: dict[str, Any]) -> Iterator[Metric]:
+    def families(status: AppStatus) -> Iterator[Metric]:
         """The metric families for one status snapshot."""
         info = InfoMetricFamily("streams_app", FAMILIES["streams_app"][1])
         info.add_metric(
             [],
             {
-                "application_id": str(status.get("application_id", "")),
-                "client_id": str(status.get("client_id", "")),
-                "processing_guarantee": str(status.get("processing_guarantee", "")),
+                "application_id": status.application_id,
+                "client_id": status.client_id,
+                "processing_guarantee": status.processing_guarantee,
             },
         )
         yield info
 
         state = _gauge("streams_app_state", labels=["state"])
-        current = str(status.get("state", ""))
+        current = status.state
         for name in APP_STATES if current in APP_STATES else (*APP_STATES, current):
             state.add_metric([name], 1.0 if name == current else 0.0)
         yield state
 
-        yield _counter("streams_records_consumed", status.get("consumed"))
-        yield _counter("streams_records_processed", status.get("processed"))
-        yield _counter("streams_records_produced", status.get("produced"))
-        yield _counter("streams_records_skipped", status.get("skipped"))
-        yield _counter("streams_records_dead_lettered", status.get("dead_lettered"))
-        # A dead-lettered record is also counted as skipped by the task, so the
-        # skipped count is every failed record that was handled.
-        yield _counter("streams_poison_records", status.get("skipped"))
-        yield _counter("streams_commits", status.get("commits"))
-        yield _counter("streams_commit_failures", status.get("commit_failures"))
-        yield _gauge("streams_commit_duration_seconds", status.get("last_commit_duration_s"))
-        yield _counter("streams_transactions_committed", status.get("transactions_committed"))
-        yield _counter("streams_transactions_aborted", status.get("transactions_aborted"))
-        yield _counter("streams_restored_records", status.get("restored"))
+        yield _counter("streams_records_consumed", status.consumed)
+        yield _counter("streams_records_processed", status.processed)
+        yield _counter("streams_records_produced", status.produced)
+        yield _counter("streams_records_skipped", status.skipped)
+        yield _counter("streams_records_dead_lettered", status.dead_lettered)
+        # A dead-lettered record is also counted as skipped, so the skipped
+        # count is every failed record that was handled.
+        yield _counter("streams_poison_records", status.skipped)
+        yield _counter("streams_commits", status.commits)
+        yield _counter("streams_commit_failures", status.commit_failures)
+        yield _gauge("streams_commit_duration_seconds", status.last_commit_duration_s)
+        yield _counter("streams_transactions_committed", status.transactions_committed)
+        yield _counter("streams_transactions_aborted", status.transactions_aborted)
+        yield _counter("streams_restored_records", status.restored)
         remaining = _gauge("streams_task_restore_remaining_records", labels=["task"])
-        for task in status.get("tasks") or []:
-            restore = task.get("restore")
-            if restore and restore.get("remaining", -1) >= 0:
-                remaining.add_metric([str(task["id"])], float(restore["remaining"]))
+        for task in status.tasks:
+            if task.restore is not None and task.restore.remaining >= 0:
+                remaining.add_metric([task.id], float(task.restore.remaining))
         yield remaining
         dropped = CounterMetricFamily(
             "streams_dropped_records", FAMILIES["streams_dropped_records"][1], labels=["reason"]
         )
-        for reason, count in (status.get("dropped") or {}).items():
-            dropped.add_metric([str(reason)], float(count))
+        for reason, count in status.dropped.items():
+            dropped.add_metric([reason], float(count))
         yield dropped
-        if status.get("last_commit") is not None:
-            yield _gauge("streams_last_commit_timestamp_seconds", status["last_commit"])
+        if status.last_commit is not None:
+            yield _gauge("streams_last_commit_timestamp_seconds", status.last_commit)
 
-        tasks = status.get("tasks") or []
         buffered = _gauge("streams_task_buffered_records", labels=["task"])
-        for task in tasks:
-            buffered.add_metric([str(task["id"])], float(task.get("buffered", 0)))
+        for task in status.tasks:
+            buffered.add_metric([task.id], float(task.buffered))
         yield buffered
 
         lag = _gauge("streams_consumer_lag", labels=["topic", "partition"])
-        for key, value in (status.get("lag") or {}).items():
-            topic, _, partition = str(key).rpartition("-")
+        for key, value in status.lag.items():
+            topic, _, partition = key.rpartition("-")
             lag.add_metric([topic, partition], float(value))
         yield lag
 
-        by_state = Counter(str(task.get("state", "RUNNING")) for task in tasks)
+        by_state = Counter(task.state for task in status.tasks)
         task_states = _gauge("streams_tasks", labels=["state"])
         for name in sorted(set(_TASK_STATES) | set(by_state)):
             task_states.add_metric([name], float(by_state.get(name, 0)))
         yield task_states
 
-        threads = status.get("threads") or []
-        alive = sum(1 for t in threads if t.get("alive"))
+        alive = sum(1 for t in status.threads if t.alive)
         yield _gauge("streams_processing_threads_alive", alive)
-        yield _counter("streams_failed_processing_threads", status.get("failed_threads"))
-        down = status.get("broker_down_since") is not None
-        yield _gauge("streams_broker_unreachable", 1 if down else 0)
+        yield _counter("streams_failed_processing_threads", status.failed_threads)
+        yield _gauge("streams_broker_unreachable", 1 if status.broker_down_since is not None else 0)
 
         batches = SummaryMetricFamily(
             "streams_process_batch_seconds",
             FAMILIES["streams_process_batch_seconds"][1],
             labels=["thread"],
         )
-        for t in threads:
-            batches.add_metric(
-                [str(t["name"])],
-                count_value=int(t.get("batches", 0)),
-                sum_value=float(t.get("busy_seconds", 0.0)),
-            )
+        for t in status.threads:
+            batches.add_metric([t.name], count_value=t.batches, sum_value=t.busy_seconds)
         yield batches
 
 

@@ -35,11 +35,10 @@ from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.lag import LagTracker
 from runtime.polling.output import OutputChannel
 from runtime.polling.placement import TaskPlacement
-from runtime.polling.production import ProductionCounts
 from runtime.polling.topics import TopicLayout
 from runtime.polling.transactions import TransactionFailed
 from runtime.processing.errors import TaskFailedError
-from runtime.processing.task import StreamTask, TaskSettings, task_id_of
+from runtime.processing.task import TaskSettings, task_id_of
 from runtime.processing.task_manager import TaskManager
 from runtime.state.placement import ShutdownRequest
 from runtime.state.restoration import RestorationThread
@@ -461,53 +460,3 @@ class PollingThread(threading.Thread):
     def _processed_offset(self, topic: str, partition: int) -> int | None:
         task = self.tasks.get(task_id_of(self._layout.subtopology_of[topic], partition))
         return task.processed_offsets.get(topic) if task is not None else None
-
-    def restoring_tasks(self) -> list[StreamTask]:
-        return self.tasks.restoring()
-
-    @property
-    def assigned(self) -> list[tuple[str, int]]:
-        return self._buffers.partitions()
-
-    @property
-    def lag(self) -> dict[tuple[str, int], int]:
-        return self.lag_tracker.lag
-
-    @property
-    def closed_task_totals(self) -> dict[str, int]:
-        return self.tasks.closed_totals
-
-    @property
-    def output_error_counts(self) -> ProductionCounts:
-        """Output records the production handler skipped, dead-lettered, truncated."""
-        return self.output.error_counts
-
-    @property
-    def produced_total(self) -> int:
-        return self.output.produced_total
-
-    @property
-    def commits_total(self) -> int:
-        return self.committer.commits_total
-
-    @property
-    def commit_failures_total(self) -> int:
-        return self.committer.failures_total
-
-    @property
-    def last_commit_wall_time(self) -> float | None:
-        return self.committer.last_commit_wall_time
-
-    @property
-    def last_commit_duration_s(self) -> float:
-        return self.committer.last_commit_duration_s
-
-    @property
-    def transactions_committed(self) -> int:
-        transactions = self.output.transactions
-        return transactions.committed if transactions else 0
-
-    @property
-    def transactions_aborted(self) -> int:
-        transactions = self.output.transactions
-        return transactions.aborted if transactions else 0

@@ -9,6 +9,7 @@ feeds records, and sees the counters grow.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -27,35 +28,37 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.admin.client import request
 from runtime.metrics import FAMILIES, METRIC_NAMES, make_registry, start_metrics_server
+from runtime.status import AppStatus, RestoreProgress, TaskStatus, ThreadStatus
 from tests.kafka_helpers import create_topic, produce, unique_name, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
-FULL_STATUS: dict[str, Any] = {
-    "application_id": "app", "client_id": "app-1", "state": "RUNNING",
-    "processing_guarantee": "at_least_once",
-    "threads": [{"name": "app-1-ProcessingThread-1", "alive": True, "task": None,
-                 "batches": 4, "busy_seconds": 0.25}],
-    "tasks": [{"id": "0_0", "state": "RUNNING", "owner": None, "partitions": ["my-topic-0"],
-               "buffered": 3, "processed": 5, "skipped": 1, "dead_lettered": 1},
-              {"id": "1_0", "state": "RESTORING", "owner": None, "partitions": ["rep-0"],
-               "buffered": 0, "processed": 0, "skipped": 0, "dead_lettered": 0,
-               "restore": {"restored": 10, "remaining": 90, "rate": 5.0}}],
-    "consumed": 9, "processed": 5, "produced": 4, "skipped": 1, "dead_lettered": 1,
-    "commits": 2, "commit_failures": 0, "last_commit": 1_700_000_000.0,
-    "last_commit_duration_s": 0.01, "failed_threads": 1,
-    "lag": {"my-topic-0": 4}, "total_lag": 4, "broker_down_since": 1_700_000_001.0,
-    "transactions_committed": 3, "transactions_aborted": 1, "restored": 10,
-    "dropped": {"late": 2},
-}  # fmt: skip
+FULL_STATUS = AppStatus(
+    application_id="app", client_id="app-1", instance_id="app-1-x", state="RUNNING",
+    started_at=1_699_999_999.0, processing_guarantee="at_least_once",
+    assignment_strategy="cooperative-sticky",
+    threads=(ThreadStatus("app-1-ProcessingThread-1", alive=True, task=None, batches=4,
+                          busy_seconds=0.25),),
+    tasks=(TaskStatus("0_0", "RUNNING", None, ("my-topic-0",), buffered=3, processed=5,
+                      skipped=1, dead_lettered=1),
+           TaskStatus("1_0", "RESTORING", None, ("rep-0",), buffered=0, processed=0,
+                      skipped=0, dead_lettered=0,
+                      restore=RestoreProgress(restored=10, remaining=90, rate=5.0))),
+    consumed=9, processed=5, produced=4, skipped=1, dead_lettered=1,
+    commits=2, commit_failures=0, last_commit=1_700_000_000.0,
+    last_commit_duration_s=0.01, failed_threads=1,
+    lag={"my-topic-0": 4}, total_lag=4, broker_down_since=1_700_000_001.0,
+    transactions_committed=3, transactions_aborted=1, restored=10,
+    dropped={"late": 2},
+)  # fmt: skip
 
 
 class FakeApp:
     def __init__(self) -> None:
         self.state = "RUNNING"
 
-    def status(self) -> dict[str, Any]:
-        return {**FULL_STATUS, "state": self.state}
+    def status(self) -> AppStatus:
+        return dataclasses.replace(FULL_STATUS, state=self.state)
 
 
 def scrape(url: str, method: str = "GET") -> tuple[int, str, str]:

@@ -1,0 +1,115 @@
+"""`App.status()`: one typed snapshot of an instance, read by metrics, the
+autoscaler, the admin socket, the demo and tests.
+
+A tree of frozen dataclasses, so that readers use attributes and mypy catches
+a renamed field. `to_dict()` gives the JSON shape of the admin socket's
+`status` reply. Mapping access (`status["total_lag"]`) still works for scripts
+written against the earlier dict API; code in this project uses attributes.
+
+Built by `App.status()` on any thread from figures the other threads write
+(racy reads: each figure is current, the snapshot as a whole is not atomic).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RestoreProgress:
+    """A restoring task's progress (figures from the restoration thread)."""
+
+    restored: int = 0
+    remaining: int = -1  # changelog records left; -1 while unknown
+    rate: float = 0.0  # records/s since the restore started
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    """One active task: RUNNING, PAUSED, FAILED or RESTORING."""
+
+    id: str
+    state: str
+    owner: str | None  # the processing thread holding it now, if any
+    partitions: tuple[str, ...]  # "<topic>-<partition>"
+    buffered: int
+    processed: int
+    skipped: int
+    dead_lettered: int
+    restore: RestoreProgress | None = None
+
+
+@dataclass(frozen=True)
+class ThreadStatus:
+    """One processing thread."""
+
+    name: str
+    alive: bool
+    task: str | None
+    batches: int
+    busy_seconds: float
+
+
+@dataclass(frozen=True)
+class AppStatus:
+    """One instance: state, threads, tasks, counts, lag, commits, failure."""
+
+    application_id: str
+    client_id: str
+    instance_id: str
+    state: str
+    started_at: float | None
+    processing_guarantee: str
+    assignment_strategy: str | None
+    threads: tuple[ThreadStatus, ...]
+    tasks: tuple[TaskStatus, ...]
+    consumed: int = 0
+    processed: int = 0
+    produced: int = 0
+    skipped: int = 0
+    dead_lettered: int = 0
+    commits: int = 0
+    commit_failures: int = 0
+    transactions_committed: int = 0
+    transactions_aborted: int = 0
+    last_commit: float | None = None  # wall-clock time of the last commit
+    last_commit_duration_s: float = 0.0
+    failed_threads: int = 0
+    lag: dict[str, int] = field(default_factory=dict)  # "<topic>-<partition>" -> records
+    total_lag: int = 0
+    broker_down_since: float | None = None
+    failure: str | None = None
+    restored: int = 0  # changelog records restored since start
+    standbys: dict[str, dict[str, int]] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)  # records dropped, by reason
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dicts and lists, for JSON."""
+        data = dataclasses.asdict(self)
+        data["threads"] = list(data["threads"])
+        data["tasks"] = [
+            {**task, "partitions": list(task["partitions"])}
+            if task["restore"] is not None
+            else {k: v for k, v in task.items() if k != "restore"}
+            | {"partitions": list(task["partitions"])}
+            for task in data["tasks"]
+        ]
+        return data
+
+    def __getitem__(self, key: str) -> Any:
+        """The earlier dict API: `status["tasks"]` etc., values as in `to_dict()`."""
+        if key not in _FIELDS:
+            raise KeyError(key)
+        return self.to_dict()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in _FIELDS else default
+
+    def keys(self) -> list[str]:
+        """With `__getitem__`, lets `dict(status)` work as it did for the dict API."""
+        return [f.name for f in dataclasses.fields(self)]
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(AppStatus))
