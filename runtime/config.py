@@ -541,16 +541,21 @@ class StreamsConfig:
     # fmt: on
 
     consumer_overrides: dict[str, Any] = passthrough(
-        "consumer.", "librdkafka properties of the main consumer; checked at start-up by building the client without contacting a broker (a refused one stops start-up naming the key)."
+        "consumer.",
+        "librdkafka properties of the main consumer; checked at start-up by building the "
+        "client without contacting a broker (a refused one stops start-up naming the key).",
     )
     producer_overrides: dict[str, Any] = passthrough(
         "producer.", "librdkafka properties of the producer; checked at start-up the same way."
     )
     restore_consumer_overrides: dict[str, Any] = passthrough(
-        "restore.consumer.", "librdkafka properties of the restore consumer; checked at start-up the same way."
+        "restore.consumer.",
+        "librdkafka properties of the restore consumer; checked at start-up the same way.",
     )
     admin_overrides: dict[str, Any] = passthrough(
-        "admin.", "librdkafka properties of the admin client (keys other than the `admin.socket*` ones above); checked at start-up the same way."
+        "admin.",
+        "librdkafka properties of the admin client (not the `admin.socket*` keys above); "
+        "checked at start-up the same way.",
     )
 
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
