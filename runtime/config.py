@@ -126,7 +126,7 @@ def show_value(value: Any, limit: int = 80) -> str:
         digits = int(value.bit_length() * math.log10(2)) + 1
         return f"an integer of about {digits} digits"
     if isinstance(value, str) and len(value) > limit:
-        return f"{value[:limit]!r}... ({len(value)} characters)"
+        return f"{repr(value[:limit])[:limit]}... ({len(value)} characters)"
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -343,11 +343,14 @@ class ConfigKey:
             number = value
         elif isinstance(value, str) and _INT_TEXT.fullmatch(value.strip()):
             text = value.strip()
-            # Refuse absurd lengths before int() (Python stops at 4300 digits
-            # with its own ValueError; any key's range ends far below that).
-            if len(text.lstrip("+-").lstrip("0")) > _MAX_INT_DIGITS:
+            sign = "-" if text.startswith("-") else ""
+            digits = text.lstrip("+-").lstrip("0") or "0"
+            # Refuse absurd lengths before int() (Python stops at 4300 digits,
+            # leading zeros included, with its own ValueError; every key's
+            # range ends far below that).
+            if len(digits) > _MAX_INT_DIGITS:
                 raise self._bad(value)
-            number = int(text)
+            number = int(sign + digits)
         else:
             raise self._bad(value)
         in_range = (self.min is None or number >= self.min) and (
@@ -645,6 +648,19 @@ def _unknown_key_reason(key: str) -> str:
     return f"unknown key{hint}; client properties need a prefix: {prefixes}"
 
 
+# Client properties the runtime sets itself and that must not be overridden. A
+# consumer's group.id: the group is application.id (offsets, fencing, the
+# status topic all depend on it); and confluent-kafka aborts the whole process
+# (a C assertion, SIGABRT) building a consumer whose group.id is empty.
+_RUNTIME_OWNED: Mapping[str, Mapping[str, str]] = {
+    "consumer_overrides": {
+        "group.id": "set by the runtime: the consumer group is application.id",
+    },
+    "restore_consumer_overrides": {
+        "group.id": "set by the runtime (the restore consumer never joins a group)",
+    },
+}
+
 _CAPPED_BY_THREADS_LIMIT = (
     "processing.threads",
     "processing.threads.min",
@@ -701,6 +717,8 @@ def _build(given: Mapping[str, Any], sources: Mapping[str, str]) -> StreamsConfi
         prop = key[len(_PREFIX_BY_ATTR[attr]) :]
         if not prop:
             raise ConfigError(key, "a client property name must follow the prefix")
+        if prop in _RUNTIME_OWNED.get(attr, ()):
+            raise ConfigError(key, _RUNTIME_OWNED[attr][prop] + source(key))
         if value is not None:
             reason = _passthrough_value_problem(prop, value)
             if reason is not None:
@@ -810,7 +828,8 @@ def load_config(
         put(key, value, f"environment variable {variable}")
     for item in sets:
         key, value = _parse_set(item)
-        put(key, value, f"--set {item}")
+        shown = item if len(item) <= 100 else f"{item[:60]}... ({len(item)} characters)"
+        put(key, value, f"--set {shown}")
     return _build(merged, sources)
 
 

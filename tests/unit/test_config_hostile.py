@@ -194,6 +194,16 @@ def test_passthrough_values_must_be_scalars() -> None:
     assert info.value.key == "producer.bootstrap.servers"
 
 
+def test_the_consumer_group_id_is_the_runtimes() -> None:
+    """confluent-kafka aborts the process (SIGABRT) for an empty group.id; and the
+    group is application.id in any case."""
+    for key in ("consumer.group.id", "restore.consumer.group.id"):
+        for value in ("", " ", "other-group", None):
+            with pytest.raises(ConfigError, match="set by the runtime") as info:
+                build({key: value})
+            assert info.value.key == key
+
+
 # --- serdes: names resolve to serde objects only ----------------------------------------
 
 
