@@ -8,12 +8,14 @@ The fields of `StreamsConfig` *are* the table of known keys: each one is declare
 with `setting(...)`, which carries the dotted key name, its type, default,
 validation and a one-line doc (rendered by `config_table_markdown`). Adding a key
 is adding one field. Defaults may be functions of the keys declared above them.
+The checks of single values (hosts, ports, paths, wait limits) live in
+`runtime.config_values`; what needs the machine (state.dir, librdkafka) is
+checked at start-up by `runtime.startup_checks`.
 """
 
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import math
 import os
 import re
@@ -23,6 +25,25 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
+from runtime.config_values import (
+    JAVA_INT_MAX,
+    JAVA_LONG_MAX,
+    MAX_INT_DIGITS,
+    MAX_SERDE_CHARS,
+    MAX_STR_CHARS,
+    MAX_WAIT_MS,
+    THREADS_CEILING,
+    check_bootstrap_servers,
+    check_host,
+    check_name,
+    check_no_controls,
+    check_path,
+    check_socket_path,
+    clamp_wait_s,
+    close_match,
+    show_value,
+)
+from runtime.config_values import Invalid as _Invalid
 from runtime.topology.serdes import BUILTIN, Serde, serde_from_name
 
 __all__ = [
@@ -42,39 +63,6 @@ __all__ = [
 
 ENV_PREFIX = "STREAMS_RUNTIME_"
 
-JAVA_INT_MAX = 2**31 - 1
-JAVA_LONG_MAX = 2**63 - 1
-"""Kafka's customary "infinite" for a duration in ms (Long.MAX_VALUE)."""
-
-MAX_WAIT_MS = JAVA_INT_MAX
-"""Durations that the runtime waits for are clamped to this (about 24.8 days).
-
-Why this number: it is the longest wait every layer accepts. librdkafka takes
-timeouts as a C int of milliseconds (a bigger one wraps, and then a flush or
-a poll may return at once), and Python's waits raise OverflowError beyond
-`threading.TIMEOUT_MAX` (about 292 years here, less on some platforms). So
-Kafka's "infinite", 9223372036854775807, is accepted and means this.
-"""
-
-
-def clamp_wait_s(seconds: float) -> float:
-    """`seconds` as a wait Python and librdkafka can take: 0 to MAX_WAIT_MS / 1000.
-
-    Any thread. Waits with a user-given or configured timeout go through this,
-    so no value reaches `Event.wait` or `Thread.join` that would raise
-    OverflowError there (and leave a shutdown half done). NaN is refused.
-    """
-    if math.isnan(seconds):
-        raise ValueError("a timeout cannot be NaN")
-    return min(max(0.0, float(seconds)), MAX_WAIT_MS / 1000.0)
-
-
-THREADS_CEILING = 1024
-"""The highest `processing.threads.limit` allowed (one OS thread each)."""
-
-_MAX_INT_DIGITS = len(str(JAVA_LONG_MAX))  # 19: no key takes more, checked before int()
-_MAX_STR_CHARS = 4096  # no string key needs more (PATH_MAX on Linux)
-_UNIX_SOCKET_PATH_MAX = 107  # sun_path is 108 bytes, NUL included
 
 ProcessingGuarantee = Literal["at_least_once", "exactly_once_v2"]
 ErrorHandler = Literal["log_and_fail", "log_and_continue", "dead_letter_queue"]
@@ -111,141 +99,6 @@ def _config_error(key: str, reason: str, file: str | None) -> ConfigError:
     return ConfigError(key, reason, file=file)
 
 
-class _Invalid(Exception):
-    """A value failed validation; the caller adds the key (internal)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def show_value(value: Any, limit: int = 80) -> str:
-    """A short repr for error messages: a config value may be megabytes long."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
-        # repr() of a huge int raises beyond 4300 digits; it is unreadable long before.
-        digits = int(value.bit_length() * math.log10(2)) + 1
-        return f"an integer of about {digits} digits"
-    if isinstance(value, str) and len(value) > limit:
-        return f"{repr(value[:limit])[:limit]}... ({len(value)} characters)"
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _close_match(text: str, choices: Sequence[str]) -> str | None:
-    """The choice closest to `text`, for "did you mean"; None for long input."""
-    if len(text) > 200:
-        return None
-    close = difflib.get_close_matches(text, list(choices), n=1)
-    return close[0] if close else None
-
-
-# String validators (ConfigKey.check): each raises _Invalid saying what is wrong.
-
-_HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?", re.ASCII)
-_PORT = re.compile(r"[0-9]{1,5}", re.ASCII)
-_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-
-
-def check_host(host: str) -> None:
-    """An IPv4/IPv6 address or a DNS name (labels of 1-63 characters, IDNA-encodable)."""
-    if not host:
-        raise _Invalid("empty host")
-    try:
-        ipaddress.ip_address(host)
-        return
-    except ValueError:
-        pass
-    try:
-        encoded = host.encode("idna").decode("ascii")
-    except UnicodeError as exc:  # a label longer than 63, an empty label, ...
-        raise _Invalid(f"{show_value(host)} is not a valid host name: {exc}") from None
-    name = encoded[:-1] if encoded.endswith(".") else encoded
-    if not name or len(name) > 253:
-        raise _Invalid(f"{show_value(host)} is not a valid host name (1 to 253 characters)")
-    labels = name.split(".")
-    for label in labels:
-        if not _HOST_LABEL.fullmatch(label):
-            raise _Invalid(
-                f"{show_value(host)} is not a valid host name or IP address "
-                f"(label {show_value(label)}: letters, digits, '-', '_', 1 to 63 characters)"
-            )
-    if all(label.isdigit() for label in labels):
-        raise _Invalid(f"{show_value(host)} is not a valid IPv4 address")
-
-
-def check_port(text: str, what: str) -> int:
-    """A TCP port 1..65535 written in ASCII digits."""
-    if not _PORT.fullmatch(text) or not 1 <= int(text) <= 65535:
-        raise _Invalid(f"{what}: the port must be 1 to 65535, got {show_value(text)}")
-    return int(text)
-
-
-def check_bootstrap_servers(value: str) -> None:
-    """`host:port[,host:port...]`; IPv6 as `[addr]:port`; an optional `PROTOCOL://`."""
-    for raw in value.split(","):
-        entry = raw.strip()
-        if not entry:
-            raise _Invalid(f"empty entry in {show_value(value)}: expected host:port,host:port")
-        scheme, sep, rest = entry.partition("://")
-        if sep:
-            if scheme.upper() not in _SECURITY_PROTOCOLS:
-                raise _Invalid(
-                    f"{show_value(entry)}: unknown protocol {show_value(scheme)} "
-                    f"(one of {', '.join(_SECURITY_PROTOCOLS)})"
-                )
-            entry = rest
-        if entry.startswith("["):
-            host, bracket, port = entry[1:].partition("]")
-            if not bracket or not port.startswith(":"):
-                raise _Invalid(f"{show_value(entry)}: expected [IPv6 address]:port")
-            try:
-                ipaddress.IPv6Address(host)
-            except ValueError:
-                raise _Invalid(f"{show_value(entry)}: not an IPv6 address in brackets") from None
-            check_port(port[1:], show_value(entry))
-            continue
-        host, colon, port = entry.rpartition(":")
-        if not colon:
-            raise _Invalid(f"{show_value(entry)}: expected host:port (no port given)")
-        if ":" in host:
-            raise _Invalid(f"{show_value(entry)}: write an IPv6 address as [address]:port")
-        check_port(port, show_value(entry))
-        check_host(host)
-
-
-def _check_name(value: str) -> None:
-    """Names that become topic-name and directory parts: not "." or ".."."""
-    if value in (".", ".."):
-        raise _Invalid(f"{value!r} is not allowed (it is a directory name, not a topic)")
-
-
-def _check_no_controls(value: str) -> None:
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-        raise _Invalid(f"contains control characters: {show_value(value)}")
-
-
-def _check_socket_path(value: str) -> None:
-    try:
-        length = len(os.fsencode(os.path.abspath(value)))
-    except (UnicodeError, ValueError) as exc:
-        raise _Invalid(f"not a usable path: {exc}") from None
-    if length > _UNIX_SOCKET_PATH_MAX:
-        raise _Invalid(
-            f"too long for a Unix socket ({length} bytes as an absolute path, "
-            f"at most {_UNIX_SOCKET_PATH_MAX})"
-        )
-
-
-def _check_path(value: str) -> None:
-    try:
-        os.fsencode(value)
-    except UnicodeError as exc:
-        raise _Invalid(f"not a usable path: {exc}") from None
-
-
-_MAX_SERDE_CHARS = 1000
-
-
 class _Required:
     def __repr__(self) -> str:
         return "REQUIRED"
@@ -278,7 +131,7 @@ class ConfigKey:
     pattern: str | None = None
     nullable: bool = False
     clamp: int | None = None  # ints above it are accepted and stored as it (durations)
-    max_length: int = _MAX_STR_CHARS  # strings
+    max_length: int = MAX_STR_CHARS  # strings
     check: Callable[[str], None] | None = None  # more string validation; raises _Invalid
     default_doc: str | None = None  # how the README shows a computed default
     attr: str = ""  # the StreamsConfig attribute; filled in from the field name
@@ -348,7 +201,7 @@ class ConfigKey:
             # Refuse absurd lengths before int() (Python stops at 4300 digits,
             # leading zeros included, with its own ValueError; every key's
             # range ends far below that).
-            if len(digits) > _MAX_INT_DIGITS:
+            if len(digits) > MAX_INT_DIGITS:
                 raise self._bad(value)
             number = int(sign + digits)
         else:
@@ -379,12 +232,12 @@ class ConfigKey:
         text = value.strip().lower()
         if text in self.choices:
             return text
-        close = _close_match(text, self.choices)
+        close = close_match(text, self.choices)
         raise self._bad(value, f" (did you mean {close!r}?)" if close else "")
 
     def _parse_serde(self, value: Any) -> Serde:
         if isinstance(value, str):
-            if len(value) > _MAX_SERDE_CHARS:
+            if len(value) > MAX_SERDE_CHARS:
                 raise self._bad(value)
             try:
                 return serde_from_name(value)
@@ -509,9 +362,9 @@ class StreamsConfig:
 
     # fmt: off
     # One line per key: attribute, key name, type, default, doc, validation.
-    application_id: str = setting("application.id", "str", REQUIRED, "Names the consumer group, internal topics and state directory; at most 200 characters, so internal topic names stay within Kafka's 249.", pattern=_ID, max_length=200, check=_check_name)
+    application_id: str = setting("application.id", "str", REQUIRED, "Names the consumer group, internal topics and state directory; at most 200 characters, so internal topic names stay within Kafka's 249.", pattern=_ID, max_length=200, check=check_name)
     bootstrap_servers: str = setting("bootstrap.servers", "str", REQUIRED, "Comma-separated `host:port` list of Kafka brokers (port 1-65535; IPv6 as `[address]:port`; an optional `SSL://`-style prefix).", check=check_bootstrap_servers)
-    client_id: str = setting("client.id", "str", _client_id_default, "Prefix of the client ids of this process's Kafka clients.", default_doc="`application.id`", max_length=200, check=_check_no_controls)
+    client_id: str = setting("client.id", "str", _client_id_default, "Prefix of the client ids of this process's Kafka clients.", default_doc="`application.id`", max_length=200, check=check_no_controls)
     processing_threads_limit: int = setting("processing.threads.limit", "int", 64, "Most processing threads this process may run: caps `processing.threads`, `processing.threads.max`, `admin threads set`/`add` and SIGTTIN.", min=1, max=THREADS_CEILING)
     processing_threads: int = setting("processing.threads", "int", _cpu_count, "Processing threads at start-up (resizable at runtime); at most `processing.threads.limit`.", min=0, max=THREADS_CEILING, default_doc="number of CPUs, at most `processing.threads.limit`")
     processing_guarantee: ProcessingGuarantee = setting("processing.guarantee", "enum", "at_least_once", "Commit offsets after output is acknowledged, or one transaction per commit.", choices=_GUARANTEES)
@@ -520,19 +373,19 @@ class StreamsConfig:
     task_timeslice_ms: int = setting("task.timeslice.ms", "int", 100, f"How long (ms) a processing thread keeps one task before giving others a turn. {_WAIT_DOC}", min=1, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS)
     max_poll_records: int = setting("max.poll.records", "int", 1000, "Records per `consume()` batch of the polling thread; at most 1000000 (confluent-kafka's limit for one batch).", min=1, max=1_000_000)
     poll_ms: int = setting("poll.ms", "int", 100, f"How long (ms) the polling thread blocks waiting for input. {_WAIT_DOC}", min=0, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS)
-    state_dir: str = setting("state.dir", "str", _state_dir_default, "Directory for the state stores of all tasks (and the transactional id under `exactly_once_v2`); created if missing and checked for writing at start-up.", default_doc="`<tempdir>/streams-runtime`", check=_check_path)
+    state_dir: str = setting("state.dir", "str", _state_dir_default, "Directory for the state stores of all tasks (and the transactional id under `exactly_once_v2`); created if missing and checked for writing at start-up.", default_doc="`<tempdir>/streams-runtime`", check=check_path)
     default_key_serde: Serde = setting("default.key.serde", "serde", "bytes", "Serde for keys where the topology names none. `module:attr` names a serde object or a serde class (made with no arguments); nothing else is called.")
     default_value_serde: Serde = setting("default.value.serde", "serde", "bytes", "Serde for values where the topology names none. `module:attr` names a serde object or a serde class (made with no arguments); nothing else is called.")
     deserialization_exception_handler: ErrorHandler = setting("deserialization.exception.handler", "enum", "log_and_fail", "What to do with a record that fails to deserialize.", choices=_HANDLERS)
     processing_exception_handler: ErrorHandler = setting("processing.exception.handler", "enum", "log_and_fail", "What to do with a record that fails in processing.", choices=_HANDLERS)
-    dead_letter_queue_topic: str | None = setting("errors.dead.letter.queue.topic.name", "str", _dlq_topic_default, "Dead-letter topic: failed records are also written here, with error headers.", pattern=_TOPIC, nullable=True, default_doc=_DLQ_DEFAULT_DOC, check=_check_name)
+    dead_letter_queue_topic: str | None = setting("errors.dead.letter.queue.topic.name", "str", _dlq_topic_default, "Dead-letter topic: failed records are also written here, with error headers.", pattern=_TOPIC, nullable=True, default_doc=_DLQ_DEFAULT_DOC, check=check_name)
     replication_factor: int = setting("replication.factor", "int", -1, "Replication factor of topics the runtime creates; -1: the broker's default.", min=1, max=32767, also=(-1,))
     log_level: LogLevel = setting("log.level", "enum", "info", "Log level of the runtime.", choices=_LOG_LEVELS)
     cache_max_bytes: int = setting("cache.max.bytes", "int", 10485760, "Bytes of store cache shared by ALL tasks and threads of the process (adding threads does not add cache); 0 turns caching off.", min=0, max=JAVA_LONG_MAX)
     num_standby_replicas: int = setting("num.standby.replicas", "int", 0, "Warm copies of each stateful task kept on other instances, for fast fail-over.", min=0, max=JAVA_INT_MAX)
     state_cleanup_delay_ms: int = setting("state.cleanup.delay.ms", "int", 600000, "How long (ms) a task's state directory may stay unused here before it is deleted.", min=0, max=JAVA_LONG_MAX)
     shutdown_timeout_ms: int = setting("shutdown.timeout.ms", "int", 30000, f"How long (ms) a graceful shutdown may take, final commit included. {_WAIT_DOC}", min=0, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS)
-    admin_socket: str | None = setting("admin.socket", "str", None, "Path of the admin Unix socket (`streams-runtime admin`); unset: no socket. At most 107 bytes as an absolute path.", nullable=True, check=_check_socket_path)
+    admin_socket: str | None = setting("admin.socket", "str", None, "Path of the admin Unix socket (`streams-runtime admin`); unset: no socket. At most 107 bytes as an absolute path.", nullable=True, check=check_socket_path)
     admin_socket_max_connections: int = setting("admin.socket.max.connections", "int", 32, "Admin socket clients connected at once; one more is told it is busy and closed (each holds a file descriptor).", min=1, max=4096)
     admin_socket_max_buffered_bytes: int = setting("admin.socket.max.buffered.bytes", "int", 8388608, "Bytes of unfinished request lines the admin socket holds across all clients; a line that would exceed it gets an error reply and is dropped. One line is at most 1 MiB in any case.", min=1024, max=JAVA_INT_MAX)
     admin_socket_idle_timeout_ms: int = setting("admin.socket.idle.timeout.ms", "int", 300000, f"An admin client that sends no complete request line for this long (ms) is disconnected. {_WAIT_DOC}", min=1, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS)
@@ -642,7 +495,7 @@ def _route(key: str) -> str | None:
 
 
 def _unknown_key_reason(key: str) -> str:
-    close = _close_match(key, list(KEYS))
+    close = close_match(key, list(KEYS))
     hint = f" (did you mean {close!r}?)" if close else ""
     prefixes = ", ".join(PASSTHROUGH_PREFIXES)
     return f"unknown key{hint}; client properties need a prefix: {prefixes}"

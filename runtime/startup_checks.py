@@ -26,7 +26,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from runtime.config import ConfigError, StreamsConfig, show_value
+from runtime.config import ConfigError, StreamsConfig
+from runtime.config_values import show_value
 from runtime.polling.clients import (
     admin_config,
     consumer_config,

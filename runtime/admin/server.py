@@ -36,7 +36,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.config import THREADS_CEILING, StreamsConfig
+from runtime.config import StreamsConfig
+from runtime.config_values import THREADS_CEILING
 from runtime.logging import get_logger
 
 __all__ = [
