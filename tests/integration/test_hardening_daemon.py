@@ -7,7 +7,7 @@ join raised OverflowError inside an asyncio task, logged only as "Task exception
 never retrieved", and the daemon stayed PENDING_SHUTDOWN forever. On the same daemon:
 a request nested about as deep as the JSON decoder allows gets a reply, connections
 beyond `admin.socket.max.connections` are refused (and logged) while the socket keeps
-serving, and `threads set` stops at `processing.threads.limit`.
+serving, and `threads set` and SIGTTIN stop at `processing.threads.limit`.
 """
 
 from __future__ import annotations
@@ -117,15 +117,23 @@ def test_infinite_timeouts_and_a_hostile_admin_client(bootstrap: str, short_dir:
         # SIGTTOU removes a thread, waiting up to shutdown.timeout.ms ("infinite").
         daemon.send(signal.SIGTTOU)
 
-        def one_thread() -> bool:
+        def threads_are(count: int) -> bool:
             daemon.assert_alive()
             try:
-                return len(request(sock, "threads")["names"]) == 1
+                return len(request(sock, "threads")["names"]) == count
             except AdminCommandFailed as exc:  # the closes above not yet seen by the loop
                 assert "busy" in str(exc)
                 return False
 
-        wait_until(one_thread, 30, interval=0.2, message="SIGTTOU did not remove a thread")
+        wait_until(lambda: threads_are(1), 30, interval=0.2, message="SIGTTOU removed none")
+
+        # SIGTTIN adds threads up to processing.threads.limit (4), then no more.
+        for expected in (2, 3, 4):
+            daemon.send(signal.SIGTTIN)
+            wait_until(lambda: threads_are(expected), 30, interval=0.1)  # noqa: B023
+        daemon.send(signal.SIGTTIN)
+        wait_until(lambda: "processing_thread_limit_reached" in daemon.tail(), 30)
+        assert threads_are(4)
     finally:
         reader.close()
 
