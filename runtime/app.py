@@ -20,7 +20,7 @@ from typing import Any
 from confluent_kafka.admin import AdminClient
 
 from runtime.collector.collector import RecordCollector
-from runtime.config import StreamsConfig
+from runtime.config import StreamsConfig, clamp_wait_s
 from runtime.logging import get_logger
 from runtime.polling.clients import admin_config, restore_consumer_config
 from runtime.polling.polling_thread import PollingThread, PollingThreadHooks
@@ -30,6 +30,7 @@ from runtime.processing.queries import StoreQuery
 from runtime.processing.task import TaskSettings
 from runtime.processing.task_manager import TaskManager
 from runtime.processing.threads import ProcessingThreadPool
+from runtime.startup_checks import check_startup
 from runtime.state.cache import CacheBudget
 from runtime.state.cleanup import CleanupThread
 from runtime.state.placement import ShutdownRequest, status_topic_name
@@ -145,17 +146,20 @@ class App:
     def start(self) -> None:
         """Check topics, start the polling thread and `processing.threads` threads.
 
-        Raises TopicError (missing topics, co-partitioning) before any thread
-        starts; the app then stays CREATED.
+        Raises ConfigError (`state.dir` not writable, a client property
+        librdkafka refuses; see `runtime.startup_checks`) and TopicError
+        (missing topics, co-partitioning) before any thread starts; the app
+        then stays CREATED.
         """
         with self._lock:
             if self._state is not AppState.CREATED:
                 raise IllegalStateError(f"start() needs state CREATED, the app is {self._state}")
             config = self.config
+            has_state = bool(self.topology.store_specs())
+            check_startup(config, uses_state_dir=has_state or config.exactly_once)
             admin = AdminClient(admin_config(config))
             extra = {config.dead_letter_queue_topic: 1} if config.dead_letter_queue_topic else {}
             extra_configs: dict[str, dict[str, str]] = {}
-            has_state = bool(self.topology.store_specs())
             # Every instance publishes its tasks on the status topic and reads
             # everyone's (standby placement, SHUTDOWN_APPLICATION requests).
             status_topic = status_topic_name(config.application_id)
@@ -235,11 +239,13 @@ class App:
         """Shut down gracefully: stop processing, commit, leave the group.
 
         Returns True if everything stopped within `timeout` seconds (default:
-        `shutdown.timeout.ms`). Safe to call more than once and from any thread
+        `shutdown.timeout.ms`; any value is clamped to what can be waited for,
+        see `clamp_wait_s`). Safe to call more than once and from any thread
         but the app's own.
         """
         if timeout is None:
             timeout = self.config.shutdown_timeout_ms / 1000.0
+        timeout = clamp_wait_s(timeout)
         with self._lock:
             if self._state is AppState.CREATED:
                 self._set_state(AppState.PENDING_SHUTDOWN)
@@ -293,9 +299,15 @@ class App:
     # --- processing threads at runtime -------------------------------------------
 
     def add_processing_thread(self) -> str | None:
-        """Start one more processing thread; its name, or None unless running."""
+        """Start one more processing thread; its name, or None unless running
+        or when `processing.threads.limit` threads are alive already."""
         with self._lock:
             if self._state not in (AppState.RUNNING, AppState.REBALANCING):
+                return None
+            if len(self._pool.names()) >= self.config.processing_threads_limit:
+                log.warning(
+                    "processing_thread_limit_reached", limit=self.config.processing_threads_limit
+                )
                 return None
             return self._pool.add()
 
@@ -307,16 +319,22 @@ class App:
         with self._lock:
             if self._state not in (AppState.RUNNING, AppState.REBALANCING):
                 return None
-        return self._pool.remove(timeout)
+        return self._pool.remove(None if timeout is None else clamp_wait_s(timeout))
 
     def set_processing_threads(self, count: int, timeout: float | None = None) -> list[str]:
-        """Add or remove threads until `count` are alive; returns their names."""
-        if count < 0:
-            raise ValueError("thread count must be >= 0")
+        """Add or remove threads until `count` are alive; returns their names.
+
+        Raises ValueError for a count below 0 or above `processing.threads.limit`.
+        """
+        limit = self.config.processing_threads_limit
+        if not 0 <= count <= limit:
+            raise ValueError(
+                f"thread count must be between 0 and {limit} (processing.threads.limit)"
+            )
         with self._lock:
             if self._state not in (AppState.RUNNING, AppState.REBALANCING):
                 raise IllegalStateError(f"cannot resize threads in state {self._state}")
-        return self._pool.set_count(count, timeout)
+        return self._pool.set_count(count, None if timeout is None else clamp_wait_s(timeout))
 
     def store(self, name: str, timeout: float = 10.0) -> StoreQuery:
         """Read-only access to store `name` across this instance's running tasks.

@@ -8,33 +8,61 @@ The fields of `StreamsConfig` *are* the table of known keys: each one is declare
 with `setting(...)`, which carries the dotted key name, its type, default,
 validation and a one-line doc (rendered by `config_table_markdown`). Adding a key
 is adding one field. Defaults may be functions of the keys declared above them.
+The checks of single values (hosts, ports, paths, wait limits) live in
+`runtime.config_values`; what needs the machine (state.dir, librdkafka) is
+checked at start-up by `runtime.startup_checks`.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import tempfile
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
+from runtime.config_values import (
+    JAVA_INT_MAX,
+    JAVA_LONG_MAX,
+    MAX_INT_DIGITS,
+    MAX_SERDE_CHARS,
+    MAX_STR_CHARS,
+    MAX_WAIT_MS,
+    THREADS_CEILING,
+    check_bootstrap_servers,
+    check_host,
+    check_name,
+    check_no_controls,
+    check_path,
+    check_socket_path,
+    clamp_wait_s,
+    close_match,
+    show_value,
+)
+from runtime.config_values import Invalid as _Invalid
 from runtime.topology.serdes import BUILTIN, Serde, serde_from_name
 
 __all__ = [
     "ENV_PREFIX",
+    "JAVA_LONG_MAX",
     "KEYS",
+    "MAX_WAIT_MS",
+    "clamp_wait_s",
     "PASSTHROUGH_PREFIXES",
     "ConfigError",
     "ConfigKey",
     "StreamsConfig",
     "config_table_markdown",
+    "update_readme",
     "load_config",
 ]
 
 ENV_PREFIX = "STREAMS_RUNTIME_"
+
 
 ProcessingGuarantee = Literal["at_least_once", "exactly_once_v2"]
 ErrorHandler = Literal["log_and_fail", "log_and_continue", "dead_letter_queue"]
@@ -60,7 +88,7 @@ class ConfigError(ValueError):
         if file is not None and not key:
             message = f"config file {file!r}: {reason}"
         else:
-            message = f"config key {key!r}: {reason}"
+            message = f"config key {show_value(key, 120)}: {reason}"
         super().__init__(message)
 
     def __reduce__(self) -> Any:
@@ -69,14 +97,6 @@ class ConfigError(ValueError):
 
 def _config_error(key: str, reason: str, file: str | None) -> ConfigError:
     return ConfigError(key, reason, file=file)
-
-
-class _Invalid(Exception):
-    """A value failed validation; the caller adds the key (internal)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class _Required:
@@ -89,7 +109,9 @@ REQUIRED: Any = _Required()
 Kind = Literal["str", "int", "bool", "enum", "serde"]
 Default = Any  # a plain value, REQUIRED, or Callable[[Mapping[str, Any]], Any]
 
-_INT_TEXT = re.compile(r"[+-]?\d+")
+# ASCII digits only: Python's int() also takes "５" and "1_000", which no other
+# Kafka tool would read as a number.
+_INT_TEXT = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 
@@ -108,6 +130,9 @@ class ConfigKey:
     choices: tuple[str, ...] = ()
     pattern: str | None = None
     nullable: bool = False
+    clamp: int | None = None  # ints above it are accepted and stored as it (durations)
+    max_length: int = MAX_STR_CHARS  # strings
+    check: Callable[[str], None] | None = None  # more string validation; raises _Invalid
     default_doc: str | None = None  # how the README shows a computed default
     attr: str = ""  # the StreamsConfig attribute; filled in from the field name
 
@@ -162,7 +187,7 @@ class ConfigKey:
         return self._parse_str(value)
 
     def _bad(self, value: Any, hint: str = "") -> _Invalid:
-        return _Invalid(f"expected {self.expected()}, got {value!r}{hint}")
+        return _Invalid(f"expected {self.expected()}, got {show_value(value)}{hint}")
 
     def _parse_int(self, value: Any) -> int:
         if isinstance(value, bool):
@@ -170,7 +195,15 @@ class ConfigKey:
         if isinstance(value, int):
             number = value
         elif isinstance(value, str) and _INT_TEXT.fullmatch(value.strip()):
-            number = int(value.strip())
+            text = value.strip()
+            sign = "-" if text.startswith("-") else ""
+            digits = text.lstrip("+-").lstrip("0") or "0"
+            # Refuse absurd lengths before int() (Python stops at 4300 digits,
+            # leading zeros included, with its own ValueError; every key's
+            # range ends far below that).
+            if len(digits) > MAX_INT_DIGITS:
+                raise self._bad(value)
+            number = int(sign + digits)
         else:
             raise self._bad(value)
         in_range = (self.min is None or number >= self.min) and (
@@ -178,6 +211,8 @@ class ConfigKey:
         )
         if not in_range and number not in self.also:
             raise self._bad(value)
+        if self.clamp is not None:
+            number = min(number, self.clamp)
         return number
 
     def _parse_bool(self, value: Any) -> bool:
@@ -197,18 +232,22 @@ class ConfigKey:
         text = value.strip().lower()
         if text in self.choices:
             return text
-        close = difflib.get_close_matches(text, self.choices, n=1)
-        raise self._bad(value, f" (did you mean {close[0]!r}?)" if close else "")
+        close = close_match(text, self.choices)
+        raise self._bad(value, f" (did you mean {close!r}?)" if close else "")
 
     def _parse_serde(self, value: Any) -> Serde:
         if isinstance(value, str):
+            if len(value) > MAX_SERDE_CHARS:
+                raise self._bad(value)
             try:
                 return serde_from_name(value)
             except ValueError as exc:
                 raise _Invalid(str(exc)) from None
-            except Exception as exc:  # a user module failing on import or construction
+            # A user module failing on import or construction; SystemExit too:
+            # an import must not end the process with exit 0.
+            except (Exception, SystemExit) as exc:
                 raise _Invalid(
-                    f"cannot resolve serde {value!r}: {type(exc).__name__}: {exc}"
+                    f"cannot resolve serde {show_value(value)}: {type(exc).__name__}: {exc}"
                 ) from None
         if isinstance(value, type):
             raise _Invalid(f"expected a serde object or name, got the class {value.__name__}")
@@ -219,8 +258,14 @@ class ConfigKey:
     def _parse_str(self, value: Any) -> str:
         if not isinstance(value, str) or not value.strip():
             raise self._bad(value)
+        if len(value) > self.max_length:
+            raise _Invalid(f"longer than {self.max_length} characters ({len(value)})")
+        if "\x00" in value:
+            raise _Invalid(f"contains a NUL character: {show_value(value)}")
         if self.pattern is not None and not re.fullmatch(self.pattern, value):
             raise self._bad(value)
+        if self.check is not None:
+            self.check(value)
         return value
 
     # README rendering
@@ -273,7 +318,11 @@ def _client_id_default(values: Mapping[str, Any]) -> str:
 
 
 def _cpu_count(values: Mapping[str, Any]) -> int:
-    return os.cpu_count() or 1
+    return min(os.cpu_count() or 1, int(values["processing.threads.limit"]))
+
+
+def _autoscale_max_default(values: Mapping[str, Any]) -> int:
+    return min(8, int(values["processing.threads.limit"]))
 
 
 def _commit_interval_default(values: Mapping[str, Any]) -> int:
@@ -296,6 +345,10 @@ def _dlq_topic_default(values: Mapping[str, Any]) -> str | None:
 
 
 _DLQ_DEFAULT_DOC = "`<application.id>-dlq` if a handler is `dead_letter_queue`, else unset"
+_WAIT_DOC = (
+    f"Values above {MAX_WAIT_MS} (about 24.8 days), Kafka's infinite "
+    f"{JAVA_LONG_MAX} included, mean {MAX_WAIT_MS}."
+)
 _ID = r"[A-Za-z0-9._-]+"
 _TOPIC = r"[A-Za-z0-9._-]{1,249}"
 
@@ -310,48 +363,57 @@ class StreamsConfig:
 
     # fmt: off
     # One line per key: attribute, key name, type, default, doc, validation.
-    application_id: str = setting("application.id", "str", REQUIRED, "Names the consumer group, internal topics and state directory.", pattern=_ID)
-    bootstrap_servers: str = setting("bootstrap.servers", "str", REQUIRED, "Comma-separated `host:port` list of Kafka brokers.")
-    client_id: str = setting("client.id", "str", _client_id_default, "Prefix of the client ids of this process's Kafka clients.", default_doc="`application.id`")
-    processing_threads: int = setting("processing.threads", "int", _cpu_count, "Processing threads at start-up (resizable at runtime).", min=0, default_doc="number of CPUs")
+    application_id: str = setting("application.id", "str", REQUIRED, "Names the consumer group, internal topics and state directory; at most 200 characters, so internal topic names stay within Kafka's 249.", pattern=_ID, max_length=200, check=check_name)
+    bootstrap_servers: str = setting("bootstrap.servers", "str", REQUIRED, "Comma-separated `host:port` list of Kafka brokers (port 1-65535; IPv6 as `[address]:port`; an optional `SSL://`-style prefix).", check=check_bootstrap_servers)
+    client_id: str = setting("client.id", "str", _client_id_default, "Prefix of the client ids of this process's Kafka clients.", default_doc="`application.id`", max_length=200, check=check_no_controls)
+    processing_threads_limit: int = setting("processing.threads.limit", "int", 64, "Most processing threads this process may run: caps `processing.threads`, `processing.threads.max`, `admin threads set`/`add` and SIGTTIN.", min=1, max=THREADS_CEILING)
+    processing_threads: int = setting("processing.threads", "int", _cpu_count, "Processing threads at start-up (resizable at runtime); at most `processing.threads.limit`.", min=0, max=THREADS_CEILING, default_doc="number of CPUs, at most `processing.threads.limit`")
     processing_guarantee: ProcessingGuarantee = setting("processing.guarantee", "enum", "at_least_once", "Commit offsets after output is acknowledged, or one transaction per commit.", choices=_GUARANTEES)
-    commit_interval_ms: int = setting("commit.interval.ms", "int", _commit_interval_default, "How often (ms) to commit offsets or the transaction.", min=0, default_doc="`30000`; `100` with `exactly_once_v2`")
-    buffered_records_per_partition: int = setting("buffered.records.per.partition", "int", 5000, "Input records buffered per partition before the partition is paused (it resumes at half); bounds memory at about this many records per assigned partition.", min=1)
-    task_timeslice_ms: int = setting("task.timeslice.ms", "int", 100, "How long (ms) a processing thread keeps one task before giving others a turn.", min=1)
-    max_poll_records: int = setting("max.poll.records", "int", 1000, "Records per `consume()` batch of the polling thread.", min=1)
-    poll_ms: int = setting("poll.ms", "int", 100, "How long (ms) the polling thread blocks waiting for input.", min=0)
-    state_dir: str = setting("state.dir", "str", _state_dir_default, "Directory for the state stores of all tasks.", default_doc="`<tempdir>/streams-runtime`")
-    default_key_serde: Serde = setting("default.key.serde", "serde", "bytes", "Serde for keys where the topology names none.")
-    default_value_serde: Serde = setting("default.value.serde", "serde", "bytes", "Serde for values where the topology names none.")
+    commit_interval_ms: int = setting("commit.interval.ms", "int", _commit_interval_default, f"How often (ms) to commit offsets or the transaction. {_WAIT_DOC}", min=0, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS, default_doc="`30000`; `100` with `exactly_once_v2`")
+    buffered_records_per_partition: int = setting("buffered.records.per.partition", "int", 5000, "Input records buffered per partition before the partition is paused (it resumes at half). The pause follows the `consume()` batch that reached the bound, so one partition can hold up to this - 1 + `max.poll.records` records (500 and 1000: 1,499), and memory is bounded by that per assigned partition.", min=1, max=JAVA_INT_MAX)
+    task_timeslice_ms: int = setting("task.timeslice.ms", "int", 100, f"How long (ms) a processing thread keeps one task before giving others a turn. {_WAIT_DOC}", min=1, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS)
+    max_poll_records: int = setting("max.poll.records", "int", 1000, "Records per `consume()` batch of the polling thread; at most 1000000 (confluent-kafka's limit for one batch).", min=1, max=1_000_000)
+    poll_ms: int = setting("poll.ms", "int", 100, f"How long (ms) the polling thread blocks waiting for input. {_WAIT_DOC}", min=0, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS)
+    state_dir: str = setting("state.dir", "str", _state_dir_default, "Directory for the state stores of all tasks (and the transactional id under `exactly_once_v2`); created if missing and checked for writing at start-up.", default_doc="`<tempdir>/streams-runtime`", check=check_path)
+    default_key_serde: Serde = setting("default.key.serde", "serde", "bytes", "Serde for keys where the topology names none. `module:attr` names a serde object or a serde class (made with no arguments); nothing else is called.")
+    default_value_serde: Serde = setting("default.value.serde", "serde", "bytes", "Serde for values where the topology names none. `module:attr` names a serde object or a serde class (made with no arguments); nothing else is called.")
     deserialization_exception_handler: ErrorHandler = setting("deserialization.exception.handler", "enum", "log_and_fail", "What to do with a record that fails to deserialize.", choices=_HANDLERS)
     processing_exception_handler: ErrorHandler = setting("processing.exception.handler", "enum", "log_and_fail", "What to do with a record that fails in processing.", choices=_HANDLERS)
     production_exception_handler: ErrorHandler = setting("production.exception.handler", "enum", "log_and_fail", "What to do with an output record the broker refuses for good (too large, invalid); other produce failures always stop the app.", choices=_HANDLERS)
-    dead_letter_queue_topic: str | None = setting("errors.dead.letter.queue.topic.name", "str", _dlq_topic_default, "Dead-letter topic: failed records are also written here, with error headers.", pattern=_TOPIC, nullable=True, default_doc=_DLQ_DEFAULT_DOC)
-    replication_factor: int = setting("replication.factor", "int", -1, "Replication factor of topics the runtime creates; -1: the broker's default.", min=1, also=(-1,))
+    dead_letter_queue_topic: str | None = setting("errors.dead.letter.queue.topic.name", "str", _dlq_topic_default, "Dead-letter topic: failed records are also written here, with error headers.", pattern=_TOPIC, nullable=True, default_doc=_DLQ_DEFAULT_DOC, check=check_name)
+    replication_factor: int = setting("replication.factor", "int", -1, "Replication factor of topics the runtime creates; -1: the broker's default.", min=1, max=32767, also=(-1,))
     log_level: LogLevel = setting("log.level", "enum", "info", "Log level of the runtime.", choices=_LOG_LEVELS)
-    cache_max_bytes: int = setting("cache.max.bytes", "int", 10485760, "Bytes of store cache shared by ALL tasks and threads of the process (adding threads does not add cache); 0 turns caching off.", min=0)
-    num_standby_replicas: int = setting("num.standby.replicas", "int", 0, "Warm copies of each stateful task kept on other instances, for fast fail-over.", min=0)
-    state_cleanup_delay_ms: int = setting("state.cleanup.delay.ms", "int", 600000, "How long (ms) a task's state directory may stay unused here before it is deleted.", min=0)
-    shutdown_timeout_ms: int = setting("shutdown.timeout.ms", "int", 30000, "How long (ms) a graceful shutdown may take, final commit included.", min=0)
-    admin_socket: str | None = setting("admin.socket", "str", None, "Path of the admin Unix socket (`streams-runtime admin`); unset: no socket.", nullable=True)
+    cache_max_bytes: int = setting("cache.max.bytes", "int", 10485760, "Bytes of store cache shared by ALL tasks and threads of the process (adding threads does not add cache); 0 turns caching off.", min=0, max=JAVA_LONG_MAX)
+    num_standby_replicas: int = setting("num.standby.replicas", "int", 0, "Warm copies of each stateful task kept on other instances, for fast fail-over.", min=0, max=JAVA_INT_MAX)
+    state_cleanup_delay_ms: int = setting("state.cleanup.delay.ms", "int", 600000, "How long (ms) a task's state directory may stay unused here before it is deleted.", min=0, max=JAVA_LONG_MAX)
+    shutdown_timeout_ms: int = setting("shutdown.timeout.ms", "int", 30000, f"How long (ms) a graceful shutdown may take, final commit included. {_WAIT_DOC}", min=0, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS)
+    admin_socket: str | None = setting("admin.socket", "str", None, "Path of the admin Unix socket (`streams-runtime admin`); unset: no socket. At most 107 bytes as an absolute path.", nullable=True, check=check_socket_path)
+    admin_socket_max_connections: int = setting("admin.socket.max.connections", "int", 32, "Admin socket clients connected at once; one more is told it is busy and closed (each holds a file descriptor).", min=1, max=4096)
+    admin_socket_max_buffered_bytes: int = setting("admin.socket.max.buffered.bytes", "int", 8388608, "Bytes of unfinished request lines the admin socket holds across all clients; a line that would exceed it gets an error reply and is dropped. One line is at most 1 MiB in any case.", min=1024, max=JAVA_INT_MAX)
+    admin_socket_idle_timeout_ms: int = setting("admin.socket.idle.timeout.ms", "int", 300000, f"An admin client that sends no complete request line for this long (ms) is disconnected. {_WAIT_DOC}", min=1, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS)
     metrics_port: int | None = setting("metrics.port", "int", None, "Port of the HTTP endpoint for `/metrics`, `/healthz`, `/readyz`; 0: any free port; unset: off.", min=0, max=65535, nullable=True)
-    metrics_host: str = setting("metrics.host", "str", "127.0.0.1", "Address the metrics endpoint listens on.")
+    metrics_host: str = setting("metrics.host", "str", "127.0.0.1", "Address the metrics endpoint listens on: an IP address or a host name.", max_length=253, check=check_host)
     processing_threads_autoscale: bool = setting("processing.threads.autoscale", "bool", False, "Let the daemon add processing threads while lag grows and all are busy, and remove idle ones.")
-    processing_threads_min: int = setting("processing.threads.min", "int", 1, "Fewest processing threads the autoscaler keeps.", min=0)
-    processing_threads_max: int = setting("processing.threads.max", "int", 8, "Most processing threads the autoscaler starts.", min=1)
+    processing_threads_min: int = setting("processing.threads.min", "int", 1, "Fewest processing threads the autoscaler keeps.", min=0, max=THREADS_CEILING)
+    processing_threads_max: int = setting("processing.threads.max", "int", _autoscale_max_default, "Most processing threads the autoscaler starts; at most `processing.threads.limit`.", min=1, max=THREADS_CEILING, default_doc="`8`, at most `processing.threads.limit`")
     # fmt: on
 
     consumer_overrides: dict[str, Any] = passthrough(
-        "consumer.", "librdkafka properties of the main consumer."
+        "consumer.",
+        "librdkafka properties of the main consumer; checked at start-up by building the "
+        "client without contacting a broker (a refused one stops start-up naming the key).",
     )
     producer_overrides: dict[str, Any] = passthrough(
-        "producer.", "librdkafka properties of the producer."
+        "producer.", "librdkafka properties of the producer; checked at start-up the same way."
     )
     restore_consumer_overrides: dict[str, Any] = passthrough(
-        "restore.consumer.", "librdkafka properties of the restore consumer."
+        "restore.consumer.",
+        "librdkafka properties of the restore consumer; checked at start-up the same way.",
     )
     admin_overrides: dict[str, Any] = passthrough(
-        "admin.", "librdkafka properties of the admin client."
+        "admin.",
+        "librdkafka properties of the admin client (not the `admin.socket*` keys above); "
+        "checked at start-up the same way.",
     )
 
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -435,10 +497,59 @@ def _route(key: str) -> str | None:
 
 
 def _unknown_key_reason(key: str) -> str:
-    close = difflib.get_close_matches(key, list(KEYS), n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    close = close_match(key, list(KEYS))
+    hint = f" (did you mean {close!r}?)" if close else ""
     prefixes = ", ".join(PASSTHROUGH_PREFIXES)
     return f"unknown key{hint}; client properties need a prefix: {prefixes}"
+
+
+# Client properties the runtime sets itself and that must not be overridden. A
+# consumer's group.id: the group is application.id (offsets, fencing, the
+# status topic all depend on it); and confluent-kafka aborts the whole process
+# (a C assertion, SIGABRT) building a consumer whose group.id is empty.
+_RUNTIME_OWNED: Mapping[str, Mapping[str, str]] = {
+    "consumer_overrides": {
+        "group.id": "set by the runtime: the consumer group is application.id",
+    },
+    "restore_consumer_overrides": {
+        "group.id": "set by the runtime (the restore consumer never joins a group)",
+    },
+}
+
+_CAPPED_BY_THREADS_LIMIT = (
+    "processing.threads",
+    "processing.threads.min",
+    "processing.threads.max",
+)
+
+
+def _passthrough_value_problem(prop: str, value: Any) -> str | None:
+    """Why a client property value cannot reach librdkafka, or None if it can.
+
+    Only the type is checked here; whether librdkafka takes the value is checked
+    at start-up by building the clients (`runtime.startup_checks`).
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        if abs(value) > JAVA_LONG_MAX:
+            return f"client property value {show_value(value)} is out of range"
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"client property value {value} is not finite"
+    if isinstance(value, str):
+        if "\x00" in value:
+            return f"client property value contains a NUL character: {show_value(value)}"
+        if prop in ("bootstrap.servers", "metadata.broker.list"):
+            try:
+                check_bootstrap_servers(value)
+            except _Invalid as exc:
+                return exc.reason
+        return None
+    return (
+        "a client property takes a string, number or boolean, got "
+        f"{type(value).__name__} {show_value(value)}"
+    )
 
 
 def _build(given: Mapping[str, Any], sources: Mapping[str, str]) -> StreamsConfig:
@@ -461,6 +572,12 @@ def _build(given: Mapping[str, Any], sources: Mapping[str, str]) -> StreamsConfi
         prop = key[len(_PREFIX_BY_ATTR[attr]) :]
         if not prop:
             raise ConfigError(key, "a client property name must follow the prefix")
+        if prop in _RUNTIME_OWNED.get(attr, ()):
+            raise ConfigError(key, _RUNTIME_OWNED[attr][prop] + source(key))
+        if value is not None:
+            reason = _passthrough_value_problem(prop, value)
+            if reason is not None:
+                raise ConfigError(key, reason + source(key))
         overrides[attr][prop] = value
 
     values: dict[str, Any] = {}
@@ -474,6 +591,12 @@ def _build(given: Mapping[str, Any], sources: Mapping[str, str]) -> StreamsConfi
             values[name] = spec.parse(value)
         except _Invalid as exc:
             raise ConfigError(name, exc.reason + source(name)) from None
+
+    for name in _CAPPED_BY_THREADS_LIMIT:
+        limit = values["processing.threads.limit"]
+        if values[name] > limit:
+            reason = f"{values[name]} is above processing.threads.limit ({limit})"
+            raise ConfigError(name, reason + source(name))
 
     attrs: dict[str, Any] = {KEYS[name].attr: value for name, value in values.items()}
     attrs.update(overrides)
@@ -560,7 +683,8 @@ def load_config(
         put(key, value, f"environment variable {variable}")
     for item in sets:
         key, value = _parse_set(item)
-        put(key, value, f"--set {item}")
+        shown = item if len(item) <= 100 else f"{item[:60]}... ({len(item)} characters)"
+        put(key, value, f"--set {shown}")
     return _build(merged, sources)
 
 
@@ -578,3 +702,25 @@ def config_table_markdown() -> str:
         cells = (f"`{prefix}*`", "passed through", "", _PASSTHROUGH_DOCS[attr])
         rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(rows) + "\n"
+
+
+README_TABLE_START = "<!-- config table: generated from runtime/config.py by ./dev docs -->"
+README_TABLE_END = "<!-- end of config table -->"
+
+
+def readme_with_table(text: str) -> str:
+    """`text` (the README) with the config table between its markers regenerated."""
+    start = text.index(README_TABLE_START) + len(README_TABLE_START)
+    end = text.index(README_TABLE_END, start)
+    return text[:start] + "\n\n" + config_table_markdown() + "\n" + text[end:]
+
+
+def update_readme(path: str) -> bool:
+    """Regenerate the config table in the README at `path`; True if it changed."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    new = readme_with_table(text)
+    if new != text:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(new)
+    return new != text

@@ -36,7 +36,13 @@ from typing import Any
 
 import uvloop
 
-from runtime.admin.server import AdminHandler, AdminServer, AdminSocketError, check_socket_path
+from runtime.admin.server import (
+    AdminHandler,
+    AdminLimits,
+    AdminServer,
+    AdminSocketError,
+    check_socket_path,
+)
 from runtime.config import StreamsConfig
 from runtime.logging import get_logger
 from runtime.metrics import MetricsServer
@@ -64,6 +70,7 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGTTIN, signal.SIGTTOU)
 _SHUTDOWN = "shutdown"  # the admin command, queued like a signal
 _FINISHED = "finished"  # the app reached NOT_RUNNING or ERROR
 _WAKE = "wake"  # re-check the exit code (set by a task)
+_CLOSE_TASK = "close"  # the name of the graceful-shutdown task
 
 
 class DaemonSetupError(RuntimeError):
@@ -98,7 +105,7 @@ def preflight(config: StreamsConfig) -> None:
             with socket.socket(family, kind, proto) as probe:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 probe.bind(address)
-        except OSError as exc:
+        except (OSError, UnicodeError) as exc:  # UnicodeError: a name IDNA cannot encode
             raise DaemonSetupError(
                 f"cannot listen on metrics {config.metrics_host}:{config.metrics_port}: {exc}"
             ) from None
@@ -128,6 +135,9 @@ class Daemon:
         config: StreamsConfig = app.config
         self.config = config
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="admin")
+        # Admin socket requests get their own workers: a client's slow
+        # `threads remove` must never delay the daemon's own close().
+        self.socket_executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="admin-socket")
         self.admin: AdminServer | None = None
         self.metrics: MetricsServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -156,7 +166,7 @@ class Daemon:
                 return EXIT_BAD_INPUT
             log.info("daemon_ready", **self.describe())
             if self.config.processing_threads_autoscale:
-                self._spawn(self._autoscale(AutoscalePolicy.from_config(self.config)))
+                self._spawn(self._autoscale(AutoscalePolicy.from_config(self.config)), "autoscale")
             while self._exit_code is None:
                 self._handle(await self._events.get())
             return self._exit_code
@@ -168,6 +178,7 @@ class Daemon:
             for task in list(self._tasks):
                 task.cancel()
             self.executor.shutdown(wait=False, cancel_futures=True)
+            self.socket_executor.shutdown(wait=False, cancel_futures=True)
 
     def describe(self) -> dict[str, Any]:
         """Daemon facts for `status` and the logs: pid, socket path, metrics address."""
@@ -207,16 +218,36 @@ class Daemon:
                 log.info("shutdown_already_in_progress")
             else:
                 self._closing = True
-                self._spawn(self._close())
+                self._spawn(self._close(), _CLOSE_TASK)
         elif event == "SIGTTIN":
-            self._spawn(self._add_thread())
+            self._spawn(self._add_thread(), "add-thread")
         elif event == "SIGTTOU":
-            self._spawn(self._remove_thread())
+            self._spawn(self._remove_thread(), "remove-thread")
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        """Log a task's error (never "Task exception was never retrieved"); a failed
+        shutdown ends the daemon with exit code 1 instead of PENDING_SHUTDOWN forever."""
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            return
+        log.error(
+            "daemon_task_failed",
+            task=task.get_name(),
+            error=f"{type(exc).__name__}: {exc}",
+            state=str(self.app.state),
+        )
+        if task.get_name() == _CLOSE_TASK and self._exit_code is None:
+            self._exit_code = EXIT_FAILED
+            if self._events is not None:
+                self._events.put_nowait(_WAKE)
 
     async def _close(self) -> None:
         loop = asyncio.get_running_loop()
@@ -298,8 +329,18 @@ class Daemon:
     async def _start_servers(self) -> None:
         config = self.config
         if config.admin_socket is not None:
-            handler = AdminHandler(self.app, self.request_shutdown, self.describe)
-            admin = AdminServer(config.admin_socket, handler)
+            handler = AdminHandler(
+                self.app,
+                self.request_shutdown,
+                self.describe,
+                max_threads=config.processing_threads_limit,
+            )
+            admin = AdminServer(
+                config.admin_socket,
+                handler,
+                executor=self.socket_executor,
+                limits=AdminLimits.from_config(config),
+            )
             try:
                 await admin.start()
             except AdminSocketError as exc:

@@ -4,9 +4,17 @@ Protocol: newline-delimited JSON over a Unix stream socket. Each request is one
 line holding a JSON object, `{"command": "<name>", ...arguments}`; each reply is
 one line, `{"ok": true, "result": ...}` or `{"ok": false, "error": "..."}`.
 Every line gets exactly one reply, in order, including malformed ones (not
-JSON, not an object, unknown command, wrong argument, longer than
-`MAX_LINE_BYTES`); the connection stays open. Several clients may be connected
-at once. Commands and their arguments are in `COMMANDS`.
+JSON, not an object, nested too deep, unknown command, wrong argument, longer
+than `MAX_LINE_BYTES`, over the buffer budget); the connection stays open.
+Commands and their arguments are in `COMMANDS`.
+
+Limits (`AdminLimits`, from the `admin.socket.*` keys), so that no client can
+take the daemon's memory or file descriptors: at most `max_connections`
+clients at once (one more gets one "busy" error line and is closed; the
+refusal is logged), at most `max_buffered_bytes` of unfinished request lines
+across all clients (a line that would go over gets an error reply and is
+dropped), and a client that sends no complete line for `idle_timeout_s` (or
+does not read its replies for that long) is disconnected.
 
 Threads: `parse_request` and `AdminHandler` may be called from any thread;
 `AdminHandler.handle_line` blocks (it calls into the `App`), so the server runs
@@ -23,17 +31,21 @@ import os
 import re
 import socket
 import stat
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.config import StreamsConfig
+from runtime.config_values import THREADS_CEILING
 from runtime.logging import get_logger
 
 __all__ = [
     "COMMANDS",
     "MAX_LINE_BYTES",
+    "MAX_THREADS",
     "AdminHandler",
+    "AdminLimits",
     "AdminServer",
     "AdminSocketError",
     "CommandError",
@@ -49,8 +61,9 @@ log = get_logger("runtime.admin")
 MAX_LINE_BYTES = 1 << 20
 """Longest request line accepted (1 MiB, newline excluded)."""
 
-MAX_THREADS = 1024
-"""Upper bound for `threads.set`: a typo must not start a million threads."""
+MAX_THREADS = THREADS_CEILING
+"""Upper bound for `threads.set` in any config; the daemon's own bound is
+`processing.threads.limit` (`AdminHandler(max_threads=...)`)."""
 
 DEFAULT_REMOVE_TIMEOUT_S = 30.0
 _MAX_TIMEOUT_S = 3600.0
@@ -126,8 +139,19 @@ class Request:
 
 
 def _show(value: Any, limit: int = 60) -> str:
-    """A short repr for error messages (requests may be up to 1 MiB)."""
-    text = json.dumps(value, default=repr) if not isinstance(value, bytes) else repr(value)
+    """A short repr for error messages (requests may be up to 1 MiB).
+
+    A value nested nearly as deep as `json.loads` allows can be too deep to
+    encode again on a thread with a few more frames (RecursionError): then
+    only its type is shown.
+    """
+    if isinstance(value, bytes):
+        text = repr(value)
+    else:
+        try:
+            text = json.dumps(value, default=repr)
+        except (RecursionError, ValueError, TypeError):
+            text = f"a deeply nested {type(value).__name__}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -178,7 +202,7 @@ def encode_reply(reply: Mapping[str, Any]) -> bytes:
     """One reply as one line of ASCII JSON (newlines inside strings are escaped)."""
     try:
         text = json.dumps(reply, separators=(",", ":"), default=str, allow_nan=False)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         text = json.dumps({"ok": False, "error": f"reply not encodable as JSON: {exc}"})
     return text.encode("ascii") + b"\n"
 
@@ -203,6 +227,8 @@ class AdminHandler:
     `shutdown` is called (from the handling thread) for the `shutdown` command
     and must only start the shutdown, not wait for it. `extra_status` adds
     daemon facts (socket path, metrics address, pid) to the `status` result.
+    `max_threads` bounds `threads.set` (the daemon passes
+    `processing.threads.limit`).
     """
 
     def __init__(
@@ -210,10 +236,12 @@ class AdminHandler:
         app: Any,
         shutdown: Callable[[], None] | None = None,
         extra_status: Callable[[], Mapping[str, Any]] | None = None,
+        max_threads: int = MAX_THREADS,
     ) -> None:
         self._app = app
         self._shutdown = shutdown
         self._extra_status = extra_status
+        self._max_threads = max_threads
 
     def handle_line(self, line: bytes | str) -> dict[str, Any]:
         """Parse and carry out one request line; the reply. Never raises."""
@@ -221,6 +249,9 @@ class AdminHandler:
             request = parse_request(line)
         except ProtocolError as exc:
             return {"ok": False, "error": str(exc)}
+        except Exception as exc:  # e.g. RecursionError: still one reply, the line's own
+            log.warning("admin_request_unparsable", error=repr(exc)[:200])
+            return {"ok": False, "error": f"request not understood: {type(exc).__name__}"}
         try:
             return {"ok": True, "result": self.handle(request)}
         except (CommandError, ValueError, TimeoutError) as exc:
@@ -244,8 +275,12 @@ class AdminHandler:
         if command == "threads":
             return {"names": app.processing_threads, "threads": app.status()["threads"]}
         if command == "threads.add":
+            if len(app.processing_threads) >= self._max_threads:
+                raise CommandError(self._limit_reached())
             added = app.add_processing_thread()
             if added is None:
+                if str(app.state) in ("RUNNING", "REBALANCING"):
+                    raise CommandError(self._limit_reached())
                 raise CommandError(f"cannot add a processing thread: the app is {app.state}")
             log.info("admin_thread_added", name=added)
             return {"added": added, "names": app.processing_threads}
@@ -259,6 +294,11 @@ class AdminHandler:
             log.info("admin_thread_removed", name=removed)
             return {"removed": removed, "names": app.processing_threads}
         if command == "threads.set":
+            if args["count"] > self._max_threads:
+                raise CommandError(
+                    f"'count' {args['count']} is above processing.threads.limit "
+                    f"({self._max_threads})"
+                )
             names = app.set_processing_threads(args["count"], args.get("timeout"))
             log.info("admin_threads_set", count=args["count"], names=len(names))
             return {"names": list(names)}
@@ -274,6 +314,9 @@ class AdminHandler:
             return {"state": str(app.state)}
         raise CommandError(f"command {command!r} is not implemented")  # COMMANDS and this differ
 
+    def _limit_reached(self) -> str:
+        return f"processing.threads.limit ({self._max_threads}) threads are running already"
+
 
 # --- the socket server -------------------------------------------------------------
 
@@ -282,40 +325,113 @@ class _TooLong:
     """Marks a request line that exceeded MAX_LINE_BYTES (its bytes were dropped)."""
 
 
+class _OverBudget:
+    """Marks a request line dropped because all clients' unfinished lines together
+    reached `AdminLimits.max_buffered_bytes`."""
+
+
 _TOO_LONG = _TooLong()
+_OVER_BUDGET = _OverBudget()
+
+_READ_CHUNK = 65536
+
+
+class ByteBudget:
+    """Bytes of unfinished request lines held across all connections.
+
+    Loop thread only (no lock: every `take`/`give` runs on the admin loop).
+    """
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        """Reserve `n` more bytes; False (nothing reserved) if that would exceed the total."""
+        if self.used + n > self.total:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
 
 
 async def read_lines(
-    reader: asyncio.StreamReader, limit: int = MAX_LINE_BYTES
-) -> AsyncIterator[bytes | _TooLong]:
-    """Yield request lines (without newline); `_TOO_LONG` once per over-long line.
+    reader: asyncio.StreamReader,
+    limit: int = MAX_LINE_BYTES,
+    budget: ByteBudget | None = None,
+    idle_timeout: float | None = None,
+) -> AsyncGenerator[bytes | _TooLong | _OverBudget, None]:
+    """Yield request lines (without newline); a marker once per dropped line.
 
-    Memory stays bounded by `limit`: the rest of an over-long line is discarded
-    up to its newline. A last line without newline is yielded at EOF.
+    Memory stays bounded: an over-long line (`_TOO_LONG`) or one that would
+    take `budget` over its total (`_OVER_BUDGET`) is discarded up to its
+    newline. A last line without newline is yielded at EOF. With
+    `idle_timeout`, raises TimeoutError when no line has been completed for
+    that many seconds (counted from the start, or from when the consumer asked
+    for the next line): a client trickling bytes without ever ending a line
+    is idle too. Complete lines inside one read are not counted against
+    `budget` (at most one read, 64 KiB, per connection).
     """
+    loop = asyncio.get_running_loop()
+    budget = budget if budget is not None else ByteBudget(1 << 62)
     buffer = bytearray()
+    reserved = 0  # bytes of `buffer` counted in `budget`
     discarding = False
-    while True:
-        chunk = await reader.read(65536)
-        if not chunk:
-            if buffer and not discarding:
-                yield bytes(buffer)
-            return
-        start = 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            if discarding:
-                discarding = False
+    deadline = None if idle_timeout is None else loop.time() + idle_timeout
+
+    def drop() -> None:
+        nonlocal reserved
+        buffer.clear()
+        budget.give(reserved)
+        reserved = 0
+
+    try:
+        while True:
+            if deadline is None:
+                chunk = await reader.read(_READ_CHUNK)
             else:
-                buffer += chunk[start:end]
-                yield _TOO_LONG if len(buffer) > limit else bytes(buffer)
-            buffer.clear()
-            start = end + 1
-        if not discarding:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError("no complete request line")
+                chunk = await asyncio.wait_for(reader.read(_READ_CHUNK), remaining)
+            if not chunk:
+                if buffer and not discarding:
+                    line = bytes(buffer)
+                    drop()
+                    yield line
+                return
+            start = 0
+            while (end := chunk.find(b"\n", start)) >= 0:
+                if discarding:
+                    discarding = False
+                else:
+                    buffer += chunk[start:end]
+                    item: bytes | _TooLong = _TOO_LONG if len(buffer) > limit else bytes(buffer)
+                    drop()
+                    yield item
+                    if idle_timeout is not None:
+                        deadline = loop.time() + idle_timeout
+                start = end + 1
+            if discarding or start == len(chunk):
+                continue
             buffer += chunk[start:]
+            marker: _TooLong | _OverBudget | None = None
             if len(buffer) > limit:
-                buffer.clear()
+                marker = _TOO_LONG
+            elif budget.take(len(buffer) - reserved):
+                reserved = len(buffer)
+            else:
+                marker = _OVER_BUDGET
+            if marker is not None:
+                drop()
                 discarding = True
-                yield _TOO_LONG
+                yield marker
+                if idle_timeout is not None:
+                    deadline = loop.time() + idle_timeout
+    finally:
+        budget.give(reserved)
 
 
 def check_socket_path(path: str) -> None:
@@ -371,16 +487,61 @@ def _bind_private(path: str) -> socket.socket:
     return sock
 
 
-class AdminServer:
-    """The admin socket: accepts clients, one task each (admin loop thread only)."""
+@dataclass(frozen=True)
+class AdminLimits:
+    """What the admin socket holds at most (see the module doc); `admin.socket.*` keys."""
 
-    def __init__(self, path: str, handler: AdminHandler, executor: Executor | None = None) -> None:
+    max_connections: int = 32
+    max_buffered_bytes: int = 8 << 20
+    idle_timeout_s: float = 300.0
+
+    @classmethod
+    def from_config(cls, config: StreamsConfig) -> AdminLimits:
+        return cls(
+            max_connections=config.admin_socket_max_connections,
+            max_buffered_bytes=config.admin_socket_max_buffered_bytes,
+            idle_timeout_s=config.admin_socket_idle_timeout_ms / 1000.0,
+        )
+
+
+_REFUSAL_LOG_INTERVAL_S = 10.0  # a flood of refused clients logs one line per interval
+
+
+class AdminServer:
+    """The admin socket: accepts clients, one task each (admin loop thread only).
+
+    `executor` runs the (blocking) handler calls; give it one of its own, so
+    that slow admin commands never delay the daemon's own work (a shutdown).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        handler: AdminHandler,
+        executor: Executor | None = None,
+        limits: AdminLimits | None = None,
+    ) -> None:
         self.path = os.path.abspath(path)
+        self.limits = limits or AdminLimits()
         self._handler = handler
         self._executor = executor
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._budget = ByteBudget(self.limits.max_buffered_bytes)
+        self.refused_total = 0
+        self._refused_unlogged = 0
+        self._refusal_logged_at: float | None = None
+
+    @property
+    def connections(self) -> int:
+        """Clients connected now (refused ones excluded)."""
+        return len(self._writers)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of unfinished request lines held now, across all clients."""
+        return self._budget.used
 
     async def start(self) -> None:
         """Create the socket (mode 0600), replacing a stale one. Raises AdminSocketError."""
@@ -388,7 +549,13 @@ class AdminServer:
         sock = _bind_private(self.path)
         self._inode = os.stat(self.path).st_ino
         self._server = await asyncio.start_unix_server(self._serve, sock=sock)
-        log.info("admin_socket_listening", path=self.path)
+        log.info(
+            "admin_socket_listening",
+            path=self.path,
+            max_connections=self.limits.max_connections,
+            max_buffered_bytes=self.limits.max_buffered_bytes,
+            idle_timeout_s=self.limits.idle_timeout_s,
+        )
 
     async def stop(self) -> None:
         """Stop accepting, close client connections, remove the socket file."""
@@ -408,25 +575,87 @@ class AdminServer:
         log.info("admin_socket_closed", path=self.path)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        loop = asyncio.get_running_loop()
+        if len(self._writers) >= self.limits.max_connections:
+            await self._refuse(writer)
+            return
         self._writers.add(writer)
+        idle = self.limits.idle_timeout_s
+        abort = False
         try:
-            async for line in read_lines(reader):
-                if isinstance(line, _TooLong):
-                    reply: dict[str, Any] = {
-                        "ok": False,
-                        "error": f"request longer than {MAX_LINE_BYTES} bytes",
-                    }
-                else:
-                    reply = await loop.run_in_executor(
-                        self._executor, self._handler.handle_line, line
-                    )
-                writer.write(encode_reply(reply))
-                await writer.drain()
+            lines = read_lines(reader, MAX_LINE_BYTES, self._budget, idle)
+            async with contextlib.aclosing(lines):
+                async for line in lines:
+                    reply = await self._reply_to(line)
+                    writer.write(encode_reply(reply))
+                    # A client that does not read its replies is idle as well.
+                    await asyncio.wait_for(writer.drain(), idle)
+        except TimeoutError:
+            log.info("admin_connection_idle_closed", idle_timeout_s=idle)
+            # close() would wait to flush replies the client is not reading.
+            abort = True
         except ConnectionError:
             pass
         except Exception as exc:  # a bug here must not take the daemon down
-            log.warning("admin_connection_failed", error=repr(exc))
+            log.warning("admin_connection_failed", error=repr(exc)[:300])
         finally:
             self._writers.discard(writer)
+            if abort:
+                writer.transport.abort()
+            else:
+                writer.close()
+
+    async def _reply_to(self, line: bytes | _TooLong | _OverBudget) -> dict[str, Any]:
+        if isinstance(line, _TooLong):
+            return {"ok": False, "error": f"request longer than {MAX_LINE_BYTES} bytes"}
+        if isinstance(line, _OverBudget):
+            return {
+                "ok": False,
+                "error": (
+                    "admin socket buffers are full (admin.socket.max.buffered.bytes = "
+                    f"{self.limits.max_buffered_bytes} across all clients); request dropped, "
+                    "try again"
+                ),
+            }
+        loop = asyncio.get_running_loop()
+        try:
+            reply: dict[str, Any] = await loop.run_in_executor(
+                self._executor, self._handler.handle_line, line
+            )
+        except Exception as exc:  # handle_line never raises; an executor shut down may
+            log.warning("admin_request_failed", error=repr(exc)[:300])
+            reply = {"ok": False, "error": f"request failed: {type(exc).__name__}"}
+        return reply
+
+    async def _refuse(self, writer: asyncio.StreamWriter) -> None:
+        """Tell one client over the connection cap that the socket is busy, then close."""
+        self.refused_total += 1
+        self._refused_unlogged += 1
+        now = asyncio.get_running_loop().time()
+        if (
+            self._refusal_logged_at is None
+            or now - self._refusal_logged_at >= _REFUSAL_LOG_INTERVAL_S
+        ):
+            log.warning(
+                "admin_connection_refused",
+                reason="admin.socket.max.connections reached",
+                connections=len(self._writers),
+                max_connections=self.limits.max_connections,
+                refused=self._refused_unlogged,
+                refused_total=self.refused_total,
+            )
+            self._refusal_logged_at = now
+            self._refused_unlogged = 0
+        busy = {
+            "ok": False,
+            "error": (
+                f"admin socket busy: {len(self._writers)} clients connected "
+                "(admin.socket.max.connections); try again later"
+            ),
+        }
+        try:
+            writer.write(encode_reply(busy))
+            await asyncio.wait_for(writer.drain(), 1.0)
+        except (ConnectionError, TimeoutError):
+            pass
+        finally:
             writer.close()

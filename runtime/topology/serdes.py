@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import struct
 from typing import Any, Protocol, runtime_checkable
 
@@ -182,30 +183,67 @@ JSON = JsonSerde()
 BUILTIN: dict[str, Serde] = {"bytes": BYTES, "string": STRING, "int64": INT64, "json": JSON}
 
 
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*", re.ASCII)
+
+
+def _short(text: str, limit: int = 80) -> str:
+    """repr(text), cut for error messages (a config value may be long)."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{repr(text[:limit])[:limit]}... ({len(text)} characters)"
+
+
+def _is_serde_class(target: Any) -> bool:
+    return isinstance(target, type) and all(
+        callable(getattr(target, method, None)) for method in ("serialize", "deserialize")
+    )
+
+
 def serde_from_name(name: str) -> Serde:
     """Resolve a config value to a serde.
 
     Accepts a built-in name (`bytes`, `string`, `int64`, `json`, any case) or
-    `module:attr` naming a serde object, a serde class (instantiated with no
-    arguments) or a function with no arguments that returns one. Raises
-    `ValueError` with a readable reason otherwise.
+    `module:attr` naming a serde object (anything with `serialize` and
+    `deserialize`) or a serde class, instantiated with no arguments. Nothing
+    else is called: a name is configuration, and `sys:exit` or `os:system` must
+    be refused, not run. Raises `ValueError` with a readable reason otherwise.
     """
     builtin = BUILTIN.get(name.strip().lower())
     if builtin is not None:
         return builtin
-    module_name, sep, attr = name.partition(":")
+    shown = _short(name)
+    module_name, sep, attr = name.strip().partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"unknown serde {name!r}: use one of {sorted(BUILTIN)} or 'module:attr'")
+        raise ValueError(f"unknown serde {shown}: use one of {sorted(BUILTIN)} or 'module:attr'")
+    if not _DOTTED.fullmatch(module_name) or not _DOTTED.fullmatch(attr):
+        raise ValueError(f"serde {shown}: 'module:attr' must be dotted Python names")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"serde {name!r}: cannot import module {module_name!r}: {exc}") from exc
-    try:
-        target: Any = getattr(module, attr)
-    except AttributeError as exc:
-        raise ValueError(f"serde {name!r}: module {module_name!r} has no {attr!r}") from exc
-    if isinstance(target, type) or (callable(target) and not isinstance(target, Serde)):
+        raise ValueError(
+            f"serde {shown}: cannot import module {_short(module_name)}: {exc}"
+        ) from exc
+    target: Any = module
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError as exc:
+            raise ValueError(
+                f"serde {shown}: module {_short(module_name)} has no {_short(attr)}"
+            ) from exc
+    if isinstance(target, type):
+        if not _is_serde_class(target):
+            raise ValueError(
+                f"serde {shown} is the class {target.__name__}, which has no "
+                "serialize/deserialize methods"
+            )
         target = target()
+    elif not isinstance(target, Serde):
+        kind = "a function" if callable(target) else f"a {type(target).__name__}"
+        raise ValueError(
+            f"serde {shown} is {kind}, not a serde: name an object with serialize and "
+            "deserialize methods, or such a class (nothing else is called)"
+        )
     if not isinstance(target, Serde):
-        raise ValueError(f"serde {name!r} has no serialize/deserialize methods")
+        raise ValueError(f"serde {shown} has no serialize/deserialize methods")
     return target

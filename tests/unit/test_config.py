@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from runtime import config as config_module
 from runtime.config import (
     KEYS,
+    MAX_WAIT_MS,
     ConfigError,
     ConfigKey,
     StreamsConfig,
@@ -52,7 +53,8 @@ def test_defaults() -> None:
     assert c.application_id == "app"
     assert c.bootstrap_servers == "127.0.0.1:9092"
     assert c.client_id == "app"
-    assert c.processing_threads == (os.cpu_count() or 1)
+    assert c.processing_threads == min(os.cpu_count() or 1, 64)
+    assert c.processing_threads_limit == 64
     assert c.processing_guarantee == "at_least_once"
     assert not c.exactly_once
     assert c.commit_interval_ms == 30000
@@ -136,7 +138,7 @@ def test_non_integers_rejected(value: Any) -> None:
     with pytest.raises(ConfigError) as info:
         build({"poll.ms": value})
     assert info.value.key == "poll.ms"
-    assert "expected an integer >= 0" in info.value.reason
+    assert "expected an integer between 0 and 9223372036854775807" in info.value.reason
 
 
 def test_bool_kind_coercion() -> None:
@@ -156,9 +158,10 @@ def test_bool_kind_coercion() -> None:
 def test_error_message_format() -> None:
     with pytest.raises(ConfigError) as info:
         build({"commit.interval.ms": "abc"})
-    assert str(info.value) == "config key 'commit.interval.ms': expected an integer >= 0, got 'abc'"
+    expected = "expected an integer between 0 and 9223372036854775807, got 'abc'"
+    assert str(info.value) == f"config key 'commit.interval.ms': {expected}"
     assert info.value.key == "commit.interval.ms"
-    assert info.value.reason == "expected an integer >= 0, got 'abc'"
+    assert info.value.reason == expected
     assert isinstance(info.value, ValueError)
 
 
@@ -204,6 +207,10 @@ BAD_VALUES = [
     ("processing.threads.autoscale", "sometimes"),
     ("processing.threads.min", -1),
     ("processing.threads.max", 0),
+    ("processing.threads.limit", 0),
+    ("admin.socket.max.connections", 0),
+    ("admin.socket.max.buffered.bytes", 1023),
+    ("admin.socket.idle.timeout.ms", 0),
 ]
 
 
@@ -396,6 +403,11 @@ def test_config_table_markdown() -> None:
     assert all(line.count(" | ") == 3 for line in lines)
 
 
+def test_readme_table_is_generated_from_the_keys() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    assert config_module.readme_with_table(readme) == readme, "run ./dev docs"
+
+
 def test_every_field_is_a_key_or_passthrough() -> None:
     attrs = {spec.attr for spec in KEYS.values()}
     attrs |= {"consumer_overrides", "producer_overrides", "restore_consumer_overrides"}
@@ -465,7 +477,7 @@ def test_toml_unparsable(tmp_path: Path) -> None:
 
 
 def test_toml_bad_value_names_key_and_file(tmp_path: Path) -> None:
-    path = write(tmp_path, '"application.id" = "a"\n"bootstrap.servers" = "b"\npoll.ms = -1\n')
+    path = write(tmp_path, '"application.id" = "a"\n"bootstrap.servers" = "b:9092"\npoll.ms = -1\n')
     with pytest.raises(ConfigError) as info:
         load_config(path, env={})
     assert info.value.key == "poll.ms"
@@ -538,22 +550,33 @@ def test_set_error_says_where_from() -> None:
 
 # Property: an int key accepts exactly the integers in its range
 
+LONG = 2**63 - 1
+INT = 2**31 - 1
 INT_RANGES = {
-    "processing.threads": lambda n: n >= 0,
-    "commit.interval.ms": lambda n: n >= 0,
-    "buffered.records.per.partition": lambda n: n >= 1,
-    "task.timeslice.ms": lambda n: n >= 1,
-    "max.poll.records": lambda n: n >= 1,
-    "poll.ms": lambda n: n >= 0,
-    "replication.factor": lambda n: n == -1 or n >= 1,
-    "shutdown.timeout.ms": lambda n: n >= 0,
-    "cache.max.bytes": lambda n: n >= 0,
-    "num.standby.replicas": lambda n: n >= 0,
-    "state.cleanup.delay.ms": lambda n: n >= 0,
+    "processing.threads.limit": lambda n: 1 <= n <= 1024,
+    "processing.threads": lambda n: 0 <= n <= 64,  # the default processing.threads.limit
+    "commit.interval.ms": lambda n: 0 <= n <= LONG,
+    "buffered.records.per.partition": lambda n: 1 <= n <= INT,
+    "task.timeslice.ms": lambda n: 1 <= n <= LONG,
+    "max.poll.records": lambda n: 1 <= n <= 1_000_000,
+    "poll.ms": lambda n: 0 <= n <= LONG,
+    "replication.factor": lambda n: n == -1 or 1 <= n <= 32767,
+    "shutdown.timeout.ms": lambda n: 0 <= n <= LONG,
+    "cache.max.bytes": lambda n: 0 <= n <= LONG,
+    "num.standby.replicas": lambda n: 0 <= n <= INT,
+    "state.cleanup.delay.ms": lambda n: 0 <= n <= LONG,
+    "admin.socket.max.connections": lambda n: 1 <= n <= 4096,
+    "admin.socket.max.buffered.bytes": lambda n: 1024 <= n <= INT,
+    "admin.socket.idle.timeout.ms": lambda n: 1 <= n <= LONG,
     "metrics.port": lambda n: 0 <= n <= 65535,
-    "processing.threads.min": lambda n: n >= 0,
-    "processing.threads.max": lambda n: n >= 1,
+    "processing.threads.min": lambda n: 0 <= n <= 64,
+    "processing.threads.max": lambda n: 1 <= n <= 64,
 }
+# Durations the runtime waits for: accepted up to Kafka's "infinite", stored clamped.
+CLAMPED = {
+    "commit.interval.ms", "task.timeslice.ms", "poll.ms", "shutdown.timeout.ms",
+    "admin.socket.idle.timeout.ms",
+}  # fmt: skip
 
 
 def test_int_ranges_cover_every_int_key() -> None:
@@ -562,14 +585,19 @@ def test_int_ranges_cover_every_int_key() -> None:
 
 @given(
     key=st.sampled_from(sorted(INT_RANGES)),
-    n=st.one_of(st.integers(-3, 3), st.integers()),
+    n=st.one_of(
+        st.integers(-3, 3),
+        st.integers(),
+        st.sampled_from([64, 65, 1024, 1025, 32767, 32768, 10**6, 10**6 + 1, INT, INT + 1]),
+        st.sampled_from([LONG, LONG + 1, 10**19, 10**30]),
+    ),
     as_text=st.booleans(),
 )
 def test_int_key_accepts_exactly_its_range(key: str, n: int, as_text: bool) -> None:
     value: Any = str(n) if as_text else n
     if INT_RANGES[key](n):
         c = build({key: value})
-        assert getattr(c, KEYS[key].attr) == n
+        assert getattr(c, KEYS[key].attr) == (min(n, MAX_WAIT_MS) if key in CLAMPED else n)
     else:
         with pytest.raises(ConfigError) as info:
             build({key: value})

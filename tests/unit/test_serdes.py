@@ -131,8 +131,23 @@ def test_serde_from_name_module_attr(serde_module: types.ModuleType) -> None:
     assert serdes.serde_from_name("_serde_test_module:INSTANCE") is serde_module.INSTANCE
     from_class = serdes.serde_from_name("_serde_test_module:UpperSerde")
     assert isinstance(from_class, _UpperSerde)
-    from_factory = serdes.serde_from_name("_serde_test_module:make")
-    assert from_factory.serialize("a") == b"A"
+
+
+def test_serde_from_name_calls_nothing_but_serde_classes(serde_module: types.ModuleType) -> None:
+    """A name is configuration: functions (a factory, `sys:exit`) are refused, not called."""
+    calls: list[str] = []
+    serde_module.make = lambda: calls.append("make")  # type: ignore[attr-defined]
+    serde_module.NotASerde = type("NotASerde", (), {"__init__": lambda s: calls.append("init")})  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="is a function, not a serde"):
+        serdes.serde_from_name("_serde_test_module:make")
+    with pytest.raises(ValueError, match="no serialize/deserialize"):
+        serdes.serde_from_name("_serde_test_module:NotASerde")
+    for name in ("sys:exit", "os:system", "builtins:print", "os:_exit", "builtins:exec"):
+        with pytest.raises(ValueError, match="not a serde"):
+            serdes.serde_from_name(name)
+    with pytest.raises(ValueError, match="dotted Python names"):
+        serdes.serde_from_name("os:system('true')")
+    assert calls == []
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,163 @@
+"""Start-up checks of the config that need the machine: state.dir and client properties.
+
+`StreamsConfig` validates each value on its own, without touching the file
+system or librdkafka. What only the machine can answer is checked here, before
+anything starts (`App.start` calls `check_startup` first): whether `state.dir`
+can be created and written, and whether librdkafka takes the pass-through
+properties (`consumer.*`, `producer.*`, `restore.consumer.*`, `admin.*`).
+Each failure is a `ConfigError` naming the key, so `streams-runtime run` exits 2
+with a message instead of failing after the group join.
+
+The clients are built from the same functions the runtime uses
+(`runtime.polling.clients`) with `bootstrap.servers` emptied, so librdkafka
+checks every property (and combinations, e.g. `acks` with idempotence) without
+contacting any broker; each is closed at once. Called by whichever thread
+starts the app, usually the main thread.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+
+from runtime.config import ConfigError, StreamsConfig
+from runtime.config_values import show_value
+from runtime.polling.clients import (
+    admin_config,
+    consumer_config,
+    producer_config,
+    restore_consumer_config,
+)
+
+__all__ = ["check_client_properties", "check_startup", "check_state_dir"]
+
+# librdkafka names the property in quotes or backticks: `No such configuration
+# property: "foo"`, `Invalid value for configuration property "x"`, "`acks`
+# must be set to `all` when `enable.idempotence` is true".
+_PROPERTY_IN_MESSAGE = re.compile(r"[\"`]([A-Za-z0-9._-]+)[\"`]")
+
+# What the check overrides in every client config: no broker, no log lines.
+_OFFLINE = {"bootstrap.servers": "", "log_level": 0}
+
+
+def check_startup(config: StreamsConfig, *, uses_state_dir: bool) -> None:
+    """All start-up checks; raises `ConfigError` naming the first bad key.
+
+    `uses_state_dir`: whether this app writes under `state.dir` (stores, or the
+    transactional id under exactly_once_v2). A stateless at-least-once app
+    never does, so a `state.dir` it cannot write does not stop it.
+    """
+    if uses_state_dir:
+        check_state_dir(config.state_dir)
+    check_client_properties(config)
+
+
+def check_state_dir(path: str) -> None:
+    """Create `path` if missing and prove it is a writable directory."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        if not os.path.isdir(path):
+            raise ConfigError("state.dir", f"{show_value(path)} is not a directory")
+        with tempfile.TemporaryFile(dir=path, prefix=".write-check-"):
+            pass
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as exc:  # ValueError: a path the OS cannot take
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(
+            "state.dir", f"cannot create or write {show_value(path)}: {reason}"
+        ) from None
+
+
+def check_client_properties(config: StreamsConfig) -> None:
+    """Build each client librdkafka-side, offline; a bad property raises `ConfigError`."""
+    clients: list[tuple[str, Mapping[str, Any], Callable[[dict[str, Any]], Any]]] = [
+        (
+            "consumer.",
+            config.consumer_overrides,
+            lambda c: Consumer(c).close(),
+        ),
+        ("producer.", config.producer_overrides, Producer),
+        ("restore.consumer.", config.restore_consumer_overrides, lambda c: Consumer(c).close()),
+        ("admin.", config.admin_overrides, AdminClient),
+    ]
+    settings = {
+        "consumer.": consumer_config(config, "cooperative-sticky", {}),
+        "producer.": producer_config(config, {}),
+        "restore.consumer.": restore_consumer_config(config),
+        "admin.": admin_config(config),
+    }
+    if config.exactly_once:
+        # As the polling thread sets it: checks transactional combinations too.
+        settings["producer."].setdefault("transaction.timeout.ms", 10000)
+        settings["producer."]["transactional.id"] = f"{config.application_id}-check"
+    for prefix, overrides, build in clients:
+        _check_client(prefix, overrides, {**settings[prefix], **_OFFLINE}, build)
+
+
+def _check_client(
+    prefix: str,
+    overrides: Mapping[str, Any],
+    settings: dict[str, Any],
+    build: Callable[[dict[str, Any]], Any],
+) -> None:
+    error = _build_error(settings, build)
+    if error is None:
+        return
+    raise _client_error(prefix, overrides, settings, build, error)
+
+
+def _build_error(
+    settings: dict[str, Any], build: Callable[[dict[str, Any]], Any]
+) -> Exception | None:
+    """Why librdkafka refuses `settings`, or None if it builds the client."""
+    try:
+        client = build(settings)
+    except (KafkaException, TypeError, ValueError) as exc:
+        return exc
+    # Producer and AdminClient have no close(); dropping the last reference
+    # destroys the librdkafka handle (no broker was ever contacted).
+    del client
+    return None
+
+
+def _message(exc: Exception) -> str:
+    if isinstance(exc, KafkaException) and exc.args and hasattr(exc.args[0], "str"):
+        return str(exc.args[0].str())
+    return str(exc)
+
+
+def _client_error(
+    prefix: str,
+    overrides: Mapping[str, Any],
+    settings: dict[str, Any],
+    build: Callable[[dict[str, Any]], Any],
+    exc: Exception,
+) -> ConfigError:
+    """A `ConfigError` naming the user's property librdkafka refused, if it can tell.
+
+    librdkafka names the property in its message, but sometimes by another name
+    (`retries` is reported as `message.send.max.retries`), so each user
+    property is also tried alone on top of the runtime's settings: the first
+    that fails alone is named. A refusal only a combination of user properties
+    causes names the prefix.
+    """
+    message = _message(exc)
+    for prop in _PROPERTY_IN_MESSAGE.findall(message):
+        if prop in overrides:
+            return ConfigError(
+                prefix + prop, f"librdkafka refused {show_value(overrides[prop])}: {message}"
+            )
+    base = {k: v for k, v in settings.items() if k not in overrides}
+    for prop, value in overrides.items():
+        alone = _build_error({**base, prop: value, **_OFFLINE}, build)
+        if alone is not None:
+            return ConfigError(prefix + prop, f"librdkafka refused {show_value(value)}: {message}")
+    given = ", ".join(prefix + p for p in sorted(overrides)) or "none"
+    return ConfigError(f"{prefix}*", f"librdkafka refused the client config ({given}): {message}")
