@@ -13,6 +13,7 @@ Built by `App.status()` on any thread from figures the other threads write
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,47 @@ class AppStatus:
     restored: int = 0  # changelog records restored since start
     standbys: dict[str, dict[str, int]] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)  # records dropped, by reason
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AppStatus:
+        """The inverse of `to_dict` (an admin client's reply, a test's fixture).
+
+        Missing fields take empty values, so partial snapshots are accepted.
+        """
+        threads = tuple(
+            ThreadStatus(
+                name=str(t.get("name", "")),
+                alive=bool(t.get("alive", False)),
+                task=t.get("task"),
+                batches=int(t.get("batches", 0)),
+                busy_seconds=float(t.get("busy_seconds", 0.0)),
+            )
+            for t in data.get("threads") or ()
+        )
+        tasks = tuple(
+            TaskStatus(
+                id=str(t.get("id", "")),
+                state=str(t.get("state", "RUNNING")),
+                owner=t.get("owner"),
+                partitions=tuple(t.get("partitions") or ()),
+                buffered=int(t.get("buffered", 0)),
+                processed=int(t.get("processed", 0)),
+                skipped=int(t.get("skipped", 0)),
+                dead_lettered=int(t.get("dead_lettered", 0)),
+                restore=RestoreProgress(**t["restore"]) if t.get("restore") else None,
+            )
+            for t in data.get("tasks") or ()
+        )
+        simple = {
+            f.name: data[f.name]
+            for f in dataclasses.fields(cls)
+            if f.name in data and f.name not in ("threads", "tasks")
+        }
+        for name in ("application_id", "client_id", "instance_id", "state", "processing_guarantee"):
+            simple.setdefault(name, "")
+        simple.setdefault("started_at", None)
+        simple.setdefault("assignment_strategy", None)
+        return cls(threads=threads, tasks=tasks, **simple)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dicts and lists, for JSON."""

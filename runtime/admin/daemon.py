@@ -29,7 +29,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +46,7 @@ from runtime.admin.server import (
 from runtime.config import StreamsConfig
 from runtime.logging import get_logger
 from runtime.metrics import MetricsServer
+from runtime.status import AppStatus
 
 __all__ = [
     "AutoscalePolicy",
@@ -415,21 +416,21 @@ class Autoscaler:
 
     def __init__(self, policy: AutoscalePolicy) -> None:
         self.policy = policy
-        self._last: Mapping[str, Any] | None = None
+        self._last: AppStatus | None = None
         self._last_time = 0.0
         self._lag_grew = 0
         self._idle: dict[str, int] = {}
         self._trial: tuple[float, int] | None = None  # (rate before, intervals since add)
         self._backoff = 0
 
-    def observe(self, status: Mapping[str, Any], now: float) -> Decision | None:
+    def observe(self, status: AppStatus, now: float) -> Decision | None:
         """Take one snapshot (taken at monotonic `now`); a decision or None."""
         last, last_time = self._last, self._last_time
         self._last, self._last_time = status, now
-        alive = [t for t in status.get("threads", []) if t.get("alive")]
+        alive = [t for t in status.threads if t.alive]
         count = len(alive)
         policy = self.policy
-        if status.get("state") != "RUNNING":
+        if status.state != "RUNNING":
             self._reset()
             return None
         if count < policy.min_threads:
@@ -438,21 +439,17 @@ class Autoscaler:
             return self._decide("remove", f"{count} threads, above processing.threads.max", count)
         if last is None or now <= last_time:
             return None
-        names = {t["name"] for t in alive}
-        before = {t["name"]: t for t in last.get("threads", []) if t.get("alive")}
+        names = {t.name for t in alive}
+        before = {t.name: t for t in last.threads if t.alive}
         if names != set(before):
             self._reset(keep_trial=True)  # the set changed (our decision, admin, a failure)
             return None
         elapsed = now - last_time
         busy = {
-            name: max(
-                0.0, float(t.get("busy_seconds", 0)) - float(before[name].get("busy_seconds", 0))
-            )
-            / elapsed
-            for name, t in ((t["name"], t) for t in alive)
+            t.name: max(0.0, t.busy_seconds - before[t.name].busy_seconds) / elapsed for t in alive
         }
-        rate = max(0, int(status.get("processed", 0)) - int(last.get("processed", 0))) / elapsed
-        lag, lag_before = int(status.get("total_lag", 0)), int(last.get("total_lag", 0))
+        rate = max(0, status.processed - last.processed) / elapsed
+        lag, lag_before = status.total_lag, last.total_lag
         self._lag_grew = self._lag_grew + 1 if lag > lag_before else 0
         for name, fraction in busy.items():
             self._idle[name] = (

@@ -39,6 +39,7 @@ from typing import Any
 from runtime.config import StreamsConfig
 from runtime.config_values import THREADS_CEILING
 from runtime.logging import get_logger
+from runtime.status import AppStatus
 
 __all__ = [
     "COMMANDS",
@@ -210,14 +211,12 @@ def encode_reply(reply: Mapping[str, Any]) -> bytes:
 # --- dispatch --------------------------------------------------------------------
 
 
-def task_rows(status: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The status's tasks, each with `lag`: the summed lag of its input partitions."""
-    lag = status.get("lag") or {}
-    rows = []
-    for task in status.get("tasks", []):
-        row = dict(task)
-        row["lag"] = sum(int(lag.get(p, 0)) for p in task.get("partitions", []))
-        rows.append(row)
+def task_rows(status: AppStatus) -> list[dict[str, Any]]:
+    """The status's tasks as JSON rows, each with `lag`: the summed lag of its
+    input partitions."""
+    rows = status.to_dict()["tasks"]
+    for row, task in zip(rows, status.tasks, strict=True):
+        row["lag"] = sum(status.lag.get(p, 0) for p in task.partitions)
     return rows
 
 
@@ -265,15 +264,16 @@ class AdminHandler:
         app = self._app
         command, args = request.command, request.args
         if command == "status":
-            status = dict(app.status())
-            status["tasks"] = task_rows(status)
+            snapshot: AppStatus = app.status()
+            reply = snapshot.to_dict()
+            reply["tasks"] = task_rows(snapshot)
             if self._extra_status is not None:
-                status["daemon"] = dict(self._extra_status())
-            return status
+                reply["daemon"] = dict(self._extra_status())
+            return reply
         if command == "tasks":
             return {"tasks": task_rows(app.status())}
         if command == "threads":
-            return {"names": app.processing_threads, "threads": app.status()["threads"]}
+            return {"names": app.processing_threads, "threads": app.status().to_dict()["threads"]}
         if command == "threads.add":
             if len(app.processing_threads) >= self._max_threads:
                 raise CommandError(self._limit_reached())
@@ -305,7 +305,7 @@ class AdminHandler:
         if command in ("pause", "resume"):
             task = args.get("task")
             getattr(app, command)(task)
-            known = None if task is None else any(t["id"] == task for t in app.status()["tasks"])
+            known = None if task is None else any(t.id == task for t in app.status().tasks)
             return {command + "d": task or "all", "assigned": known}
         if command == "shutdown":
             if self._shutdown is None:

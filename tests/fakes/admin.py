@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from runtime.admin.server import MAX_THREADS, AdminHandler, AdminLimits, AdminServer
+from runtime.status import AppStatus
 
 STATUS: dict[str, Any] = {
     "application_id": "app",
@@ -41,8 +42,10 @@ class FakeAdminApp:
         self._lock = threading.Lock()
         self.shutdowns = 0
 
-    def status(self) -> dict[str, Any]:
-        return {**STATUS, "threads": [{"name": n, "alive": True} for n in self.processing_threads]}
+    def status(self) -> AppStatus:
+        return AppStatus.from_dict(
+            {**STATUS, "threads": [{"name": n, "alive": True} for n in self.processing_threads]}
+        )
 
     @property
     def processing_threads(self) -> list[str]:

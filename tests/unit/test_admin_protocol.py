@@ -34,6 +34,7 @@ from runtime.admin.server import (
     read_lines,
 )
 from runtime.config import ConfigError, StreamsConfig, load_config
+from runtime.status import AppStatus
 
 STATUS: dict[str, Any] = {
     "application_id": "app",
@@ -69,10 +70,10 @@ class FakeApp:
         self.remove_error: BaseException | None = None
         self.status_error: BaseException | None = None
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> AppStatus:
         if self.status_error is not None:
             raise self.status_error
-        return json.loads(json.dumps(STATUS))
+        return AppStatus.from_dict(json.loads(json.dumps(STATUS)))
 
     @property
     def processing_threads(self) -> list[str]:
@@ -504,15 +505,17 @@ class Load:
         self.now += 10
         return self.snapshot()
 
-    def snapshot(self, state: str = "RUNNING") -> dict[str, Any]:
-        return {
-            "state": state,
-            "threads": [
-                {"name": n, "alive": True, "busy_seconds": b} for n, b in self.busy.items()
-            ],
-            "processed": self.processed,
-            "total_lag": self.lag,
-        }
+    def snapshot(self, state: str = "RUNNING") -> AppStatus:
+        return AppStatus.from_dict(
+            {
+                "state": state,
+                "threads": [
+                    {"name": n, "alive": True, "busy_seconds": b} for n, b in self.busy.items()
+                ],
+                "processed": self.processed,
+                "total_lag": self.lag,
+            }
+        )
 
     def add_thread(self) -> None:
         self.busy[f"t-{len(self.busy) + 1}"] = 0.0
