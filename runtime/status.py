@@ -144,10 +144,15 @@ class AppStatus:
         """The earlier dict API: `status["tasks"]` etc., values as in `to_dict()`."""
         if key not in _FIELDS:
             raise KeyError(key)
-        return self.to_dict()[key]
+        if key in ("threads", "tasks"):
+            return self.to_dict()[key]
+        return getattr(self, key)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self[key] if key in _FIELDS else default
+
+    def __contains__(self, key: object) -> bool:
+        return key in _FIELDS
 
     def keys(self) -> list[str]:
         """With `__getitem__`, lets `dict(status)` work as it did for the dict API."""

@@ -174,17 +174,17 @@ class _Model:
 
     def task_states(self) -> dict[str, str]:
         if self.kind == "runtime":
-            return {t["id"]: t["state"] for t in self.app.status()["tasks"]}
+            return {t.id: t.state for t in self.app.status().tasks}
         return dict(self.app.task_states())
 
     def task_processed(self) -> dict[str, int]:
         if self.kind == "runtime":
-            return {t["id"]: int(t["processed"]) for t in self.app.status()["tasks"]}
+            return {t.id: t.processed for t in self.app.status().tasks}
         return dict(self.app.task_processed())
 
     def processed(self) -> int:
         if self.kind == "runtime":
-            return int(self.app.status()["processed"])
+            return self.app.status().processed
         return int(sum(t.processed_total for t in self.app.threads))
 
     def signature(self) -> tuple[Any, ...] | None:
