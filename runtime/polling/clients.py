@@ -50,9 +50,35 @@ def consumer_config(
         "log.connection.close": False,
     }
     settings.update(config.consumer_overrides)
+    if str(settings.get("group.protocol", "classic")).lower() == "consumer":
+        _use_consumer_group_protocol(settings, assignment_strategy)
     settings.update(_FORCED_CONSUMER)
     settings.update(callbacks)
     return settings
+
+
+# Client-side group settings that KIP-848's protocol moves to the broker:
+# librdkafka refuses them with group.protocol=consumer.
+_CLASSIC_ONLY = (
+    "partition.assignment.strategy",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "group.protocol.type",
+)
+
+
+def _use_consumer_group_protocol(settings: dict[str, Any], assignment_strategy: str) -> None:
+    """KIP-848 (`consumer.group.protocol=consumer`, Kafka 4.x): the broker
+    assigns, incrementally. Co-partitioned inputs need its `range` assignor
+    (same partition numbers to one member, as the classic `range` does);
+    otherwise its `uniform` assignor spreads partitions. A user's
+    `consumer.group.remote.assignor` wins. Session and heartbeat timing are
+    the broker's (`group.consumer.session.timeout.ms` and friends)."""
+    for key in _CLASSIC_ONLY:
+        settings.pop(key, None)
+    settings.setdefault(
+        "group.remote.assignor", "range" if assignment_strategy == "range" else "uniform"
+    )
 
 
 def producer_config(config: StreamsConfig, callbacks: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,43 @@
+"""Client configs: the runtime's forced settings and KIP-848's group protocol."""
+
+from __future__ import annotations
+
+from confluent_kafka import Consumer
+
+from runtime.config import StreamsConfig
+from runtime.polling.clients import consumer_config
+
+
+def config(**extra: object) -> StreamsConfig:
+    return StreamsConfig.from_dict(
+        {"application.id": "app", "bootstrap.servers": "127.0.0.1:1", **extra}
+    )
+
+
+def test_offsets_are_never_committed_automatically_whatever_the_user_says() -> None:
+    settings = consumer_config(config(**{"consumer.enable.auto.commit": True}), "range", {})
+    assert settings["enable.auto.commit"] is False
+    assert settings["enable.auto.offset.store"] is False
+
+
+def test_classic_protocol_uses_the_client_side_assignor() -> None:
+    settings = consumer_config(config(), "cooperative-sticky", {})
+    assert settings["partition.assignment.strategy"] == "cooperative-sticky"
+    assert "group.remote.assignor" not in settings
+
+
+def test_consumer_group_protocol_moves_assignment_to_the_broker() -> None:
+    cfg = config(**{"consumer.group.protocol": "consumer", "consumer.session.timeout.ms": 6000})
+    copartitioned = consumer_config(cfg, "range", {})
+    assert copartitioned["group.remote.assignor"] == "range"
+    assert "partition.assignment.strategy" not in copartitioned
+    assert "session.timeout.ms" not in copartitioned
+    assert consumer_config(cfg, "cooperative-sticky", {})["group.remote.assignor"] == "uniform"
+    Consumer(copartitioned).close()  # librdkafka accepts the result
+
+
+def test_a_chosen_remote_assignor_wins() -> None:
+    cfg = config(
+        **{"consumer.group.protocol": "consumer", "consumer.group.remote.assignor": "uniform"}
+    )
+    assert consumer_config(cfg, "range", {})["group.remote.assignor"] == "uniform"
