@@ -253,6 +253,36 @@ def _find_cause(exc: BaseException, kind: type[BaseException]) -> BaseException 
     return None
 
 
+def _add_admin_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """`admin`'s options; with `defaults=False` an option not given leaves the
+    value parsed before the command alone (argparse.SUPPRESS)."""
+
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument(
+        "--socket",
+        metavar="PATH",
+        default=default(None),
+        help="the admin socket (default: $STREAMS_RUNTIME_ADMIN_SOCKET)",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="app.toml",
+        default=default(None),
+        help="read admin.socket from this file",
+    )
+    parser.add_argument(
+        "--json", action="store_true", default=default(False), help="print the raw result as JSON"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=default(10.0),
+        help="seconds to wait for a reply (default 10)",
+    )
+
+
 def _add_spark_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     parser.add_argument(
@@ -296,27 +326,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="control a running daemon through its admin socket",
         description="Talk to a running daemon over its admin socket (admin.socket).",
     )
-    admin.add_argument(
-        "--socket", metavar="PATH", help="the admin socket (default: $STREAMS_RUNTIME_ADMIN_SOCKET)"
-    )
-    admin.add_argument("--config", metavar="app.toml", help="read admin.socket from this file")
-    admin.add_argument("--json", action="store_true", help="print the raw result as JSON")
-    admin.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to wait for a reply (default 10)"
-    )
+    _add_admin_options(admin, defaults=True)
+    # The same options after the command (`admin threads --json`): each
+    # subcommand accepts them too, without defaults of its own, so a value
+    # given before the command is kept unless repeated after it.
+    options = argparse.ArgumentParser(add_help=False)
+    _add_admin_options(options, defaults=False)
     admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="COMMAND")
-    admin_sub.add_parser("status", help="state, threads, tasks, counters, lag, last commit")
-    admin_sub.add_parser("tasks", help="tasks with owner, buffered records and lag")
-    threads = admin_sub.add_parser("threads", help="list, add, remove or set processing threads")
+    admin_sub.add_parser(
+        "status", parents=[options], help="state, threads, tasks, counters, lag, last commit"
+    )
+    admin_sub.add_parser(
+        "tasks", parents=[options], help="tasks with owner, buffered records and lag"
+    )
+    threads = admin_sub.add_parser(
+        "threads", parents=[options], help="list, add, remove or set processing threads"
+    )
     threads.add_argument("action", nargs="?", choices=("add", "remove", "set"))
     threads.add_argument("count", nargs="?", type=int, help="thread count for `set`")
     threads.add_argument(
         "--wait", type=float, metavar="S", help="seconds to wait for a thread's batch to end"
     )
     for name, verb in (("pause", "stop"), ("resume", "restart")):
-        p = admin_sub.add_parser(name, help=f"{verb} processing a task (default: all tasks)")
+        p = admin_sub.add_parser(
+            name, parents=[options], help=f"{verb} processing a task (default: all tasks)"
+        )
         p.add_argument("task", nargs="?", help="task id such as 0_1 (default: all)")
-    admin_sub.add_parser("shutdown", help="graceful shutdown (as SIGTERM)")
+    admin_sub.add_parser("shutdown", parents=[options], help="graceful shutdown (as SIGTERM)")
     admin.set_defaults(func=cmd_admin)
 
     audit = sub.add_parser(
@@ -400,8 +436,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("admin threads set needs a thread count N")
         if args.action != "set" and args.count is not None:
             parser.error("a thread count goes with `admin threads set N` only")
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+        # Flushed here, inside the try: a reader that went away (`| head`)
+        # must not turn into a traceback at interpreter exit.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_closed_stdout()
+        return EXIT_OK
     return result
+
+
+def _quiet_closed_stdout() -> None:
+    """stdout's reader closed the pipe: whatever is left unwritten is dropped,
+    and Python's flush at exit must not report it (it would print a traceback)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is no real file (a test capture)
+        pass
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":
