@@ -17,12 +17,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka.admin import AdminClient
-
 from runtime.collector.collector import RecordCollector
 from runtime.config import StreamsConfig, clamp_wait_s
 from runtime.logging import get_logger
-from runtime.polling.clients import admin_config, restore_consumer_config
+from runtime.polling.clients import restore_consumer_config
+from runtime.polling.cluster import StartupAdmin
 from runtime.polling.polling_thread import PollingThread, PollingThreadHooks
 from runtime.polling.topics import TopicLayout, resolve_topics
 from runtime.processing.errors import ErrorPolicy, TaskFailedError
@@ -157,7 +156,9 @@ class App:
             config = self.config
             has_state = bool(self.topology.store_specs())
             check_startup(config, uses_state_dir=has_state or config.exactly_once)
-            admin = AdminClient(admin_config(config))
+            startup_admin = StartupAdmin(config)
+            startup_admin.wait_for_cluster()
+            admin = startup_admin.client
             extra = {config.dead_letter_queue_topic: 1} if config.dead_letter_queue_topic else {}
             extra_configs: dict[str, dict[str, str]] = {}
             # Every instance publishes its tasks on the status topic and reads
@@ -546,6 +547,8 @@ class App:
                 task=t.current_task,
                 batches=t.batches,
                 busy_seconds=round(t.busy_seconds, 3),
+                state=t.state,
+                last_task=t.last_task,
             )
             for t in self._pool.threads()
         )
@@ -592,4 +595,7 @@ class App:
             lag={f"{t}-{p}": v for (t, p), v in sorted(lag.items())},
             total_lag=sum(lag.values()),
             broker_down_since=polling.broker_down_since,
+            startup_phase=polling.startup.phase,
+            waiting_for=polling.startup.waiting_for,
+            startup_phase_since=polling.startup.phase_since,
         )

@@ -22,6 +22,7 @@ from typing import Any
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT
 
 
 def load_topology(target: str) -> Any:
@@ -88,8 +89,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (ConfigError, TopicError, DaemonSetupError) as exc:
         print(f"streams-runtime: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # Ctrl-C while start-up waits for the cluster
+        print("streams-runtime: interrupted during start-up", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
-    return run_daemon(app)
+    code = run_daemon(app)
+    if code == EXIT_FAILED and app.failure is not None:
+        # The last line a user sees says why (the log has the details).
+        print(f"streams-runtime: the app failed: {_reason(app.failure)}", file=sys.stderr)
+    return code
+
+
+def _reason(failure: BaseException) -> str:
+    """A task failure says which task and stage and the user's error; other
+    failures get their type."""
+    if isinstance(getattr(failure, "cause", None), BaseException):
+        return str(failure)
+    return f"{type(failure).__name__}: {failure}"
 
 
 def cmd_admin(args: argparse.Namespace) -> int:

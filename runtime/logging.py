@@ -22,6 +22,7 @@ loggers first used after the call.
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from typing import Any, TextIO, cast
@@ -29,7 +30,7 @@ from typing import Any, TextIO, cast
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, WrappedLogger
 
-__all__ = ["configure_logging", "get_logger"]
+__all__ = ["configure_logging", "get_logger", "librdkafka_logger"]
 
 _LEVELS = {
     "debug": 10,
@@ -148,3 +149,84 @@ def get_logger(name: str | None = None) -> FilteringBoundLogger:
     if name is not None:
         logger = logger.bind(logger=name)
     return logger
+
+
+# --- librdkafka's own log ----------------------------------------------------------------
+
+# librdkafka facilities that report a broker connection failing or timing out.
+# The clients' error callbacks already turn an outage into one `broker_unreachable`
+# line (and `broker_reachable_again`), so these repeat it once per broker and
+# retry: debug only.
+_CONNECTION_FACILITIES = frozenset({"FAIL", "ERROR", "REQTMOUT", "BROKERFAIL", "DISCONNECT"})
+
+
+def librdkafka_level(syslog_level: int, facility: str) -> str:
+    """The runtime's level for one librdkafka line.
+
+    librdkafka's errors (syslog 0-3) are almost all transient and reported
+    again through the clients' error callbacks or exceptions, so they are
+    warnings here, not errors; warnings stay warnings (a misplaced property,
+    `CONFWARN`); notices and info are info; debug is debug. Connection noise
+    (see `_CONNECTION_FACILITIES`) is debug.
+    """
+    if facility in _CONNECTION_FACILITIES:
+        return "debug"
+    if syslog_level <= 4:
+        return "warning"
+    if syslog_level <= 6:
+        return "info"
+    return "debug"
+
+
+# confluent-kafka maps syslog levels to these before calling Logger.log.
+_SYSLOG_OF_PYTHON_LEVEL = {
+    logging.CRITICAL: 2,
+    logging.ERROR: 3,
+    logging.WARNING: 4,
+    logging.INFO: 6,
+    logging.DEBUG: 7,
+}
+
+
+class _LibrdkafkaHandler(logging.Handler):
+    """Turns confluent-kafka's `logger.log(level, "%s [%s] %s", facility, client,
+    message)` calls into structured events (`librdkafka`, with `facility`,
+    `client`, `message`), so no raw `%3|...|FAIL|...` line reaches stderr.
+
+    Runs on whichever thread serves the client's queue (the polling thread for
+    the consumer and producer, the restoration thread for its consumer, the
+    caller of `poll()` for an admin client).
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 3:
+            facility, client, message = (str(a) for a in args)
+        else:
+            facility, client, message = "", "", record.getMessage()
+        syslog = _SYSLOG_OF_PYTHON_LEVEL.get(record.levelno, 6)
+        level = librdkafka_level(syslog, facility)
+        logger = get_logger("librdkafka")
+        getattr(logger, level)(
+            "librdkafka", facility=facility, client=client, message=message.strip()
+        )
+
+
+_librdkafka_logger: logging.Logger | None = None
+_librdkafka_lock = threading.Lock()
+
+
+def librdkafka_logger() -> logging.Logger:
+    """The `logger` to put in every confluent-kafka client config the runtime
+    builds: librdkafka's log lines then go through structlog (see
+    `librdkafka_level`) instead of straight to stderr. One shared instance; any
+    thread. It does not propagate to the stdlib root logger."""
+    global _librdkafka_logger
+    with _librdkafka_lock:
+        if _librdkafka_logger is None:
+            logger = logging.getLogger("streams_runtime.librdkafka")
+            logger.setLevel(logging.DEBUG)  # structlog's level decides
+            logger.propagate = False
+            logger.addHandler(_LibrdkafkaHandler())
+            _librdkafka_logger = logger
+        return _librdkafka_logger
