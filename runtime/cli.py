@@ -1,10 +1,11 @@
-"""The `streams-runtime` command: run, admin, broker, demo, audit, backfill.
+"""The `streams-runtime` command: run, topics, admin, broker, demo, audit, backfill.
 
 Runs on the main thread. `run` starts the app, then hands the main thread to
 the admin loop (`runtime.admin.daemon.run_daemon`): signals in gunicorn's shape
 (SIGTERM/SIGINT close the app gracefully, SIGTTIN adds a processing thread,
 SIGTTOU removes one), the admin socket and the metrics endpoint. Exit codes:
 0 clean shutdown, 1 the app failed, 2 bad input (config, topology, topics).
+`topics create` makes a topology's missing source and sink topics.
 `admin` talks to a running daemon over its socket (`runtime.admin.client`).
 `audit` and `backfill` are Spark jobs (`runtime.spark`): exit 0 on success,
 1 on a mismatch or a failed job, 2 on bad input (including no Java).
@@ -52,18 +53,24 @@ def load_topology(target: str) -> Any:
     return obj
 
 
-def load_config_and_topology(args: argparse.Namespace) -> tuple[Any, Any] | int:
+def load_config_and_topology(
+    args: argparse.Namespace,
+    base: dict[str, Any] | None = None,
+    log_level: str | None = None,
+) -> tuple[Any, Any] | int:
     """`--config`/`--set`/env and MODULE:ATTR, with logging set up; an exit
-    code (bad input) instead when either is wrong, the reason on stderr."""
+    code (bad input) instead when either is wrong, the reason on stderr.
+    `base`: values the config sources override; `log_level`: instead of
+    `log.level` (a one-shot command's own output is what the user reads)."""
     from runtime.config import ConfigError, load_config
     from runtime.logging import configure_logging
 
     try:
-        config = load_config(args.config, args.set or ())
+        config = load_config(args.config, args.set or (), base=base)
     except ConfigError as exc:
         print(f"streams-runtime: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    configure_logging(config.log_level)
+    configure_logging(log_level or config.log_level)
     try:
         topology = load_topology(args.target)
     except Exception as exc:
@@ -77,6 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from runtime.app import App
     from runtime.config import ConfigError
     from runtime.polling.topics import TopicError
+    from runtime.topology.errors import SerializationError
 
     loaded = load_config_and_topology(args)
     if isinstance(loaded, int):
@@ -86,8 +94,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         preflight(config)
         app = App(topology, config)
         app.start()
-    except (ConfigError, TopicError, DaemonSetupError) as exc:
-        print(f"streams-runtime: {exc}", file=sys.stderr)
+    except (ConfigError, TopicError, DaemonSetupError, SerializationError) as exc:
+        print(f"streams-runtime: {str(exc).replace('MODULE:ATTR', args.target)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # Ctrl-C while start-up waits for the cluster
         print("streams-runtime: interrupted during start-up", file=sys.stderr)
@@ -106,6 +114,50 @@ def _reason(failure: BaseException) -> str:
     if isinstance(getattr(failure, "cause", None), BaseException):
         return str(failure)
     return f"{type(failure).__name__}: {failure}"
+
+
+def cmd_topics_create(args: argparse.Namespace) -> int:
+    """Create the topology's missing source and sink topics; list them all."""
+    # application.id names nothing here (internal topics are the daemon's),
+    # so the run command's settings work as they are, and so does none.
+    loaded = load_config_and_topology(
+        args, base={"application.id": "streams-runtime-topics"}, log_level="warning"
+    )
+    if isinstance(loaded, int):
+        return loaded
+    config, topology = loaded
+    # Imported after logging is set up: module loggers keep the level they
+    # were first used with, and the created topics are printed below.
+    from runtime.config import ConfigError
+    from runtime.polling.cluster import StartupAdmin
+    from runtime.polling.topics import TopicError, create_user_topics
+    from runtime.startup_checks import check_client_properties
+
+    partitions = args.partitions or config.topics_create_partitions
+    replication = (
+        args.replication_factor
+        if args.replication_factor is not None
+        else config.replication_factor
+    )
+    try:
+        check_client_properties(config)
+        admin = StartupAdmin(config)
+        admin.wait_for_cluster()
+        topics = create_user_topics(admin.client, topology, partitions, replication)
+    except (ConfigError, TopicError) as exc:
+        print(f"streams-runtime topics: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("streams-runtime topics: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    width = max((len(t.name) for t in topics), default=0)
+    for topic in topics:
+        verb = "created" if topic.created else "exists "
+        plural = "s" if topic.partitions != 1 else ""
+        print(f"{verb}  {topic.name.ljust(width)}  {topic.partitions} partition{plural}")
+    if not topics:
+        print("the topology reads and writes no topics of its own")
+    return EXIT_OK
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
@@ -269,6 +321,26 @@ def _find_cause(exc: BaseException, kind: type[BaseException]) -> BaseException 
     return None
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _replication_factor(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value != -1 and not 1 <= value <= 32767:
+        raise argparse.ArgumentTypeError(f"expected 1-32767 or -1 (the broker's), got {text!r}")
+    return value
+
+
 def _add_admin_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     """`admin`'s options; with `defaults=False` an option not given leaves the
     value parsed before the command alone (argparse.SUPPRESS)."""
@@ -322,6 +394,43 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", metavar="key=value", help="a configuration value (repeatable)"
     )
     run.set_defaults(func=cmd_run)
+
+    topics = sub.add_parser(
+        "topics",
+        help="create the topics a topology reads and writes",
+        description="Manage the user topics of a topology (internal topics are the daemon's).",
+    )
+    topics_sub = topics.add_subparsers(dest="topics_command", required=True, metavar="COMMAND")
+    create = topics_sub.add_parser(
+        "create",
+        help="create the topology's missing source and sink topics",
+        description=(
+            "Create the source and sink topics of MODULE:ATTR that do not exist yet (existing "
+            "ones are listed, never changed). Takes the same --config/--set as `run`; only "
+            "bootstrap.servers (and admin.* client settings) matter here."
+        ),
+    )
+    create.add_argument(
+        "target", metavar="MODULE:ATTR", help="a Topology or a function returning one"
+    )
+    create.add_argument(
+        "--partitions",
+        type=_positive_int,
+        metavar="N",
+        help="partitions of each new topic (default: topics.create.partitions, 1); "
+        "the most tasks, so busy threads, per subtopology",
+    )
+    create.add_argument(
+        "--replication-factor",
+        type=_replication_factor,
+        metavar="R",
+        help="replicas of each new topic (default: replication.factor, -1: the broker's default)",
+    )
+    create.add_argument("--config", metavar="app.toml", help="TOML configuration file")
+    create.add_argument(
+        "--set", action="append", metavar="key=value", help="a configuration value (repeatable)"
+    )
+    create.set_defaults(func=cmd_topics_create)
 
     broker = sub.add_parser("broker", help="start the embedded development broker (Tansu)")
     broker.add_argument("--port", type=int, default=9092)

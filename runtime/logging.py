@@ -14,14 +14,15 @@ again with other arguments; that is safe from any thread). :func:`get_logger` an
 it returns may be used from any thread; writes to the stream are serialised by structlog.
 
 Reconfiguring: loggers are cached on first use (``cache_logger_on_first_use=True``) for
-speed. The output stream and the format (JSON or console) are switched for every logger,
-including cached ones, because both sit behind small indirections owned by this module. The
-level, however, is baked into a logger's class when it is first used: a new level applies to
-loggers first used after the call.
+speed. The output stream, the format (JSON or console) and the level are switched for every
+logger, including cached ones, because all three sit behind small indirections owned by this
+module. (The level used to be baked into a logger's class at first use, so module-level
+loggers, bound at import, ignored ``log.level``.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
@@ -56,10 +57,17 @@ class _StreamSwitch:
         self.target = target
 
     def write(self, text: str) -> int:
-        return (self.target or sys.stderr).write(text)
+        try:
+            return (self.target or sys.stderr).write(text)
+        except (BrokenPipeError, ValueError):
+            # The reader is gone (`... 2>&1 | head`) or the stream closed: the
+            # line is lost, but the thread that logged it goes on (raising
+            # here once stopped a daemon's shutdown half-way).
+            return 0
 
     def flush(self) -> None:
-        (self.target or sys.stderr).flush()
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            (self.target or sys.stderr).flush()
 
 
 class _RendererSwitch:
@@ -77,8 +85,26 @@ class _RendererSwitch:
         return self.console(logger, method_name, event_dict)
 
 
+class _LevelSwitch:
+    """The first processor: drops events below the configured level.
+
+    The loggers' own class lets everything through (it is cached per logger at
+    first use, often at import, before the config is read); this check reads
+    the current level, so `configure_logging` changes it for every logger.
+    """
+
+    def __init__(self) -> None:
+        self.min_level = _LEVELS["info"]
+
+    def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+        if _LEVELS.get(method_name, 50) < self.min_level:
+            raise structlog.DropEvent
+        return event_dict
+
+
 _stream = _StreamSwitch(None)
 _renderer = _RendererSwitch()
+_level = _LevelSwitch()
 
 
 def _add_thread(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
@@ -120,8 +146,10 @@ def configure_logging(level: str = "info", json: bool | None = None, stream: Any
         _stream.target = target
         _renderer.console = structlog.dev.ConsoleRenderer(colors=_is_terminal(shown_on))
         _renderer.json = use_json
+        _level.min_level = min_level
         structlog.configure(
             processors=[
+                _level,
                 structlog.contextvars.merge_contextvars,
                 structlog.processors.add_log_level,
                 _add_thread,
@@ -129,7 +157,7 @@ def configure_logging(level: str = "info", json: bool | None = None, stream: Any
                 structlog.processors.StackInfoRenderer(),
                 _renderer,
             ],
-            wrapper_class=structlog.make_filtering_bound_logger(min_level),
+            wrapper_class=structlog.make_filtering_bound_logger(_LEVELS["debug"]),
             logger_factory=structlog.WriteLoggerFactory(file=cast(TextIO, _stream)),
             context_class=dict,
             cache_logger_on_first_use=True,

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import pytest
 import structlog
+from confluent_kafka.admin import AdminClient
 
-from runtime import App, StreamsBuilder, Topology, serdes
+from runtime import App, StoreUnavailableError, StreamsBuilder, Topology, serdes
 from runtime.devbroker import free_port
 from runtime.logging import configure_logging
-from tests.harness import REPO, clean_env
-from tests.kafka_helpers import create_topic, unique_name, wait_until
+from tests.harness import REPO, Daemon, clean_env
+from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -166,3 +167,188 @@ def test_unreachable_cluster_is_one_clear_line_and_ctrl_c_is_quick(tmp_path: Pat
     everything = "".join(lines) + rest
     assert "Traceback" not in everything
     assert not [line for line in everything.splitlines() if line.startswith("%")], everything
+
+
+# --- topics ---------------------------------------------------------------------------------
+
+
+def _run_cli(
+    args: list[str], env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runtime", *args],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _partition_counts(bootstrap: str, *topics: str) -> dict[str, int]:
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
+    return {t: len(metadata.topics[t].partitions) for t in topics if t in metadata.topics}
+
+
+def test_topics_create_makes_the_missing_user_topics_once(bootstrap: str) -> None:
+    source, sink, table = unique_name("tc-in"), unique_name("tc-out"), unique_name("tc-table")
+    create_topic(bootstrap, table, 3)
+    env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink, STREAMS_TEST_TABLE=table)
+    argv = ["topics", "create", "tests.apps.first_hour:stream_table_join", "--partitions", "2"]
+    argv += ["--set", f"bootstrap.servers={bootstrap}"]
+    first = _run_cli(argv, env)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr == ""
+    rows = sorted(line.split() for line in first.stdout.splitlines())
+    expected = {
+        # The stream is co-partitioned with the table: it gets the table's count.
+        source: ["created", source, "3", "partitions"],
+        sink: ["created", sink, "2", "partitions"],
+        table: ["exists", table, "3", "partitions"],
+    }
+    assert rows == sorted(expected.values())
+    assert _partition_counts(bootstrap, source, sink, table) == {source: 3, sink: 2, table: 3}
+    second = _run_cli(argv, env)
+    assert second.returncode == 0, second.stderr
+    assert {line.split()[0] for line in second.stdout.splitlines()} == {"exists"}
+
+
+def test_missing_topics_say_how_to_create_them(bootstrap: str, tmp_path: Path) -> None:
+    source, sink = unique_name("mt-in"), unique_name("mt-out")
+    env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
+    target = "tests.apps.passthrough:topology"
+    result = _run_cli(
+        ["run", target, "--set", f"bootstrap.servers={bootstrap}", "--set", "application.id=mt"]
+        + ["--set", f"state.dir={tmp_path}"],
+        env,
+    )
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"source topic '{source}'" in last and f"output topic '{sink}'" in last
+    assert f"create them with `streams-runtime topics create {target} --partitions N`" in last
+    assert "topics.create.missing=true" in last
+
+
+def test_topics_created_at_startup_when_asked(bootstrap: str, tmp_path: Path) -> None:
+    source, sink = unique_name("auto-in"), unique_name("auto-out")
+    config = _config(
+        bootstrap, tmp_path, **{"topics.create.missing": True, "topics.create.partitions": 3}
+    )
+    app = App(_copy_topology(source, sink), config)
+    app.start()
+    try:
+        assert _partition_counts(bootstrap, source, sink) == {source: 3, sink: 3}
+        wait_until(lambda: app.status().startup_phase == "processing", 20)
+        produce(bootstrap, source, [(b"k", b"hello")])
+        out = consume_all(bootstrap, sink, expected=1, idle=0.2)
+        assert [(m.key, m.value) for m in out] == [(b"k", b"hello")]
+    finally:
+        assert app.close(30)
+
+
+# --- serde mistakes -------------------------------------------------------------------------
+
+
+def test_serde_mistake_on_existing_input_stops_start_up(bootstrap: str, tmp_path: Path) -> None:
+    source, sink = unique_name("sm-in"), unique_name("sm-out")
+    create_topic(bootstrap, source, 2)
+    create_topic(bootstrap, sink, 2)
+    produce(bootstrap, source, [(f"k{i}", f"v{i}") for i in range(5)])
+    env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
+    began = time.monotonic()
+    result = _run_cli(
+        ["run", "tests.apps.first_hour:dict_to_bytes_sink"]
+        + [
+            "--set",
+            f"bootstrap.servers={bootstrap}",
+            "--set",
+            f"application.id={unique_name('sm')}",
+        ]
+        + ["--set", f"state.dir={tmp_path}"],
+        env,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert time.monotonic() - began < 30
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"streams-runtime: sink 'KSTREAM-SINK-0000000002' writing topic '{sink}': value serde "
+        "serdes.BYTES (default.value.serde) cannot serialize a dict"
+    ), last
+    assert f"fix: .to('{sink}', value_serde=serdes.JSON), or --set default.value.serde=json" in last
+    assert "found at start-up" in last
+    assert "Traceback" not in result.stderr
+    assert consume_all(bootstrap, sink, timeout=10) == []
+
+
+def test_serde_mistake_on_the_first_record_names_the_repartition_and_queries_say_failed(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    source, sink = unique_name("gb-in"), unique_name("gb-out")
+    create_topic(bootstrap, source, 2)
+    create_topic(bootstrap, sink, 2)
+    builder = StreamsBuilder()
+    (
+        builder.stream(source, key_serde=serdes.STRING, value_serde=serdes.STRING)
+        .group_by(lambda key, word: word)
+        .count(store="counts")
+        .to_stream()
+        .to(sink, value_serde=serdes.INT64)
+    )
+    config = _config(bootstrap, tmp_path)
+    app = App(builder.build(), config)
+    app.start()  # empty input: nothing to check at start-up
+    try:
+        wait_until(lambda: app.status().startup_phase == "processing", 20)
+        # RUNNING: the store answers, in its own key type (BYTES: no key_serde given).
+        assert app.store("counts").get(b"kafka") is None
+        with pytest.raises(TypeError, match="key serde serdes.BYTES .default.key.serde."):
+            app.store("counts").get("kafka")
+        produce(bootstrap, source, [("k", "kafka")])
+        wait_until(lambda: app.state.value == "ERROR", 20, message="the app did not fail")
+        failure = str(app.failure)
+        repartition = f"{config['application.id']}-counts-repartition"
+        assert f"repartition topic '{repartition}' (node 'counts-repartition-sink')" in failure
+        assert "key serde serdes.BYTES (default.key.serde) cannot serialize a str" in failure
+        assert "fix: pass key_serde=serdes.STRING to the group_by()" in failure
+        with pytest.raises(StoreUnavailableError) as info:
+            app.store("counts").get(b"kafka")
+        assert str(info.value).startswith(
+            f"store 'counts' cannot be queried: application '{config['application.id']}' "
+            "failed (state ERROR): TaskFailedError: task"
+        )
+    finally:
+        app.close(30)
+
+
+def test_daemon_ends_with_one_line_naming_the_sink(bootstrap: str, tmp_path: Path) -> None:
+    source, sink = unique_name("dl-in"), unique_name("dl-out")
+    create_topic(bootstrap, source, 1)
+    create_topic(bootstrap, sink, 1)
+    log_path = tmp_path / "daemon.log"
+    sets = {
+        "application.id": unique_name("dl"),
+        "bootstrap.servers": bootstrap,
+        "state.dir": tmp_path / "state",
+        "processing.threads": 1,
+    }
+    env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
+    daemon = Daemon(log_path, "tests.apps.first_hour:dict_to_bytes_sink", sets, env).start()
+    try:
+        wait_until(
+            lambda: '"phase": "processing"' in daemon.tail(200_000) or not daemon.alive(), 30
+        )
+        daemon.assert_alive()
+        produce(bootstrap, source, [("k", "hello")])
+        code = daemon.wait(30)
+    finally:
+        daemon.kill()
+    assert code == 1, daemon.tail()
+    last = daemon.tail().strip().splitlines()[-1]
+    assert last.startswith(
+        "streams-runtime: the app failed: task 0_0 failed in processing: SerializationError: "
+        f"sink 'KSTREAM-SINK-0000000002' writing topic '{sink}'"
+    ), last
+    assert last.endswith(
+        f"fix: .to('{sink}', value_serde=serdes.JSON), or --set default.value.serde=json"
+    )
