@@ -213,7 +213,9 @@ def _start_spark(args: argparse.Namespace, app_name: str) -> tuple[Any, bool]:
     from pyspark.sql import SparkSession
 
     existed = SparkSession.getActiveSession() is not None
-    spark = spark_session(args.master, app_name, _spark_conf(args.spark_conf))
+    spark = spark_session(
+        args.master, app_name, _spark_conf(args.spark_conf), log_level=args.spark_log_level
+    )
     return spark, not existed
 
 
@@ -245,12 +247,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
     except (KafkaSourceError, ValueError) as exc:
         print(f"streams-runtime audit: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except Exception as exc:  # Spark's errors: the first line says what failed
-        lines = str(exc).strip().splitlines()
-        print(
-            f"streams-runtime audit: failed: {type(exc).__name__}: {lines[0] if lines else ''}",
-            file=sys.stderr,
-        )
+    except Exception as exc:  # Spark's errors: the worker's Python error, if there is one
+        from runtime.spark.failures import failure_reason
+
+        print(f"streams-runtime audit: failed: {failure_reason(exc)}", file=sys.stderr)
         return EXIT_FAILED
     finally:
         if created:
@@ -296,8 +296,9 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     except Exception as exc:  # Spark's errors; a worker's error arrives as text
         reason = _find_cause(exc, BackfillRecordError)
         if reason is None:
-            lines = str(exc).strip().splitlines()
-            reason = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+            from runtime.spark.failures import failure_reason
+
+            reason = failure_reason(exc)
         print(f"streams-runtime backfill: failed: {reason}", file=sys.stderr)
         return EXIT_FAILED
     finally:
@@ -378,6 +379,13 @@ def _add_spark_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="key=value",
         help="a Spark setting (repeatable), e.g. spark.driver.memory=2g",
+    )
+    parser.add_argument(
+        "--spark-log-level",
+        default="FATAL",
+        type=str.upper,
+        choices=("ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"),
+        help="Spark's own log level (default FATAL: a failed job ends with its Python error)",
     )
 
 

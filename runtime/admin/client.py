@@ -215,10 +215,23 @@ def _thread_state(thread: Mapping[str, Any], live: set[str]) -> str:
     return "alive" if thread.get("alive") else "stopped"
 
 
+def _thread_brief(thread: Mapping[str, Any]) -> str:
+    """`name (processing 0_3)`, `name (idle, last 0_1)`; just the name from a
+    daemon older than the `state` field."""
+    state = thread.get("state")
+    if not state:
+        return str(thread["name"])
+    task = thread.get("task")
+    if task:
+        return f"{thread['name']} ({state} {task})"
+    last = thread.get("last_task")
+    return f"{thread['name']} ({state}{', last ' + str(last) if last else ''})"
+
+
 def format_status(status: Mapping[str, Any], now: float | None = None) -> str:
     now = time.time() if now is None else now
     threads = status.get("threads") or []
-    alive = [t["name"] for t in threads if t.get("alive")]
+    alive = [_thread_brief(t) for t in threads if t.get("alive")]
     tasks = status.get("tasks") or []
     by_state: dict[str, int] = {}
     for t in tasks:

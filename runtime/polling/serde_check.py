@@ -40,7 +40,14 @@ _BUDGET_S = 3.0
 
 
 def check_serdes_on_samples(config: StreamsConfig, topology: Topology, layout: TopicLayout) -> None:
-    """Raise the first certain `SerializationError` the newest input records cause."""
+    """Raise the first certain `SerializationError` the newest input records cause.
+
+    Only under `processing.exception.handler=log_and_fail` (the default), where
+    such a record would stop the app anyway; a user who chose to skip failing
+    records (`log_and_continue`, `dead_letter_queue`) gets that at runtime.
+    """
+    if config.processing_exception_handler != "log_and_fail":
+        return
     internal_prefix = f"{config.application_id}-"
     user_sources = {
         spec.name: layout.partitions[spec.name]

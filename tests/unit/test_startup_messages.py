@@ -97,6 +97,15 @@ def test_admin_status_shows_what_start_up_waits_for() -> None:
     )
     done = format_status({**status.to_dict(), "waiting_for": None, "startup_phase": "processing"})
     assert "waiting for" not in done
+    threads = (
+        ThreadStatus("a-ProcessingThread-1", True, "0_3", 10, 1.5, "processing", "0_3"),
+        ThreadStatus("a-ProcessingThread-2", True, None, 4, 0.25, "idle", "0_1"),
+    )
+    running = format_status({**status.to_dict(), "threads": [t.__dict__ for t in threads]})
+    assert (
+        "threads      2 alive: a-ProcessingThread-1 (processing 0_3), "
+        "a-ProcessingThread-2 (idle, last 0_1)"
+    ) in running.splitlines()
 
 
 def test_threads_show_state_task_and_last_task() -> None:
