@@ -11,8 +11,11 @@ class TopologyError(ValueError):
     """
 
 
-class SerializationError(Exception):
+class SerializationError(TypeError):
     """A sink or repartition topic's serde could not serialize a record's key or value.
+
+    A TypeError, as the built-in serdes' own refusals are (code that caught
+    those keeps working), whatever the serde raised: `cause` holds that.
 
     Raised by `SinkNode.process` on the processing thread (the task's
     `processing.exception.handler` then decides) and by the start-up dry run
