@@ -119,15 +119,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--redo-noisy", type=int, default=1, help="run a noisy run again up to N times (default 1)"
     )
     parser.add_argument(
-        "--broker",
-        choices=("tansu", "kafka"),
-        default="tansu",
-        help="the broker of the session: tansu (the development broker; default) or kafka "
-        "(a real Apache Kafka node, runtime.brokers.kafka)",
-    )
-    parser.add_argument(
         "--report", metavar="FILE.json", help="only re-render markdown and plots from a result file"
     )
+    from benchmarks.harness import add_broker_argument
+
+    add_broker_argument(parser)
 
 
 def _pairs(items: list[str], cast: Any) -> dict[str, Any]:
@@ -262,7 +258,7 @@ def run_suite(suite: Suite) -> dict[str, Any]:
         "baseline_restore": suite.baseline_restore,
         "echo_delay_ms": suite.echo_delay_ms,
         "broker": suite.broker,
-        "machine": machine_info(),
+        "machine": machine_info(suite.broker),
         **suite.extra,
         "workloads": {},
         "runs": [],
@@ -302,8 +298,7 @@ def run_suite(suite: Suite) -> dict[str, Any]:
                 flush=True,
             )
             echo_proc = None
-            with BenchSession(log_dir, broker=suite.broker) as session:
-                result["machine"]["broker"] = session.describe_broker()
+            with BenchSession(log_dir, suite.broker) as session:
                 echo = None
                 if wl.echo:
                     echo_proc, echo = start_echo(suite.echo_delay_ms)

@@ -114,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--broker",
         choices=("auto", "kafka", "tansu"),
         default="auto",
-        help="the broker: kafka (real Apache Kafka, runtime.brokers.kafka), tansu (the "
+        help="the broker: kafka (real Apache Kafka, runtime.brokers), tansu (the "
         "development broker), auto (kafka if this checkout has it, else tansu; default)",
     )
     parser.add_argument(
@@ -142,13 +142,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _resolve_broker(choice: str) -> str:
     if choice != "auto":
         return choice
-    from benchmarks.harness import _kafka_broker_class
+    from benchmarks.harness import kafka_broker_available
 
-    try:
-        _kafka_broker_class()
-    except RuntimeError:
-        return "tansu"
-    return "kafka"
+    return "kafka" if kafka_broker_available() else "tansu"
 
 
 def main(args: argparse.Namespace) -> int:
