@@ -414,7 +414,13 @@ def print_run(run: dict[str, Any]) -> None:
     if run["workload"] == "restore":
         extra = f" restore {run.get('restore_s', float('nan')):.2f}s"
     print(
-        f"{head} {run['records_per_s']:>9,.0f} rec/s ({run['seconds']:.2f}s) "
+        f"{head} {run['records_per_s']:>9,.0f} rec/s ({run['seconds']:.2f}s"
+        + (
+            f", first to last output {run['records_per_s_first_to_last']:,.0f}/s"
+            if "records_per_s_first_to_last" in run
+            else ""
+        )
+        + ") "
         f"cpu {run.get('cpu_s', float('nan')):.2f}s rss {run.get('peak_rss_mb', float('nan')):.0f}MB "
         f"conns {run.get('connections_at_ready')}/{run.get('connections_max')} "
         f"p50 {lat.get('p50_ms', float('nan')):.0f}ms p99 {lat.get('p99_ms', float('nan')):.0f}ms "

@@ -137,6 +137,9 @@ class Reader(threading.Thread):
         self.samples: list[tuple[int, float]] = []
         self.error: str | None = None
         self.last_receive = time.monotonic()
+        # When the first output record arrived (monotonic; None before): the start of
+        # the "first to last output record" throughput figure.
+        self.first_receive: float | None = None
         self._stop_event = threading.Event()
         # Optional split of the output into groups (count mode), each with the
         # monotonic time its expected count was reached: for skew, when the
@@ -190,6 +193,8 @@ class Reader(threading.Thread):
                 now_ms = time.time() * 1000.0
                 received = time.monotonic()
                 self.last_receive = received
+                if self.first_receive is None:
+                    self.first_receive = received
                 since = self.latency_from_ms
                 samples = self.samples
                 total = 0
@@ -701,6 +706,14 @@ def _throughput_and_latency(
         seconds = done - go
         run["seconds"] = seconds
         run["records_per_s"] = backlog / seconds
+        first = reader.first_receive
+        if first is not None and settings.workload.output == "count" and done > first:
+            # From the first to the last output record seen by the reader: without the
+            # model's start-up after `go` (first fetch, first batch through, linger).
+            # Count workloads only: folded counts arrive per commit, so their first
+            # output says nothing about when processing started.
+            run["first_output_s"] = first - go
+            run["records_per_s_first_to_last"] = backlog / (done - first)
         if reader.group_done:
             run["group_done_s"] = {str(g): t - go for g, t in sorted(reader.group_done.items())}
         _window(run, marks0, marks1)

@@ -155,7 +155,8 @@ def quix_version(python: Path) -> str:
             str(python),
             "-c",
             "import quixstreams, confluent_kafka as c; "
-            "print(quixstreams.__version__, c.version()[0], c.libversion()[0])",
+            "print(f'quixstreams {quixstreams.__version__}, confluent-kafka {c.__version__} / "
+            "librdkafka {c.libversion()[0]}')",
         ],
         capture_output=True,
         text=True,

@@ -12,8 +12,8 @@ stateless, stateful, io, skew (``benchmarks/compare/workloads.py``). The Kafka
 Streams peer is built with Maven and quixstreams gets its own virtualenv, both
 on first use into ``~/.cache/streams-runtime/peers`` (``benchmarks/peers/build.py``).
 
-The full default takes about 70 minutes on a 2-core machine; ``--quick`` is a
-smoke run of about 8 minutes. ``--report FILE.json`` re-renders the markdown and
+The full default (114 runs) is estimated at about 45 minutes on a quiet 2-core
+machine; ``--quick`` is a smoke run of about 8 minutes. ``--report FILE.json`` re-renders the markdown and
 plots from a result file. See ``benchmarks/peers/README.md``.
 """
 
@@ -30,10 +30,10 @@ ALL_WORKLOADS = ("stateless", "stateful", "io", "skew")
 DEFAULT_MODELS = ("runtime", "ks-classic", "ks-proc", "quixstreams")
 DEFAULT_THREADS = "1,2,4"
 # Records the JVM processes before the measured run (benchmarks/peers/kafka_streams/
-# README.md, "Warm-up"); the I/O-bound workloads wait on the echo server, not the CPU.
-DEFAULT_WARMUP = {"stateless": 100_000, "stateful": 100_000, "io": 0, "skew": 0}
+# README.md, "Warm-up"); the I/O-bound workloads take ~1 ms per record, so fewer.
+DEFAULT_WARMUP = {"stateless": 100_000, "stateful": 100_000, "io": 2_000, "skew": 2_000}
 QUICK_RECORDS = {"stateless": 30_000, "stateful": 30_000, "io": 1_000, "skew": 1_000}
-QUICK_WARMUP = {"stateless": 20_000, "stateful": 20_000, "io": 0, "skew": 0}
+QUICK_WARMUP = {"stateless": 20_000, "stateful": 20_000, "io": 500, "skew": 500}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,7 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="WORKLOAD=N",
         help="records the Kafka Streams peer processes in a throw-away instance before the "
-        "measured one (defaults: stateless 100000, stateful 100000, io 0, skew 0; 0: a cold JVM)",
+        "measured one (defaults: stateless 100000, stateful 100000, io 2000, skew 2000; "
+        "0: a cold JVM)",
     )
     parser.add_argument(
         "--broker",
