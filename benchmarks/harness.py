@@ -93,11 +93,6 @@ def _kafka_broker_module() -> Any:
         ) from exc
 
 
-def kafka_broker_available() -> bool:
-    """Whether ``start_broker("kafka")`` can work in this checkout."""
-    return importlib.util.find_spec("runtime.brokers") is not None
-
-
 def start_broker(kind: str, log_path: str | None = None) -> Any:
     """A started broker of ``kind``; the caller stops it."""
     if kind == "kafka":

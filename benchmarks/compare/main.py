@@ -126,7 +126,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_broker_argument(parser)
 
 
-def _pairs(items: list[str], cast: Any) -> dict[str, Any]:
+def parse_pairs(items: list[str], cast: Any) -> dict[str, Any]:
+    """``["stateless=100", ...]`` -> ``{"stateless": cast("100"), ...}`` (per-workload options)."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -158,8 +159,8 @@ def main(args: argparse.Namespace) -> int:
             raise SystemExit(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
     threads = [int(t) for t in args.threads.split(",") if t.strip()]
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    records = _pairs(args.records, int)
-    rates = _pairs(args.feed_rate, float)
+    records = parse_pairs(args.records, int)
+    rates = parse_pairs(args.feed_rate, float)
     repeats = args.repeats
     restore_records = args.restore_records
     if args.quick:
@@ -169,7 +170,7 @@ def main(args: argparse.Namespace) -> int:
         restore_records = min(restore_records, 200_000)
     suite = Suite(
         name=f"{NAME}-{args.tag}" if args.tag else NAME,
-        command="python -m benchmarks compare " + " ".join(_argv_echo(args, NAME)),
+        command="python -m benchmarks compare " + " ".join(argv_echo(args, NAME)),
         workloads=workloads,
         models=models,
         threads=threads,
@@ -369,7 +370,7 @@ def run_suite(suite: Suite) -> dict[str, Any]:
     return result
 
 
-def _argv_echo(args: argparse.Namespace, subcommand: str) -> list[str]:
+def argv_echo(args: argparse.Namespace, subcommand: str) -> list[str]:
     """The command line as typed after ``python -m benchmarks <subcommand>``."""
     import sys
 

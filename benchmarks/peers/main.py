@@ -141,11 +141,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _resolve_broker(choice: str) -> str:
+    """``auto``: real Kafka when this checkout has the runtime's Kafka broker module."""
     if choice != "auto":
         return choice
-    from benchmarks.harness import kafka_broker_available
+    import importlib.util
 
-    return "kafka" if kafka_broker_available() else "tansu"
+    return "kafka" if importlib.util.find_spec("runtime.brokers") is not None else "tansu"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -161,7 +162,7 @@ def main(args: argparse.Namespace) -> int:
         print("wrote " + ", ".join(paths))
         return 0
 
-    from benchmarks.compare.main import BASE_CONFIG, Suite, _argv_echo, _pairs, run_suite
+    from benchmarks.compare.main import BASE_CONFIG, Suite, argv_echo, parse_pairs, run_suite
     from benchmarks.peers import build
     from benchmarks.peers.models import MODELS, Launcher, runs
     from benchmarks.workloads.stateless import parse_settings
@@ -175,7 +176,7 @@ def main(args: argparse.Namespace) -> int:
         if m not in MODELS:
             raise SystemExit(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
     threads = [int(t) for t in args.threads.split(",") if t.strip()]
-    records = _pairs(args.records, int)
+    records = parse_pairs(args.records, int)
     repeats = args.repeats
     warmup = {**DEFAULT_WARMUP}
     if args.quick:
@@ -183,7 +184,7 @@ def main(args: argparse.Namespace) -> int:
         repeats = 1
         records = {**QUICK_RECORDS, **records}
         warmup = {**QUICK_WARMUP}
-    warmup.update(_pairs(args.jvm_warmup, int))
+    warmup.update(parse_pairs(args.jvm_warmup, int))
 
     # Build what the chosen models need before any broker starts.
     launcher = Launcher(
@@ -204,14 +205,14 @@ def main(args: argparse.Namespace) -> int:
     broker = _resolve_broker(args.broker)
     suite = Suite(
         name=f"{NAME}-{args.tag}" if args.tag else NAME,
-        command="python -m benchmarks peers " + " ".join(_argv_echo(args, NAME)),
+        command="python -m benchmarks peers " + " ".join(argv_echo(args, NAME)),
         workloads=workloads,
         models=models,
         threads=threads,
         repeats=repeats,
         partitions=args.partitions,
         records=records,
-        rates=_pairs(args.feed_rate, float),
+        rates=parse_pairs(args.feed_rate, float),
         feed_seconds=args.feed_seconds,
         restore_records=0,
         echo_delay_ms=args.echo_delay_ms,
