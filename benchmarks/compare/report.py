@@ -17,6 +17,8 @@ from typing import Any
 
 FIGURES = {
     "records_per_s": "records/s",
+    "records_per_s_first_to_last": "records/s from the first to the last output record",
+    "first_output_s": "go to first output record s",
     "records_per_s_processed": "records/s processed (no output wait)",
     "cpu_s_per_million": "CPU s per million records",
     "peak_rss_mb": "peak RSS MB",
