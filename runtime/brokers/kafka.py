@@ -220,9 +220,8 @@ class KafkaNodes:
                     self._start_once(dist, deadline)
                     return
                 except PortTaken as exc:
-                    last = attempt == attempts or time.monotonic() >= deadline
-                    self._cleanup(keep_logs=last)
-                    if last:
+                    self._cleanup()  # the message says it all; no log worth keeping
+                    if attempt == attempts or time.monotonic() >= deadline:
                         raise RuntimeError(str(exc)) from None
                 except BaseException:
                     self._cleanup(keep_logs=True)  # the error message names the log
