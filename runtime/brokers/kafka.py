@@ -235,6 +235,13 @@ class KafkaNodes:
             NodeAddress(i + 1, self._host, ports[2 * i], ports[2 * i + 1])
             for i in range(self._node_count)
         ]
+        for address in addresses:  # a taken port fails here, not 5 s into the JVM's start
+            for port in (address.port, address.controller_port):
+                if not _bindable(self._host, port):
+                    raise PortTaken(
+                        f"Kafka node {address.node_id} cannot listen on {self._host}:{port}: "
+                        "address in use"
+                    )
         self._root = Path(tempfile.mkdtemp(prefix=f"kafka-{addresses[0].port}-"))
         self._cluster_id = new_cluster_id()
         for index, address in enumerate(addresses):
@@ -469,6 +476,17 @@ class KafkaBroker(KafkaNodes):
         state = "paused" if self._paused else ("running" if self.running else "stopped")
         where = self._nodes[1].address.bootstrap if self._nodes else self._host
         return f"KafkaBroker({where}, kafka {self._version}, {state})"
+
+
+def _bindable(host: str, port: int) -> bool:
+    """Whether ``host:port`` can be listened on right now (as the JVM will, SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def _ignore(*_args: object) -> None:

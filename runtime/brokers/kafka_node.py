@@ -26,6 +26,7 @@ __all__ = ["KafkaNode", "NodeAddress", "PortTaken"]
 
 _LOG_TAIL_BYTES = 4000
 _FORMAT_TIMEOUT_S = 120.0
+_BIND_FAILED = "Address already in use"
 
 
 class PortTaken(RuntimeError):
@@ -80,6 +81,7 @@ class KafkaNode:
         self._log_file: IO[bytes] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._dumping_archive: Path | None = None
+        self._log_start = 0
 
     @property
     def node_id(self) -> int:
@@ -148,6 +150,7 @@ class KafkaNode:
             raise RuntimeError(f"Kafka node {self.node_id} is already running")
         self._close_log()
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed by _close_log
+        self._log_start = self._log_file.tell()
         argv = [
             self.dist.java,
             *self._class_archive_options(),
@@ -197,20 +200,35 @@ class KafkaNode:
             os.replace(tmp, self.dist.class_archive)
 
     def check_alive(self) -> None:
-        """Raise if the JVM exited (PortTaken when it could not bind a port)."""
+        """Raise if the JVM exited or cannot bind a port (PortTaken: retry elsewhere).
+
+        A port conflict is recognised in the log while the JVM still runs: Kafka logs the
+        BindException and then takes several seconds to shut itself down.
+        """
         code = self.exit_code()
-        if code is None:
-            return
-        tail = self.log_tail()
-        if "Address already in use" in tail:
+        if _BIND_FAILED in self._log_since_spawn():
+            self.kill()
             raise PortTaken(
                 f"Kafka node {self.node_id} could not bind its ports "
                 f"({self.address.port}, {self.address.controller_port}): address in use"
             )
+        if code is None:
+            return
         raise RuntimeError(
             f"Kafka node {self.node_id} exited with code {code} while starting on "
-            f"{self.address.bootstrap}; log {self.log_path}:\n{tail}"
+            f"{self.address.bootstrap}; log {self.log_path}:\n{self.log_tail()}"
         )
+
+    def _log_since_spawn(self) -> str:
+        """What the node logged since its last spawn (small at WARN level; used at start-up)."""
+        if self._log_file is not None:
+            self._log_file.flush()
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
+                return f.read().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
 
     def terminate(self, grace: float) -> None:
         """SIGTERM (a controlled shutdown), then SIGKILL after ``grace`` seconds. Idempotent."""
