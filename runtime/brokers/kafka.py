@@ -350,7 +350,7 @@ class KafkaNodes:
         if self._root is not None:
             for node in self._nodes.values():
                 shutil.rmtree(node.data_dir, ignore_errors=True)
-            if not keep_logs:
+            if not keep_logs or self._requested_log_paths:  # no log of ours in the root
                 shutil.rmtree(self._root, ignore_errors=True)
         self._nodes = {}
         self._root = None
