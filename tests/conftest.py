@@ -2,7 +2,7 @@
 hypothesis profiles.
 
 Which broker: Apache Kafka (``runtime.brokers.KafkaBroker``, one KRaft node) unless
-``STREAMS_RUNTIME_TEST_BROKER=tansu`` selects the Tansu development broker. Kafka is the
+``STREAMS_TEST_BROKER=tansu`` selects the Tansu development broker. Kafka is the
 default because the runtime's guarantees (exactly-once, rebalances, CreatePartitions) are only
 meaningful against Kafka's semantics; Tansu stays selectable for machines without Java.
 
@@ -27,12 +27,14 @@ settings.register_profile("ci", deadline=None, max_examples=100)
 settings.register_profile("dev", deadline=None, max_examples=25)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
-BROKER_ENV = "STREAMS_RUNTIME_TEST_BROKER"
+# Not STREAMS_RUNTIME_*: the runtime reads every STREAMS_RUNTIME_<KEY> variable as a
+# configuration key (and rejects unknown ones); STREAMS_TEST_* is the tests' own prefix.
+BROKER_ENV = "STREAMS_TEST_BROKER"
 _BROKER_START_TIMEOUT_S = 120.0  # a loaded CI machine; Kafka takes about 3 s here
 
 
 def broker_kind() -> str:
-    """``kafka`` (default) or ``tansu``, from ``$STREAMS_RUNTIME_TEST_BROKER``."""
+    """``kafka`` (default) or ``tansu``, from ``$STREAMS_TEST_BROKER``."""
     kind = os.environ.get(BROKER_ENV, "kafka").strip().lower() or "kafka"
     if kind not in ("kafka", "tansu"):
         raise pytest.UsageError(f"{BROKER_ENV}={kind!r}: use 'kafka' (default) or 'tansu'")
@@ -51,7 +53,7 @@ def _started(kind: str) -> Broker:
 
 @pytest.fixture(scope="session")
 def broker() -> Iterator[Broker]:
-    """The session's broker on free ports: Kafka unless ``STREAMS_RUNTIME_TEST_BROKER=tansu``."""
+    """The session's broker on free ports: Kafka unless ``STREAMS_TEST_BROKER=tansu``."""
     session_broker = _started(broker_kind())
     try:
         yield session_broker

@@ -6,8 +6,9 @@ mirrors, and Maven resolves the broker's exact runtime dependency set from the p
 reused by every later start; only the first start needs Maven (about 10 s here with a warm
 ``~/.m2``, longer when it downloads the 45 jars, about 43 MB).
 
-The cache base is ``$STREAMS_RUNTIME_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/streams-runtime``,
-else ``~/.cache/streams-runtime``. A file lock (``kafka-<version>.lock`` beside the directory)
+The cache base is ``$STREAMS_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/streams-runtime``,
+else ``~/.cache/streams-runtime``. (Not a ``STREAMS_RUNTIME_*`` variable: the runtime reads
+those as configuration keys.) A file lock (``kafka-<version>.lock`` beside the directory)
 serialises concurrent fetches (two test sessions starting at once); the jars are copied into a
 temporary directory and renamed into place, so a reader never sees a half-filled ``libs``.
 
@@ -89,7 +90,7 @@ class KafkaDist:
 
 def cache_root() -> Path:
     """Where fetched brokers live (see the module docstring for the variables it honours)."""
-    explicit = os.environ.get("STREAMS_RUNTIME_CACHE_DIR")
+    explicit = os.environ.get("STREAMS_CACHE_DIR")
     if explicit:
         return Path(explicit).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -123,7 +124,7 @@ def find_java() -> str:
     raise BrokerUnavailable(
         f"Apache Kafka needs Java {_MIN_JAVA}+, but no java was found on PATH or in JAVA_HOME "
         "(Debian/Ubuntu: apt-get install openjdk-17-jre-headless); "
-        "or run on the Tansu broker instead (STREAMS_RUNTIME_TEST_BROKER=tansu / --kind tansu)"
+        "or run on the Tansu broker instead (STREAMS_TEST_BROKER=tansu / --kind tansu)"
     )
 
 
@@ -188,7 +189,7 @@ def _fetch(version: str, home: Path) -> None:
         raise BrokerUnavailable(
             f"Apache Kafka {version} is not cached in {home} and Maven (mvn) is not installed "
             "to fetch it (Debian/Ubuntu: apt-get install maven); or run on the Tansu broker "
-            "instead (STREAMS_RUNTIME_TEST_BROKER=tansu / --kind tansu)"
+            "instead (STREAMS_TEST_BROKER=tansu / --kind tansu)"
         )
     log.warning("fetching Apache Kafka %s with Maven into %s (first start only)", version, home)
     staging = Path(tempfile.mkdtemp(prefix=f".kafka-{version}-", dir=home.parent))

@@ -17,7 +17,6 @@ from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from runtime.brokers import KafkaBroker, KafkaCluster, kafka_available
-from runtime.brokers.kafka_cluster import coordinator_partition, java_string_hash
 from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
 
 _unavailable = kafka_available()
@@ -33,20 +32,6 @@ def _process_exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def test_java_string_hash_and_coordinator_partition_match_java() -> None:
-    # "...".hashCode() as printed by Java 17.
-    assert java_string_hash("") == 0
-    assert java_string_hash("a") == 97
-    assert java_string_hash("hello") == 99162322
-    assert java_string_hash("transactional-id-0") == 1051133890
-    assert java_string_hash("\u00e9\u2713") == 17226  # UTF-16 code units, not UTF-8 bytes
-    assert java_string_hash("polygenelubricants") == -(2**31)
-    assert coordinator_partition("transactional-id-0", 10) == 0
-    assert coordinator_partition("hello", 7) == 99162322 % 7
-    # Kafka's Utils.abs maps Integer.MIN_VALUE to 0 (Math.abs would stay negative).
-    assert coordinator_partition("polygenelubricants", 10) == 0
 
 
 def test_start_round_trip_stop_leaves_nothing_behind() -> None:
