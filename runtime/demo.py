@@ -1,7 +1,7 @@
 """`streams-runtime demo`: a local broker, a sample app, a load, a live view.
 
 The broker is Apache Kafka when it can run here (Java 17+ and Maven, or a cached copy; about
-3 s to start after the first fetch) and Tansu otherwise (``--broker`` chooses): the demo should
+2-3 s to start after the first fetch) and Tansu otherwise (``--broker`` chooses): the demo should
 show the runtime on the real thing, but must still start on a machine without Java.
 
 The sample app is a stateless order pipeline: JSON orders in, each enriched

@@ -30,7 +30,7 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 # Not STREAMS_RUNTIME_*: the runtime reads every STREAMS_RUNTIME_<KEY> variable as a
 # configuration key (and rejects unknown ones); STREAMS_TEST_* is the tests' own prefix.
 BROKER_ENV = "STREAMS_TEST_BROKER"
-_BROKER_START_TIMEOUT_S = 120.0  # a loaded CI machine; Kafka takes about 3 s here
+_BROKER_START_TIMEOUT_S = 120.0  # a loaded CI machine; Kafka takes about 2 s here
 
 
 def broker_kind() -> str:
@@ -101,7 +101,7 @@ def _session_kafka_cluster() -> Iterator[KafkaCluster]:
 def kafka_cluster(_session_kafka_cluster: KafkaCluster) -> Iterator[KafkaCluster]:
     """A three-node Kafka KRaft cluster (RF 3, min.insync.replicas 2) for failover tests.
 
-    One per session, started on first use (about 12 s, 3 JVMs of about 200 MB); skipped on a
+    One per session, started on first use (about 6 s, 3 JVMs of about 185 MB); skipped on a
     Tansu run or without Java. Nodes a test killed or paused are brought back after it.
     """
     cluster = _session_kafka_cluster

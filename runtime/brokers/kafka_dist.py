@@ -3,7 +3,7 @@
 Why Maven: the machines this project runs on reach Maven Central but not the Apache download
 mirrors, and Maven resolves the broker's exact runtime dependency set from the published pom
 (``org.apache.kafka:kafka_2.13``). The jars land in ``<cache>/kafka-<version>/libs`` and are
-reused by every later start; only the first start needs Maven (about 10 s here with a warm
+reused by every later start; only the first start needs Maven (3-5 s here with a warm
 ``~/.m2``, longer when it downloads the 45 jars, about 43 MB).
 
 The cache base is ``$STREAMS_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/streams-runtime``,
