@@ -3,7 +3,7 @@
 Run with ``python -m benchmarks <workload> ...`` (see ``benchmarks/README.md``).
 Layout:
 
-- ``harness.py``: one dev broker per benchmark session, topic creation, loading
+- ``harness.py``: one broker (Kafka or Tansu) per benchmark session, topic creation, loading
   input once, running each measured run in a fresh child process, counting output.
 - ``child.py``: the child-process entry point; runs one named runner and writes
   its result (timings, CPU seconds, peak RSS) as JSON.

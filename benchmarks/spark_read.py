@@ -4,9 +4,9 @@ The question it answers (the Spark issue): what does reading a topic through the
 Spark data source (`format("streams-kafka")`, confluent-kafka inside Spark's Python
 workers, Arrow batches to the JVM) cost against the plain consumer it wraps?
 
-Session: one dev broker (or ``--bootstrap``), one topic of ``--partitions``
-partitions loaded once with ``--records`` records (string keys, values of
-``--value-bytes``). Then, in one run, ``--repeats`` rounds of:
+Session: one broker (``--broker kafka|tansu``, default kafka; or ``--bootstrap``),
+one topic of ``--partitions`` partitions loaded once with ``--records`` records
+(string keys, values of ``--value-bytes``). Then, in one run, ``--repeats`` rounds of:
 
 - plain: one ``Consumer`` assigned to every partition from the beginning,
   ``consume(10000)`` until each partition's EOF, counting records and summing value
@@ -135,15 +135,15 @@ def spark_read(
     master: str = "local[2]",
     out_dir: str = "benchmarks/results",
     max_records_per_partition: int = 250_000,
+    broker_kind: str = "kafka",
 ) -> dict[str, Any]:
     """Run the workload (see the module docstring); returns and writes the results."""
-    from runtime.devbroker import DevBroker
+    from benchmarks.harness import broker_description, start_broker
     from runtime.spark import spark_session
 
     broker = None
     if bootstrap is None:
-        broker = DevBroker()
-        broker.start(timeout=60)
+        broker = start_broker(broker_kind)
         bootstrap = broker.bootstrap
     try:
         topic = f"bench-spark-read-{time.time_ns()}"
@@ -197,7 +197,7 @@ def spark_read(
                 "python": platform.python_version(),
                 "pyspark": pyspark.__version__,
                 "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                "broker": "tansu (dev broker)" if broker is not None else bootstrap,
+                "broker": broker_description(broker_kind) if broker is not None else bootstrap,
             },
         }
         write(out_dir, result)
@@ -212,7 +212,7 @@ def markdown(result: dict[str, Any]) -> str:
         "# Benchmark: spark-read",
         "",
         f"Reading {result['records']:,} records (~{result['value_bytes']} B values, string keys, "
-        f"{result['partitions']} partitions) from the dev broker: Spark "
+        f"{result['partitions']} partitions) from {result['machine'].get('broker', 'the dev broker')}: Spark "
         f'`format("streams-kafka")` on `{result["master"]}` '
         f"({result['spark_input_partitions']} input partitions) against one plain "
         "confluent-kafka consumer, same run, alternated. Both count records and sum value "
@@ -231,8 +231,8 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Spark on `{result['master']}` reads with one consumer per Spark task, in "
         "parallel Python workers; the plain baseline is one consumer on one thread. The "
-        "broker (Tansu) runs on the same cores. Run with `--master local[1]` for a one-core "
-        "comparison.",
+        f"broker ({result['machine'].get('broker', 'tansu')}) runs on the same cores. Run with "
+        "`--master local[1]` for a one-core comparison.",
         "",
         f"Spark session start: {result['spark_session_seconds']:.1f}s; warm-up read (starts the "
         f"Python workers): {result['warmup']['seconds']:.1f}s; both excluded from the rounds. "
@@ -262,7 +262,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--bootstrap", help="use this broker instead of starting the dev broker")
+    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    parser.add_argument(
+        "--broker", choices=("kafka", "tansu"), default="kafka", help="the broker to start"
+    )
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--max-records-per-partition", type=int, default=250_000)
     parser.add_argument("--out", default="benchmarks/results")
@@ -278,6 +281,7 @@ def main(args: argparse.Namespace) -> int:
         master=args.master,
         out_dir=args.out,
         max_records_per_partition=args.max_records_per_partition,
+        broker_kind=args.broker,
     )
     print(markdown(result))
     return 0

@@ -638,7 +638,7 @@ class App:
             last_commit_duration_s=committer.last_commit_duration_s,
             lag={f"{t}-{p}": v for (t, p), v in sorted(lag.items())},
             total_lag=sum(lag.values()),
-            broker_down_since=polling.broker_down_since,
+            broker_down_since=polling.health.down_since,
             startup_phase=polling.startup.phase,
             waiting_for=polling.startup.waiting_for,
             startup_phase_since=polling.startup.phase_since,

@@ -182,16 +182,20 @@ def cmd_admin(args: argparse.Namespace) -> int:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from runtime.devbroker import run_foreground
+    from runtime.brokers import run_foreground
 
-    return run_foreground(port=args.port, host=args.host)
+    return run_foreground(kind=args.kind, port=args.port, host=args.host)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from runtime.demo import run_demo
 
     return run_demo(
-        duration=args.duration, rate=args.rate, threads=args.threads, partitions=args.partitions
+        duration=args.duration,
+        rate=args.rate,
+        threads=args.threads,
+        partitions=args.partitions,
+        broker_kind=args.broker,
     )
 
 
@@ -440,7 +444,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.set_defaults(func=cmd_topics_create)
 
-    broker = sub.add_parser("broker", help="start the embedded development broker (Tansu)")
+    broker = sub.add_parser(
+        "broker",
+        help="start a development broker (Apache Kafka or Tansu)",
+        description="Run one local broker until Ctrl-C. kafka: Apache Kafka (KRaft, one node; "
+        "needs Java 17+, fetched with Maven on first use); tansu: the Tansu binary (no Java, "
+        "in memory); auto (default): kafka if it can run here, else tansu.",
+    )
+    broker.add_argument("--kind", choices=("kafka", "tansu", "auto"), default="auto")
     broker.add_argument("--port", type=int, default=9092)
     broker.add_argument("--host", default="127.0.0.1")
     broker.set_defaults(func=cmd_broker)
@@ -452,6 +463,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--rate", type=int, default=20000, help="input records per second")
     demo.add_argument("--threads", type=int, default=2, help="processing threads")
     demo.add_argument("--partitions", type=int, default=8)
+    demo.add_argument(
+        "--broker",
+        choices=("kafka", "tansu", "auto"),
+        default="auto",
+        help="auto (default): Apache Kafka if Java and Maven (or a cached copy) are here, "
+        "else Tansu",
+    )
     demo.set_defaults(func=cmd_demo)
 
     admin = sub.add_parser(

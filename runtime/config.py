@@ -544,6 +544,10 @@ def _passthrough_value_problem(prop: str, value: Any) -> str | None:
     if isinstance(value, str):
         if "\x00" in value:
             return f"client property value contains a NUL character: {show_value(value)}"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"client property value is not valid UTF-8 text: {show_value(value)}"
         if prop in ("bootstrap.servers", "metadata.broker.list"):
             try:
                 check_bootstrap_servers(value)

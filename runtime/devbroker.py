@@ -31,13 +31,11 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import IO, Any
 
 __all__ = ["DevBroker", "free_port", "run_foreground"]
@@ -367,43 +365,11 @@ def _ignore(*_args: object) -> None:
 
 
 def run_foreground(port: int = 9092, host: str = "127.0.0.1") -> int:
-    """Run a development broker until SIGINT/SIGTERM; the ``streams-runtime broker`` command.
+    """Run a Tansu broker until SIGINT/SIGTERM (``streams-runtime broker --kind tansu``).
 
-    Returns the process exit code: 0 after a requested stop, 1 if the broker could not start
-    or died on its own. Installs signal handlers, so only the main thread may call this.
+    Kept for callers of the Tansu-only API; :func:`runtime.brokers.run_foreground` does the
+    work. Installs signal handlers, so only the main thread may call this.
     """
-    stop_requested = threading.Event()
+    from runtime.brokers import run_foreground as run_broker
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop_requested.set()
-
-    handled = (signal.SIGINT, signal.SIGTERM)
-    previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {
-        sig: signal.signal(sig, on_signal) for sig in handled
-    }
-    broker = DevBroker(port=port, host=host)
-    try:
-        try:
-            broker.start()
-        except RuntimeError as exc:
-            print(f"broker failed to start: {exc}", file=sys.stderr, flush=True)
-            return 1
-        if stop_requested.is_set():
-            return 0
-        print(
-            f"broker ready on {broker.bootstrap} (tansu, memory storage; Ctrl-C to stop)",
-            flush=True,
-        )
-        while not stop_requested.wait(0.5):
-            if not broker.running:
-                print(
-                    f"broker exited unexpectedly; log tail:\n{broker.log_tail()}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return 1
-        return 0
-    finally:
-        broker.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return run_broker("tansu", port=port, host=host)

@@ -1,7 +1,7 @@
 """Plain Kafka helpers for tests and benchmarks: topics, loading, reading back, waiting.
 
 Why: integration tests must check exact output (no loss, no duplicates) and offsets against
-a real broker, without consumer-group joins (slow on the dev broker) or bare sleeps.
+a real broker, without consumer-group joins (slow on Tansu) or bare sleeps.
 Everything here uses standard Kafka APIs through confluent-kafka, so it works against the
 development broker (Tansu) and a real Kafka cluster alike.
 

@@ -20,10 +20,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from runtime.logging import get_logger
 from runtime.processing.task import StreamTask
+from runtime.state.restoration import sort_changelog_messages
 
 log = get_logger("benchmarks.baseline")
 
@@ -143,31 +144,9 @@ class InlineRestorer:
 
     def _step(self) -> None:
         """One batch of changelog records, applied as the runtime's restoration thread does."""
-        messages = self._consumer.consume(RESTORE_BATCH, 0.1)
-        batches: dict[TopicPartitionKey, list[tuple[bytes, bytes | None]]] = {}
-        next_offsets: dict[TopicPartitionKey, int] = {}
-        reached_end: list[tuple[TopicPartitionKey, int]] = []
-        for message in messages:
-            error = message.error()
-            tp: TopicPartitionKey = (message.topic(), message.partition())  # type: ignore[assignment]
-            offset: int = message.offset()  # type: ignore[assignment]
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    reached_end.append((tp, offset))
-                    continue
-                if error.fatal():
-                    raise KafkaException(error)
-                log.warning("restore_consume_error", error=error.str())
-                continue
-            key = message.key()
-            if key is None:
-                continue
-            batch = batches.get(tp)
-            if batch is None:
-                batches[tp] = batch = []
-            batch.append((key, message.value()))
-            next_offsets[tp] = offset + 1
-        for tp, records in batches.items():
+        batch = sort_changelog_messages(self._consumer.consume(RESTORE_BATCH, 0.1))
+        next_offsets, reached_end = batch.next_offsets, batch.reached_end
+        for tp, records in batch.records.items():
             task_id = self._by_tp.get(tp)
             if task_id is None:
                 continue

@@ -17,6 +17,8 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 NAME = "compare"
@@ -27,6 +29,7 @@ MODELS = ("runtime", "baseline")
 # - commit.interval.ms=1000: as the stateless benchmark (the default is 30 s).
 # - session.timeout.ms=3000 (heartbeat 1000): Tansu holds a group's first join
 #   for about session.timeout.ms / 2; 3 s instead of 6 s saves ~1.5 s per run.
+#   (The Kafka test broker allows session timeouts down to 1 s for this.)
 BASE_CONFIG: dict[str, Any] = {
     "commit.interval.ms": 1000,
     "consumer.session.timeout.ms": 3000,
@@ -119,9 +122,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--report", metavar="FILE.json", help="only re-render markdown and plots from a result file"
     )
+    from benchmarks.harness import add_broker_argument
+
+    add_broker_argument(parser)
 
 
-def _pairs(items: list[str], cast: Any) -> dict[str, Any]:
+def parse_pairs(items: list[str], cast: Any) -> dict[str, Any]:
+    """``["stateless=100", ...]`` -> ``{"stateless": cast("100"), ...}`` (per-workload options)."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -144,9 +151,7 @@ def main(args: argparse.Namespace) -> int:
         print("wrote " + ", ".join(paths))
         return 0
 
-    from benchmarks.compare.session import RunSettings, latency_floor, run_one
-    from benchmarks.compare.workloads import WORKLOADS, generate
-    from benchmarks.harness import BenchSession, machine_info
+    from benchmarks.compare.workloads import WORKLOADS
     from benchmarks.workloads.stateless import parse_settings
 
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -155,8 +160,8 @@ def main(args: argparse.Namespace) -> int:
             raise SystemExit(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
     threads = [int(t) for t in args.threads.split(",") if t.strip()]
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    records = _pairs(args.records, int)
-    rates = _pairs(args.feed_rate, float)
+    records = parse_pairs(args.records, int)
+    rates = parse_pairs(args.feed_rate, float)
     repeats = args.repeats
     restore_records = args.restore_records
     if args.quick:
@@ -164,39 +169,117 @@ def main(args: argparse.Namespace) -> int:
         repeats = 1
         records = {"stateless": 50_000, "stateful": 50_000, "io": 2_000, "skew": 2_000, **records}
         restore_records = min(restore_records, 200_000)
-    config = {**BASE_CONFIG, **parse_settings(args.settings)}
-    name = f"{NAME}-{args.tag}" if args.tag else NAME
-    out_dir = args.out
+    suite = Suite(
+        name=f"{NAME}-{args.tag}" if args.tag else NAME,
+        command="python -m benchmarks compare " + " ".join(argv_echo(args, NAME)),
+        workloads=workloads,
+        models=models,
+        threads=threads,
+        repeats=repeats,
+        partitions=args.partitions,
+        records=records,
+        rates=rates,
+        feed_seconds=args.feed_seconds,
+        restore_records=restore_records,
+        echo_delay_ms=args.echo_delay_ms,
+        config={**BASE_CONFIG, **parse_settings(args.settings)},
+        out_dir=args.out,
+        quiet_wait=args.quiet_wait,
+        redo_noisy=args.redo_noisy,
+        broker=args.broker,
+        baseline_restore=args.baseline_restore,
+        report=report,
+    )
+    result = run_suite(suite)
+    return 1 if any("error" in r and not r.get("discarded") for r in result["runs"]) else 0
+
+
+@dataclass
+class Suite:
+    """One invocation: which runs, their sizes, and where the results go.
+
+    ``runs_model(model, workload, threads)`` says whether a model takes part in
+    a workload at a thread count (a single-threaded peer runs at 1 only);
+    ``launch`` is ``RunSettings.launch`` (how a model's child is started);
+    ``report`` is a module with ``summarize(result)`` and ``write(out_dir, name,
+    result)``; ``extra`` goes into the result as is.
+    """
+
+    name: str
+    command: str
+    workloads: list[str]
+    models: list[str]
+    threads: list[int]
+    repeats: int
+    partitions: int
+    records: dict[str, int]
+    rates: dict[str, float]
+    feed_seconds: float
+    restore_records: int
+    echo_delay_ms: float
+    config: dict[str, Any]
+    out_dir: str
+    quiet_wait: float
+    redo_noisy: int
+    report: Any
+    broker: str = "tansu"
+    baseline_restore: str = "blocking"
+    launch: Callable[[str, dict[str, Any]], tuple[list[str], dict[str, Any]]] | None = None
+    runs_model: Callable[[str, str, int], bool] = lambda _m, _w, _t: True
+    extra: dict[str, Any] = field(default_factory=dict)
+    tag: str = NAME
+
+
+def run_suite(suite: Suite) -> dict[str, Any]:
+    """Run every workload of ``suite`` (one broker each) and write the results after each.
+
+    Per workload: ``repeats`` rounds over every thread count; at each thread
+    count the models taking part run back to back, their order rotated by one
+    from one thread count (and round) to the next, so no model always runs
+    first or right after another. Returns the result (also written to
+    ``<out_dir>/<name>.json`` etc.).
+    """
+    from benchmarks.compare.session import RunSettings, latency_floor, run_one
+    from benchmarks.compare.workloads import WORKLOADS, generate
+    from benchmarks.harness import BenchSession, machine_info
+
+    name = suite.name
+    out_dir = suite.out_dir
     log_dir = os.path.join(out_dir, "logs", name)
     os.makedirs(log_dir, exist_ok=True)
     session_id = uuid.uuid4().hex[:6]
     started = time.monotonic()
     result: dict[str, Any] = {
         "name": name,
-        "command": "python -m benchmarks compare " + " ".join(_argv_echo(args)),
-        "threads": threads,
-        "models": models,
-        "repeats": repeats,
-        "partitions": args.partitions,
-        "config": config,
-        "baseline_restore": args.baseline_restore,
-        "echo_delay_ms": args.echo_delay_ms,
-        "machine": machine_info(),
+        "command": suite.command,
+        "threads": suite.threads,
+        "models": suite.models,
+        "repeats": suite.repeats,
+        "partitions": suite.partitions,
+        "config": suite.config,
+        "baseline_restore": suite.baseline_restore,
+        "echo_delay_ms": suite.echo_delay_ms,
+        "broker": suite.broker,
+        "machine": machine_info(suite.broker),
+        **suite.extra,
         "workloads": {},
         "runs": [],
     }
+    tag = suite.tag
     print(
-        f"[{NAME}] workloads {workloads}, threads {threads}, models {models}, repeats {repeats}",
+        f"[{tag}] workloads {suite.workloads}, threads {suite.threads}, models "
+        f"{suite.models}, repeats {suite.repeats}, broker {suite.broker}",
         flush=True,
     )
     try:
-        for wl_name in workloads:
+        for wl_name in suite.workloads:
             wl = WORKLOADS[wl_name]
-            backlog_n = int(records.get(wl_name, wl.records))
-            rate = float(rates.get(wl_name, wl.feed_rate))
-            feed_seconds = args.feed_seconds if not wl.restore else 0.0
-            backlog = generate(wl, 0, backlog_n, args.partitions)
-            per_partition = [0] * args.partitions
+            backlog_n = int(suite.records.get(wl_name, wl.records))
+            rate = float(suite.rates.get(wl_name, wl.feed_rate))
+            feed_seconds = suite.feed_seconds if not wl.restore else 0.0
+            restore_records = suite.restore_records
+            backlog = generate(wl, 0, backlog_n, suite.partitions)
+            per_partition = [0] * suite.partitions
             for _k, _v, p in backlog:
                 per_partition[p] += 1
             result["workloads"][wl_name] = {
@@ -211,52 +294,61 @@ def main(args: argparse.Namespace) -> int:
             }
             wl_started = time.monotonic()
             print(
-                f"[{NAME}] {wl_name}: {wl.title}; backlog {backlog_n} "
+                f"[{tag}] {wl_name}: {wl.title}; backlog {backlog_n} "
                 f"(per partition {per_partition})"
                 + (f", restore {restore_records}" if wl.restore else ""),
                 flush=True,
             )
             echo_proc = None
-            with BenchSession(log_dir) as session:
+            with BenchSession(log_dir, suite.broker) as session:
                 echo = None
                 if wl.echo:
-                    echo_proc, echo = _start_echo(args.echo_delay_ms)
+                    echo_proc, echo = start_echo(suite.echo_delay_ms)
                 try:
                     settings = RunSettings(
                         workload=wl,
-                        partitions=args.partitions,
+                        partitions=suite.partitions,
                         backlog=backlog,
                         feed_rate=rate,
                         feed_seconds=feed_seconds,
                         restore_records=restore_records,
-                        config=config,
+                        config=suite.config,
                         log_dir=log_dir,
                         session_id=session_id,
-                        quiet_wait=args.quiet_wait,
+                        quiet_wait=suite.quiet_wait,
                         echo=echo,
                         echo_pid=echo_proc.pid if echo_proc else None,
-                        restore_mode=args.baseline_restore,
+                        restore_mode=suite.baseline_restore,
+                        launch=suite.launch,
                     )
-                    for repeat in range(1, repeats + 1):
-                        for k, n_threads in enumerate(threads):
-                            order = models if (repeat + k) % 2 == 1 else list(reversed(models))
+                    for repeat in range(1, suite.repeats + 1):
+                        for k, n_threads in enumerate(suite.threads):
+                            taking_part = [
+                                m for m in suite.models if suite.runs_model(m, wl_name, n_threads)
+                            ]
+                            if not taking_part:
+                                continue
+                            shift = (repeat - 1 + k) % len(taking_part)
+                            order = taking_part[shift:] + taking_part[:shift]
                             for model in order:
-                                for redo in range(args.redo_noisy + 1):
+                                for redo in range(suite.redo_noisy + 1):
                                     run = run_one(session, settings, model, n_threads, repeat)
                                     run["redo"] = redo
                                     result["runs"].append(run)
                                     again = (
                                         run.get("noisy")
                                         and "error" not in run
-                                        and redo < args.redo_noisy
+                                        and redo < suite.redo_noisy
                                     )
                                     if again:
                                         run["discarded"] = "noisy: other processes were busy"
-                                    _print_run(run)
+                                    print_run(run)
                                     if not again:
                                         break
-                    if args.feed_seconds > 0:
-                        floor = latency_floor(session, wl, args.partitions, rate, args.feed_seconds)
+                    if suite.feed_seconds > 0:
+                        floor = latency_floor(
+                            session, wl, suite.partitions, rate, suite.feed_seconds
+                        )
                         result["workloads"][wl_name]["latency_floor"] = floor
                         print(
                             f"  latency floor (feeder -> broker -> reader, no model): "
@@ -271,31 +363,31 @@ def main(args: argparse.Namespace) -> int:
                     # (else librdkafka logs reconnect attempts until exit).
                     session.admin = None
             result["workloads"][wl_name]["session_s"] = time.monotonic() - wl_started
-            _write(out_dir, name, result, started)
+            _write(suite, result, started)
     finally:
-        _write(out_dir, name, result, started)
+        _write(suite, result, started)
     with open(os.path.join(out_dir, f"{name}.md")) as f:
         print(f.read(), flush=True)
-    return 1 if any("error" in r and not r.get("discarded") for r in result["runs"]) else 0
+    return result
 
 
-def _argv_echo(args: argparse.Namespace) -> list[str]:
+def argv_echo(args: argparse.Namespace, subcommand: str) -> list[str]:
+    """The command line as typed after ``python -m benchmarks <subcommand>``."""
     import sys
 
     argv = sys.argv[1:]
-    return argv[1:] if argv and argv[0] == NAME else argv
+    return argv[1:] if argv and argv[0] == subcommand else argv
 
 
-def _write(out_dir: str, name: str, result: dict[str, Any], started: float) -> None:
-    from benchmarks.compare import report
-
+def _write(suite: Suite, result: dict[str, Any], started: float) -> None:
     result["suite_s"] = time.monotonic() - started
-    result["summary"] = report.summarize(result)
-    paths = report.write(out_dir, name, result)
-    print(f"[{NAME}] wrote {', '.join(paths)}", flush=True)
+    result["summary"] = suite.report.summarize(result)
+    paths = suite.report.write(suite.out_dir, suite.name, result)
+    print(f"[{suite.tag}] wrote {', '.join(paths)}", flush=True)
 
 
-def _start_echo(delay_ms: float) -> tuple[Any, tuple[str, int]]:
+def start_echo(delay_ms: float) -> tuple[Any, tuple[str, int]]:
+    """Start the echo server process; returns it and its (host, port)."""
     import subprocess
     import sys
 
@@ -311,8 +403,9 @@ def _start_echo(delay_ms: float) -> tuple[Any, tuple[str, int]]:
     return proc, ("127.0.0.1", port)
 
 
-def _print_run(run: dict[str, Any]) -> None:
-    head = f"  {run['workload']:<9} {run['model']:<8} t={run['threads']} r{run['repeat']}"
+def print_run(run: dict[str, Any]) -> None:
+    """One line per run on stdout (the session's progress)."""
+    head = f"  {run['workload']:<9} {run['model']:<11} t={run['threads']} r{run['repeat']}"
     if run.get("discarded"):
         head += " (discarded: noisy)"
     if "records_per_s" not in run:
@@ -323,7 +416,13 @@ def _print_run(run: dict[str, Any]) -> None:
     if run["workload"] == "restore":
         extra = f" restore {run.get('restore_s', float('nan')):.2f}s"
     print(
-        f"{head} {run['records_per_s']:>9,.0f} rec/s ({run['seconds']:.2f}s) "
+        f"{head} {run['records_per_s']:>9,.0f} rec/s ({run['seconds']:.2f}s"
+        + (
+            f", first to last output {run['records_per_s_first_to_last']:,.0f}/s"
+            if "records_per_s_first_to_last" in run
+            else ""
+        )
+        + ") "
         f"cpu {run.get('cpu_s', float('nan')):.2f}s rss {run.get('peak_rss_mb', float('nan')):.0f}MB "
         f"conns {run.get('connections_at_ready')}/{run.get('connections_max')} "
         f"p50 {lat.get('p50_ms', float('nan')):.0f}ms p99 {lat.get('p99_ms', float('nan')):.0f}ms "

@@ -17,6 +17,8 @@ from typing import Any
 
 FIGURES = {
     "records_per_s": "records/s",
+    "records_per_s_first_to_last": "records/s from the first to the last output record",
+    "first_output_s": "go to first output record s",
     "records_per_s_processed": "records/s processed (no output wait)",
     "cpu_s_per_million": "CPU s per million records",
     "peak_rss_mb": "peak RSS MB",
@@ -152,7 +154,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"`{result['command']}`: {result['repeats']} repeat(s) per workload, thread counts "
         f"{', '.join(map(str, result['threads']))}, models alternated within each pair; one "
-        f"dev broker per workload; every run in a fresh process on identical input. Config "
+        f"broker ({result.get('machine', {}).get('broker', 'tansu')}) per workload; every run in a fresh process on identical input. Config "
         f"for both models: `{', '.join(f'{k}={v}' for k, v in result['config'].items())}` "
         f"(everything else the runtime's defaults); baseline restoration: "
         f"{result.get('baseline_restore', 'blocking')}. Suite time "

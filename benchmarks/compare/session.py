@@ -1,6 +1,6 @@
 """The comparison harness (parent process): one broker per workload, runs in child processes.
 
-Per workload: ``harness.BenchSession`` starts one development broker; the input
+Per workload: ``harness.BenchSession`` starts one broker (``--broker``); the input
 is generated once (identical bytes and partitions for every run); the echo
 server is started for the I/O-bound workloads. Then ``repeats`` rounds, each
 over every thread count, each thread count running both models back to back,
@@ -137,6 +137,9 @@ class Reader(threading.Thread):
         self.samples: list[tuple[int, float]] = []
         self.error: str | None = None
         self.last_receive = time.monotonic()
+        # When the first output record arrived (monotonic; None before): the start of
+        # the "first to last output record" throughput figure.
+        self.first_receive: float | None = None
         self._stop_event = threading.Event()
         # Optional split of the output into groups (count mode), each with the
         # monotonic time its expected count was reached: for skew, when the
@@ -190,6 +193,8 @@ class Reader(threading.Thread):
                 now_ms = time.time() * 1000.0
                 received = time.monotonic()
                 self.last_receive = received
+                if self.first_receive is None:
+                    self.first_receive = received
                 since = self.latency_from_ms
                 samples = self.samples
                 total = 0
@@ -353,6 +358,10 @@ class RunSettings:
     restore_mode: str = "blocking"
     settle_s: float = 0.5
     extra: dict[str, Any] = field(default_factory=dict)
+    # (model, spec) -> (argv of the child without the spec, the spec it gets): how a
+    # model other than runtime/baseline runs (benchmarks.peers: a JVM, another
+    # virtualenv). None: ``python -m benchmarks.compare.child`` with the spec as is.
+    launch: Callable[[str, dict[str, Any]], tuple[list[str], dict[str, Any]]] | None = None
 
 
 class _Loader(threading.Thread):
@@ -368,16 +377,23 @@ class _Loader(threading.Thread):
             self.error = f"{type(exc).__name__}: {exc}"
 
 
-class _Child:
-    """A running child process with its event stream."""
+class Child:
+    """A running child process with its event stream.
 
-    def __init__(self, spec: dict[str, Any], log_path: str) -> None:
+    ``argv``: the command without the spec (default: ``python -m
+    benchmarks.compare.child``); the spec, with ``event_fd`` added, is its last
+    argument. The process is the child itself (no shell in between), so /proc
+    figures of ``pid`` are the model's.
+    """
+
+    def __init__(self, spec: dict[str, Any], log_path: str, argv: list[str] | None = None) -> None:
         read_fd, write_fd = os.pipe()
         spec = dict(spec, event_fd=write_fd)
         env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in close()
+        command = argv or [sys.executable, "-m", "benchmarks.compare.child"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.compare.child", json.dumps(spec)],
+            [*command, json.dumps(spec)],
             stdin=subprocess.PIPE,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -478,7 +494,7 @@ def run_one(
         "input_topic": input_topic,
     }
     run_started = time.monotonic()
-    child: _Child | None = None
+    child: Child | None = None
     reader: Reader | None = None
     sampler: Sampler | None = None
     try:
@@ -508,6 +524,7 @@ def run_one(
 
         spec = {
             "model": model,
+            "workload": wl.name,
             "threads": threads,
             "partitions": partitions,
             "bootstrap": session.bootstrap,
@@ -530,7 +547,10 @@ def run_one(
                 group = wl.group_of(value)
                 reader.group_expected[group] = reader.group_expected.get(group, 0) + 1
         reader.start()
-        child = _Child(spec, log_path)
+        argv = None
+        if settings.launch is not None:
+            argv, spec = settings.launch(model, spec)
+        child = Child(spec, log_path, argv)
         sampler = Sampler(child.pid, int(session.bootstrap.rsplit(":", 1)[1]))
         sampler.start()
         ready = child.wait_event("ready", 180)
@@ -621,7 +641,9 @@ def _create_compacted(session: BenchSession, name: str, partitions: int) -> None
 def _delete_run_topics(session: BenchSession, app_id: str) -> None:
     assert session.admin is not None
     with contextlib.suppress(Exception):
-        topics = [t for t in session.admin.list_topics(timeout=10).topics if t.startswith(app_id)]
+        # Every topic of the run has the app id in its name (quixstreams puts it
+        # in the middle of its changelog topics' names).
+        topics = [t for t in session.admin.list_topics(timeout=10).topics if app_id in t]
         if topics:
             for future in session.admin.delete_topics(topics, operation_timeout=30).values():
                 with contextlib.suppress(Exception):
@@ -655,7 +677,7 @@ def _throughput_and_latency(
     session: BenchSession,
     settings: RunSettings,
     run: dict[str, Any],
-    child: _Child,
+    child: Child,
     reader: Reader,
     go: float,
     marks0: dict[str, float],
@@ -684,6 +706,14 @@ def _throughput_and_latency(
         seconds = done - go
         run["seconds"] = seconds
         run["records_per_s"] = backlog / seconds
+        first = reader.first_receive
+        if first is not None and settings.workload.output == "count" and done > first:
+            # From the first to the last output record seen by the reader: without the
+            # model's start-up after `go` (first fetch, first batch through, linger).
+            # Count workloads only: folded counts arrive per commit, so their first
+            # output says nothing about when processing started.
+            run["first_output_s"] = first - go
+            run["records_per_s_first_to_last"] = backlog / (done - first)
         if reader.group_done:
             run["group_done_s"] = {str(g): t - go for g, t in sorted(reader.group_done.items())}
         _window(run, marks0, marks1)
@@ -705,7 +735,7 @@ def _throughput_and_latency(
 def _latency_phase(
     settings: RunSettings,
     run: dict[str, Any],
-    child: _Child,
+    child: Child,
     reader: Reader,
     feeder: Feeder,
     count: int,
@@ -725,7 +755,7 @@ def _latency_phase(
         run["latency"]["incomplete"] = f"{reader.progress - backlog} of {count} fed records seen"
 
 
-def _wait_reader(reader: Reader, child: _Child, target: int, timeout: float) -> float | None:
+def _wait_reader(reader: Reader, child: Child, target: int, timeout: float) -> float | None:
     """Wait for the reader in short steps, so a failed child ends the wait early."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -753,7 +783,7 @@ def _restore_phase(
     session: BenchSession,
     settings: RunSettings,
     run: dict[str, Any],
-    child: _Child,
+    child: Child,
     reader: Reader,
     feeder: Feeder,
     go_wall_ms: float,

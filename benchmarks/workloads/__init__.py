@@ -13,4 +13,6 @@ WORKLOADS = {
     # The runtime against the thread-per-client baseline, five workloads
     # (benchmarks/compare/; its runs use their own child entry point).
     "compare": "benchmarks.compare.main",
+    # The runtime against Kafka Streams and quixstreams (benchmarks/peers/).
+    "peers": "benchmarks.peers.main",
 }

@@ -4,7 +4,7 @@ The question it answers (the core issue): how close does the runtime come to a
 raw confluent-kafka consume-then-produce loop on the same data, in the same
 session? Target: at least 0.7x the raw loop's records/s.
 
-Session: one dev broker, one input topic (``--partitions``, default 8) loaded
+Session: one broker (``--broker``, Kafka by default), one input topic (``--partitions``, default 8) loaded
 once with ``--records`` JSON values (string keys), then ``--repeats`` rounds of
 [raw loop, runtime with each ``--threads`` count], each run writing to its own
 fresh output topic with its own consumer group / ``application.id``.
@@ -30,6 +30,7 @@ from benchmarks import report
 from benchmarks.child import OtherLoad, cpu_seconds, usage, usage_since
 from benchmarks.harness import (
     BenchSession,
+    add_broker_argument,
     count_records,
     load_records,
     machine_info,
@@ -311,6 +312,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="if a runtime run fails, retry it every 3 minutes for this long (runtime still in flux)",
     )
+    add_broker_argument(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -331,7 +333,7 @@ def main(args: argparse.Namespace) -> int:
         f"threads {threads}",
         flush=True,
     )
-    with BenchSession(log_dir) as session:
+    with BenchSession(log_dir, args.broker) as session:
         input_topic = f"bench-{NAME}-in-{session_id}"
         session.create_topic(input_topic, partitions)
         load_s = load_records(session.bootstrap, input_topic, records, make_record)
@@ -406,7 +408,7 @@ def main(args: argparse.Namespace) -> int:
         "(first consume call to flush complete)",
         "value_bytes_mean": sum(sizes) / len(sizes),
         "input_load_s": load_s,
-        "machine": machine_info(),
+        "machine": machine_info(args.broker),
         "runs": runs,
         "summary": summarize_runs(runs),
         "errors": errors,

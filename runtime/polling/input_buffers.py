@@ -10,7 +10,8 @@ thread; this class only decides, which keeps it testable without Kafka.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+
+from confluent_kafka import Message
 
 from runtime.processing.task import InputQueue
 
@@ -61,7 +62,7 @@ class InputBuffers:
         return [(q.topic, q.partition) for q in self._paused]
 
     def route(
-        self, records: Iterable[Any], on_error: Callable[[Any], None]
+        self, records: Iterable[Message], on_error: Callable[[Message], None]
     ) -> tuple[int, list[PartitionKey]]:
         """Append records to their queues; returns (routed, partitions to pause).
 
@@ -78,8 +79,9 @@ class InputBuffers:
             if message.error() is not None:
                 on_error(message)
                 continue
-            topic = message.topic()
-            partition = message.partition()
+            # Consumed records always carry their topic and partition.
+            topic: str = message.topic()  # type: ignore[assignment]
+            partition: int = message.partition()  # type: ignore[assignment]
             # consume() returns runs of one partition: look the queue up per run.
             if partition != last_partition or topic != last_topic:
                 last_topic, last_partition = topic, partition

@@ -58,9 +58,12 @@ class OutputChannel:
         )
         if client_id is not None:
             settings["client.id"] = client_id
-        # Changelog positions come from success reports, so reports are on for
-        # every record; the callback returns at once for other topics.
-        settings["delivery.report.only.error"] = False
+        # Changelog positions come from success reports. librdkafka reports
+        # successes for every record or none, and each report is a Python
+        # call: an app without changelogs keeps error-only reports (the
+        # stateless hot path pays nothing), one with changelogs pays one call
+        # per output record, which returns at once for other topics.
+        settings["delivery.report.only.error"] = not changelog_topics
         if max_message_bytes is not None:
             # Records too large for a topic are then refused by produce(),
             # where the record and its origin are at hand (see production.py).

@@ -29,6 +29,7 @@ from runtime.collector.collector import RecordCollector
 from runtime.config import StreamsConfig
 from runtime.logging import get_logger
 from runtime.polling.active_tasks import ActiveTasks
+from runtime.polling.broker_health import BrokerHealth
 from runtime.polling.clients import consume_until, consumer_config, fetch_resumed_now
 from runtime.polling.committer import CommitResult, Committer
 from runtime.polling.input_buffers import InputBuffers
@@ -97,7 +98,7 @@ class PollingThread(threading.Thread):
         self.fatal_error: BaseException | None = None
         # Figures for status and metrics: written here, read racily elsewhere.
         self.consumed_total = 0
-        self.broker_down_since: float | None = None
+        self.health = BrokerHealth(on_fatal=self._on_fatal_client_error)
         # Task ids with state here (active, restoring, standby), for the
         # cleanup thread; replaced whole, read racily.
         self.owned: frozenset[str] = frozenset()
@@ -111,7 +112,7 @@ class PollingThread(threading.Thread):
         # avoids stop-the-world rebalances.
         self.assignment_strategy = "range" if multi_source else "cooperative-sticky"
         consumer_settings = consumer_config(
-            config, self.assignment_strategy, {"error_cb": self._on_client_error}
+            config, self.assignment_strategy, {"error_cb": self.health.on_client_error}
         )
         self._consumer = Consumer(consumer_settings)
         session_timeout = consumer_settings.get("session.timeout.ms")
@@ -125,8 +126,8 @@ class PollingThread(threading.Thread):
             collector,
             set(layout.changelogs),
             layout.max_message_bytes,
-            on_client_error=self._on_client_error,
-            on_stall=self._on_flush_stall,
+            on_client_error=self.health.on_client_error,
+            on_stall=self.health.on_flush_stall,
         )
         self.committer = Committer(task_manager, self.output, self._consumer, lambda: self._abort)
         self.placement = TaskPlacement(
@@ -251,8 +252,8 @@ class PollingThread(threading.Thread):
         """Append consumed records to their task's input queue; pause full ones."""
         routed, to_pause = self._buffers.route(records, self._on_consume_error)
         self.consumed_total += routed
-        if routed and self.broker_down_since is not None:
-            self.note_broker_ok()
+        if routed:
+            self.health.note_ok()
         if to_pause:
             self._consumer.pause([TopicPartition(t, p) for t, p in to_pause])
         if routed:
@@ -312,8 +313,8 @@ class PollingThread(threading.Thread):
         if result.aborted is not None:
             self._rewind_after_abort(result.aborted)
             return False
-        if result.committed and result.partitions and self.broker_down_since is not None:
-            self.note_broker_ok()
+        if result.committed and result.partitions:
+            self.health.note_ok()
         return result.committed
 
     def _rewind_after_abort(self, failure: TransactionFailed) -> None:
@@ -409,6 +410,11 @@ class PollingThread(threading.Thread):
         except BaseException as exc:
             self._fail_in_callback(exc)
 
+    def _on_fatal_client_error(self, exc: KafkaException) -> None:
+        self.fatal_error = exc
+        self._abort = True
+        self._stop_event.set()
+
     def _fail_in_callback(self, exc: BaseException) -> None:
         log.error("rebalance_callback_failed", error=f"{type(exc).__name__}: {exc}")
         self.fatal_error = exc
@@ -416,30 +422,6 @@ class PollingThread(threading.Thread):
         self._stop_event.set()
 
     # --- client callbacks (on this thread, from poll/consume/flush) ----------------
-
-    def _on_client_error(self, error: KafkaError) -> None:
-        code = error.code()
-        if code in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._TIMED_OUT):
-            if self.broker_down_since is None:
-                self.broker_down_since = time.time()
-                log.warning("broker_unreachable", error=error.str())
-            return
-        if error.fatal():
-            log.error("client_fatal_error", error=error.str())
-            self.fatal_error = KafkaException(error)
-            self._abort = True
-            self._stop_event.set()
-            return
-        log.warning("client_error", error=error.str())
-
-    def _on_flush_stall(self, unacknowledged: int) -> None:
-        # A stalled (not disconnected) broker raises no client error until
-        # socket timeouts expire: report the outage from here.
-        if self.broker_down_since is None:
-            self.broker_down_since = time.time()
-            log.warning("broker_unreachable", reason="flush stalled", unacknowledged=unacknowledged)
-        else:
-            log.warning("flush_waiting", unacknowledged=unacknowledged)
 
     def _on_consume_error(self, message: Message) -> None:
         error = message.error()
@@ -449,13 +431,6 @@ class PollingThread(threading.Thread):
         if error.fatal():
             raise KafkaException(error)
         log.warning("consume_error", error=error.str())
-
-    def note_broker_ok(self) -> None:
-        if self.broker_down_since is not None:
-            log.info(
-                "broker_reachable_again", down_s=round(time.time() - self.broker_down_since, 1)
-            )
-            self.broker_down_since = None
 
     # --- shutdown ---------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from runtime.state.builders import LayeredStore, build_task_stores, task_directo
 from runtime.state.cache import CacheBudget
 from runtime.state.checkpoint import checkpoint_path, read_checkpoint, write_checkpoint
 from runtime.topology.context import PunctuationType
+from runtime.topology.nodes import SourceNode
 from runtime.topology.record import Headers
 from runtime.topology.topology import Subtopology, TaskGraph
 
@@ -369,7 +370,7 @@ class StreamTask:
                     best, best_ts = queue, ts
         return best
 
-    def _process_message(self, message: Message, topic: str, source: Any) -> None:
+    def _process_message(self, message: Message, topic: str, source: SourceNode) -> None:
         offset: int = message.offset()  # type: ignore[assignment]  # never None for consumed records
         timestamp: int = message.timestamp()[1]
         self._record_topic = topic
@@ -380,7 +381,7 @@ class StreamTask:
                 message.key(),
                 message.value(),
                 timestamp,
-                message.headers(),
+                message.headers(),  # type: ignore[arg-type]  # consumed: a list of pairs
                 topic,
                 self.partition,
                 offset,

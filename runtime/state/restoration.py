@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -89,6 +90,51 @@ class _Wake:
 
 
 _Action = _AddTask | _RemoveTask | _AddStandby | _RemoveStandby | _Wake
+
+
+@dataclass
+class ChangelogBatch:
+    """One consumed batch of changelog records, sorted per partition."""
+
+    records: dict[TopicPartitionKey, list[tuple[bytes, bytes | None]]]
+    next_offsets: dict[TopicPartitionKey, int]  # after the last record taken
+    reached_end: list[tuple[TopicPartitionKey, int]]  # partitions at their end (EOF)
+
+
+def sort_changelog_messages(
+    messages: list[Any],
+    side_topic: str | None = None,
+    on_side_record: Callable[[bytes | None, bytes | None], None] | None = None,
+) -> ChangelogBatch:
+    """Sort a restore consumer's batch: records per changelog partition, the
+    end-of-partition events, and records of `side_topic` (the status topic)
+    handed to `on_side_record`. A keyless changelog record is garbage and
+    skipped; a fatal consumer error raises. Shared by the restoration thread
+    and the thread-per-client baseline, so both apply changelogs alike."""
+    records: dict[TopicPartitionKey, list[tuple[bytes, bytes | None]]] = defaultdict(list)
+    next_offsets: dict[TopicPartitionKey, int] = {}
+    reached_end: list[tuple[TopicPartitionKey, int]] = []
+    for message in messages:
+        error = message.error()
+        tp: TopicPartitionKey = (message.topic(), message.partition())
+        offset: int = message.offset()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                reached_end.append((tp, offset))
+                continue
+            if error.fatal():
+                raise KafkaException(error)
+            log.warning("restore_consume_error", error=error.str())
+            continue
+        key = message.key()
+        if tp[0] == side_topic and on_side_record is not None:
+            on_side_record(key, message.value())
+            continue
+        if key is None:
+            continue
+        records[tp].append((key, message.value()))
+        next_offsets[tp] = offset + 1
+    return ChangelogBatch(dict(records), next_offsets, reached_end)
 
 
 @dataclass
@@ -328,30 +374,9 @@ class RestorationThread(threading.Thread):
 
     def restore_once(self) -> None:
         messages = self._consumer.consume(self._batch_size, 0.1)
-        batches: dict[TopicPartitionKey, list[tuple[bytes, bytes | None]]] = defaultdict(list)
-        next_offsets: dict[TopicPartitionKey, int] = {}
-        reached_end: list[tuple[TopicPartitionKey, int]] = []
-        for message in messages:
-            error = message.error()
-            tp: TopicPartitionKey = (message.topic(), message.partition())  # type: ignore[assignment]
-            offset: int = message.offset()  # type: ignore[assignment]
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    reached_end.append((tp, offset))
-                    continue
-                if error.fatal():
-                    raise KafkaException(error)
-                log.warning("restore_consume_error", error=error.str())
-                continue
-            key = message.key()
-            if tp[0] == self._status_topic:
-                self._apply_status(key, message.value())
-                continue
-            if key is None:
-                continue  # a changelog record always has a key; skip garbage
-            batches[tp].append((key, message.value()))
-            next_offsets[tp] = offset + 1
-        for tp, records in batches.items():
+        batch = sort_changelog_messages(messages, self._status_topic, self._apply_status)
+        next_offsets, reached_end = batch.next_offsets, batch.reached_end
+        for tp, records in batch.records.items():
             task_id = self._by_partition.get(tp)
             if task_id is None:
                 standby_id = self._standby_of.get(tp)

@@ -49,21 +49,32 @@ def test_baseline_stateless_map_two_threads(bootstrap: str, tmp_path: Path) -> N
     source, sink = unique_name("in"), unique_name("out")
     create_topic(bootstrap, source, PARTITIONS)
     create_topic(bootstrap, sink, PARTITIONS)
-    produce(
-        bootstrap,
-        source,
-        ((f"user-{i % 97}", json.dumps({"id": i})) for i in range(RECORDS)),
-    )
     app = BaselineApp(
         build_topology("stateless", source, sink), _config(bootstrap, app_id, tmp_path)
     )
     app.start()
     try:
+        # Both threads take part: the input is written once the group has spread the
+        # partitions over them. (On Kafka the first thread's join completes at once and the
+        # second one's rebalance follows a heartbeat later; had the input been there from the
+        # start, the first thread would have processed all of it alone.)
+        wait_until(
+            lambda: all(len(a) == PARTITIONS // 2 for a in app.assignment()),
+            60,
+            message=f"the partitions were not spread over both threads: {app.assignment()}",
+        )
+        produce(
+            bootstrap,
+            source,
+            ((f"user-{i % 97}", json.dumps({"id": i})) for i in range(RECORDS)),
+        )
         out = consume_all(bootstrap, sink, expected=RECORDS, timeout=60, idle=0.3)
         assert len(out) == RECORDS
         assert sorted(json.loads(m.value)["id"] for m in out) == list(range(RECORDS))  # type: ignore[arg-type]
         assert all(json.loads(m.value)["seen"] is True for m in out)  # type: ignore[arg-type]
-        # Both threads took part: the group spread the partitions over them.
+        # Every task processed input, and the tasks sit two and two on the threads.
+        processed = app.task_processed()
+        assert len(processed) == PARTITIONS and all(n > 0 for n in processed.values()), processed
         assert all(len(a) == PARTITIONS // 2 for a in app.assignment())
         wait_until(
             lambda: sum(committed_offsets(bootstrap, app_id, source).values()) == RECORDS,

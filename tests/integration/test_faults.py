@@ -1,6 +1,6 @@
 """Faults: a frozen broker, poison records, failing processors.
 
-The broker-outage test runs its own development broker (it gets frozen with
+The broker-outage test runs its own broker (``fresh_broker``: it gets frozen with
 SIGSTOP); the others share the session broker.
 """
 
@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from runtime import App, AppState, StreamsBuilder, serdes
-from runtime.devbroker import DevBroker
+from runtime.brokers import Broker
 from tests.harness import Feeder, TopicReader
 from tests.kafka_helpers import (
     committed_offsets,
@@ -79,21 +78,11 @@ def wait_for_output(app: App, bootstrap: str, topic: str, count: int, timeout: f
 # --- broker outage ----------------------------------------------------------------------
 
 
-@pytest.fixture
-def own_broker() -> Iterator[DevBroker]:
-    """A broker for this test alone: it gets frozen."""
-    broker = DevBroker()
-    broker.start(timeout=60.0)
-    try:
-        yield broker
-    finally:
-        broker.stop()
-
-
 OUTAGE_S = 15.0  # the spec: SIGSTOP the broker for 15 s
 
 
-def test_app_survives_a_15s_broker_outage(own_broker: DevBroker, tmp_path: Path) -> None:
+def test_app_survives_a_15s_broker_outage(fresh_broker: Broker, tmp_path: Path) -> None:
+    own_broker = fresh_broker
     bootstrap = own_broker.bootstrap
     source, sink, app_id = unique_name("o-in"), unique_name("o-out"), unique_name("outage")
     create_topic(bootstrap, source, 4)

@@ -1,9 +1,10 @@
 """Several instances of one application (same application.id) share its tasks.
 
 Two in-process Apps stand in for two daemons: each has its own consumer in the
-group, its own threads and state directory. Rebalances on the development
-broker are slow (a first join takes about session.timeout.ms / 2, a cooperative
-round about 3 s), hence the generous deadlines.
+group, its own threads and state directory. The deadlines are generous for the
+Tansu broker (STREAMS_TEST_BROKER=tansu), whose rebalances are slow (a
+first join takes about session.timeout.ms / 2, a cooperative round about 3 s);
+on Kafka a round takes about a heartbeat interval.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Kafka data source for PySpark, on the development broker with Spark local[2].
+"""The Kafka data source for PySpark, on the session broker with Spark local[2].
 
 Batch reads must return exactly what a plain consumer reads (splitting large ranges),
 writes must round-trip and fail on delivery errors, and a streaming query must resume

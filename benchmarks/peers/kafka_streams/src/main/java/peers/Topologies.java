@@ -1,0 +1,112 @@
+package peers;
+
+import com.fasterxml.jackson.core.StreamReadFeature;
+import com.fasterxml.jackson.core.StreamWriteFeature;
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.json.JsonMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import org.apache.kafka.common.serialization.Deserializer;
+import org.apache.kafka.common.serialization.Serde;
+import org.apache.kafka.common.serialization.Serdes;
+import org.apache.kafka.common.serialization.Serializer;
+import org.apache.kafka.streams.StreamsBuilder;
+import org.apache.kafka.streams.Topology;
+import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.KStream;
+import org.apache.kafka.streams.kstream.Materialized;
+import org.apache.kafka.streams.kstream.Produced;
+
+/**
+ * The benchmark topologies, written as a Kafka Streams user would write them.
+ *
+ * <p>Each mirrors the runtime's topology of the same name in {@code benchmarks/compare/workloads.py}
+ * and produces the same output bytes from the same input bytes:
+ *
+ * <ul>
+ *   <li>{@code stateless}: JSON value in, {@code "seen": true} appended, compact JSON out (the
+ *       runtime's {@code serdes.JSON}: no spaces, keys in input order). Jackson's tree model is
+ *       the Java counterpart of {@code json.loads}/{@code json.dumps}; doubles are written with
+ *       Jackson's shortest round-trip writer, as Python's {@code repr} does.
+ *   <li>{@code count}: {@code groupByKey().count()} into a RocksDB store named {@code counts}
+ *       (changelog {@code <application.id>-counts-changelog}, record cache on, all defaults),
+ *       counts written as 8-byte big-endian longs.
+ *   <li>{@code echo}: {@code mapValues} sends the value to the local echo server and returns the
+ *       reply (about 1 ms per record).
+ * </ul>
+ *
+ * <p>Every topology has one {@code peek} after its source, {@link Gate#pass}, which counts the
+ * records taken in (the harness's "processed" figure).
+ */
+final class Topologies {
+    static final String STORE = "counts";
+
+    private Topologies() {}
+
+    static Topology build(
+            final String kind, final String input, final String output, final Gate gate) {
+        final StreamsBuilder builder = new StreamsBuilder();
+        switch (kind) {
+            case "stateless" -> {
+                final Serde<JsonNode> json = jsonSerde();
+                builder.stream(input, Consumed.with(Serdes.String(), json))
+                        .peek((k, v) -> gate.pass())
+                        .mapValues(Topologies::enrich)
+                        .to(output, Produced.with(Serdes.String(), json));
+            }
+            case "count" -> {
+                final KStream<String, String> stream =
+                        builder.stream(input, Consumed.with(Serdes.String(), Serdes.String()));
+                stream.peek((k, v) -> gate.pass())
+                        .groupByKey()
+                        .count(Materialized.as(STORE))
+                        .toStream()
+                        .to(output, Produced.with(Serdes.String(), Serdes.Long()));
+            }
+            case "echo" -> builder.stream(input, Consumed.with(Serdes.String(), Serdes.String()))
+                    .peek((k, v) -> gate.pass())
+                    .mapValues(EchoClient::call)
+                    .to(output, Produced.with(Serdes.String(), Serdes.String()));
+            default -> throw new IllegalArgumentException("unknown topology " + kind);
+        }
+        return builder.build();
+    }
+
+    /** The stateless map function: add one field. */
+    static JsonNode enrich(final JsonNode value) {
+        ((ObjectNode) value).put("seen", true);
+        return value;
+    }
+
+    // -- the JSON serde ---------------------------------------------------------------------
+
+    private static final JsonMapper MAPPER = JsonMapper.builder()
+            .enable(StreamReadFeature.USE_FAST_DOUBLE_PARSER)
+            .enable(StreamWriteFeature.USE_FAST_DOUBLE_WRITER)
+            .build();
+
+    static Serde<JsonNode> jsonSerde() {
+        final Serializer<JsonNode> serializer = (topic, node) -> {
+            if (node == null) {
+                return null;
+            }
+            try {
+                return MAPPER.writeValueAsBytes(node);
+            } catch (final IOException e) {
+                throw new UncheckedIOException(e);
+            }
+        };
+        final Deserializer<JsonNode> deserializer = (topic, data) -> {
+            if (data == null) {
+                return null;
+            }
+            try {
+                return MAPPER.readTree(data);
+            } catch (final IOException e) {
+                throw new UncheckedIOException("not JSON in " + topic, e);
+            }
+        };
+        return Serdes.serdeFrom(serializer, deserializer);
+    }
+}
