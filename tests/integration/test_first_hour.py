@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -352,3 +353,33 @@ def test_daemon_ends_with_one_line_naming_the_sink(bootstrap: str, tmp_path: Pat
     assert last.endswith(
         f"fix: .to('{sink}', value_serde=serdes.JSON), or --set default.value.serde=json"
     )
+
+
+# --- the demo -------------------------------------------------------------------------------
+
+
+def test_demo_view_says_what_threads_do_and_keeps_its_log(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime", "demo", "--broker", "tansu", "--duration", "8"]
+        + ["--rate", "2000", "--threads", "2", "--partitions", "4"],
+        cwd=REPO,
+        env=clean_env(TMPDIR=str(tmp_path)),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert "out is about 10% below in: the filter drops orders with qty 0" in result.stdout
+    running = [line for line in lines if "RUNNING" in line and "in=" in line]
+    assert running, result.stdout
+    thread = r"(idle|\d+_\d+ +\d+%)"
+    assert re.search(rf"\| T1 {thread} \| T2 {thread}$", running[-1]), running[-1]
+    assert not [
+        line for line in (result.stdout + result.stderr).splitlines() if line.startswith("%")
+    ]
+    log_path = Path(lines[-1].rsplit("log kept at ", 1)[1])
+    assert log_path.is_file() and log_path.parent == tmp_path
+    events = [json.loads(line)["event"] for line in log_path.read_text().splitlines()]
+    assert "startup_phase" in events and "app_closed" in events
