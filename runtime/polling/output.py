@@ -173,7 +173,13 @@ class OutputChannel:
         """A control record (status, shutdown request) on partition 0 of `topic`."""
         if self.transactions is not None and not self.transactions.ensure_open():
             return  # a broken producer: the next status goes out after the abort
-        self.producer.produce(topic, value, key, partition=0)
+        try:
+            self.producer.produce(topic, value, key, partition=0)
+        except KafkaException as exc:
+            if self.transactions is None or not breaks_producer(exc.args[0]):
+                raise
+            # Fenced between two loop turns: the abort and rewind follow.
+            self.transactions.note_broken(exc.args[0])
 
     def serve(self) -> None:
         """Serve delivery reports without blocking."""
