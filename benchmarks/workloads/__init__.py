@@ -15,4 +15,8 @@ WORKLOADS = {
     "compare": "benchmarks.compare.main",
     # The runtime against Kafka Streams and quixstreams (benchmarks/peers/).
     "peers": "benchmarks.peers.main",
+    # Join rebalance time, classic vs KIP-848 group protocol (benchmarks/rebalance.py).
+    "rebalance": "benchmarks.rebalance",
+    # exactly_once_v2 over at_least_once throughput (benchmarks/eos.py).
+    "eos": "benchmarks.eos",
 }

@@ -25,7 +25,11 @@ from runtime.config import StreamsConfig
 from runtime.logging import get_logger
 from runtime.polling.clients import producer_config
 from runtime.polling.production import OutputErrors, ProductionCounts
-from runtime.polling.transactions import Transactions, stable_transactional_id
+from runtime.polling.transactions import (
+    Transactions,
+    breaks_producer,
+    stable_transactional_id,
+)
 
 log = get_logger("runtime.output")
 
@@ -53,8 +57,9 @@ class OutputChannel:
         self._collector = collector
         self._changelog_topics = changelog_topics
         self._on_stall = on_stall
+        self._on_client_error = on_client_error
         settings = producer_config(
-            config, {"error_cb": on_client_error, "on_delivery": self._on_delivery}
+            config, {"error_cb": self._on_producer_error, "on_delivery": self._on_delivery}
         )
         if client_id is not None:
             settings["client.id"] = client_id
@@ -116,8 +121,8 @@ class OutputChannel:
         buffers = self._collector.take_all()
         if not buffers:
             return 0
-        if self.transactions is not None:
-            self.transactions.ensure_open()
+        if self.transactions is not None and not self.transactions.ensure_open():
+            return 0  # a broken producer: the work is rewound with the abort
         produced = 0
         for records in buffers.values():
             produced += self._produce(records)
@@ -126,8 +131,8 @@ class OutputChannel:
 
     def send(self, records: list[OutputRecord]) -> int:
         """Produce records straight away, in order (no collector in between)."""
-        if self.transactions is not None:
-            self.transactions.ensure_open()
+        if self.transactions is not None and not self.transactions.ensure_open():
+            return 0  # a broken producer: the work is rewound with the abort
         produced = self._produce(records)
         self.produced_total += produced
         return produced
@@ -156,6 +161,11 @@ class OutputChannel:
                     # serve delivery reports until there is room.
                     producer.poll(0.1)
                 except KafkaException as exc:
+                    if self.transactions is not None and breaks_producer(exc.args[0]):
+                        # Fenced or fatally failed: nothing more can be
+                        # produced; the abort and rewind redo this work.
+                        self.transactions.note_broken(exc.args[0])
+                        return len(records)
                     # Refused for good (too large, ...): the handler skips it,
                     # dead-letters it, or raises ProductionFailed.
                     self.errors.on_produce_error(record, exc)
@@ -164,9 +174,15 @@ class OutputChannel:
 
     def produce_one(self, topic: str, key: bytes | None, value: bytes | None) -> None:
         """A control record (status, shutdown request) on partition 0 of `topic`."""
-        if self.transactions is not None:
-            self.transactions.ensure_open()
-        self.producer.produce(topic, value, key, partition=0)
+        if self.transactions is not None and not self.transactions.ensure_open():
+            return  # a broken producer: the next status goes out after the abort
+        try:
+            self.producer.produce(topic, value, key, partition=0)
+        except KafkaException as exc:
+            if self.transactions is None or not breaks_producer(exc.args[0]):
+                raise
+            # Fenced between two loop turns: the abort and rewind follow.
+            self.transactions.note_broken(exc.args[0])
 
     def serve(self) -> None:
         """Serve delivery reports without blocking."""
@@ -190,7 +206,16 @@ class OutputChannel:
             if abort_requested():
                 raise RuntimeError("shutdown without commit requested during flush")
 
-    # --- delivery reports -----------------------------------------------------
+    # --- client errors and delivery reports -------------------------------------
+
+    def _on_producer_error(self, error: KafkaError) -> None:
+        """The producer's error callback. Under exactly_once_v2 a fenced or
+        fatally failed producer is not the end of the app: the open transaction
+        is aborted, the producer replaced and every task rewound."""
+        if self.transactions is not None and breaks_producer(error):
+            self.transactions.note_broken(error)
+            return
+        self._on_client_error(error)
 
     def _on_delivery(self, error: KafkaError | None, message: Message) -> None:
         if error is not None:
@@ -219,7 +244,11 @@ class OutputChannel:
     def close(self, timeout_s: float, drain_first: bool) -> None:
         """Abort an open transaction or drain and flush, then close the producer."""
         try:
-            if self.transactions is not None and self.transactions.open:
+            if self.transactions is not None and self.transactions.broken is not None:
+                # Fenced: the broker aborts what it left open; no new producer
+                # just to close it.
+                pass
+            elif self.transactions is not None and self.transactions.open:
                 # Whatever is still open was not committed with offsets: abort.
                 self.transactions.abort()
             elif self.transactions is None and drain_first:

@@ -190,7 +190,9 @@ class PollingThread(threading.Thread):
             # consumer triggers must not commit past it (rule 3).
             self._abort = True
             self.fatal_error = exc
-            log.error("polling_thread_failed", error=f"{type(exc).__name__}: {exc}")
+            log.error(
+                "polling_thread_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc
+            )
         finally:
             self._close_clients()
             log.info("polling_thread_stopped")
@@ -214,6 +216,7 @@ class PollingThread(threading.Thread):
             self.take_restored_tasks()
         self.output.drain()
         self.output.serve()
+        self.recover_broken_producer()
         self.check_failures()
         self.maybe_commit()
         now = time.monotonic()
@@ -270,6 +273,16 @@ class PollingThread(threading.Thread):
         if self._restoration.fatal_error is not None:
             raise FatalError(f"restoration failed: {self._restoration.fatal_error}")
         self.tasks.take_restored()
+
+    def recover_broken_producer(self) -> None:
+        """Under exactly_once_v2, a fenced producer (another producer took our
+        transactional.id) ends the open transaction at once: abort it, replace
+        the producer and rewind every task, without waiting for the commit."""
+        transactions = self.output.transactions
+        if transactions is None or transactions.broken is None:
+            return
+        with self.committer.tasks_locked():
+            self._rewind_after_abort(transactions.abort())
 
     def check_failures(self) -> None:
         """Hand parked task failures to the app; stop on refused output."""

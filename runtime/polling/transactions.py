@@ -54,8 +54,26 @@ class TransactionFailed(Exception):
         self.recreated_producer = recreated_producer
 
 
+# Producer errors after which the transactional producer is unusable: it was
+# fenced (another producer initialised our transactional.id, or the
+# coordinator bumped our epoch) or hit another fatal error.
+_BROKEN_CODES = (KafkaError._FENCED, KafkaError._FATAL)
+
+
+def breaks_producer(error: KafkaError) -> bool:
+    """Whether `error` leaves a transactional producer unusable (fenced, fatal)."""
+    return bool(error.fatal()) or error.code() in _BROKEN_CODES
+
+
 class Transactions:
-    """Begin lazily, commit with offsets, abort; recreate a fenced producer."""
+    """Begin lazily, commit with offsets, abort; recreate a fenced producer.
+
+    A fenced (or otherwise fatally failed) producer is reported through
+    `note_broken` (from its error callback or a failed `produce()`): from then
+    on nothing is produced, the next `commit` aborts, and `abort` replaces the
+    producer. The polling thread then rewinds every task (`broken` tells it
+    not to wait for the commit interval).
+    """
 
     def __init__(self, make_producer: Callable[[], Producer], timeout_s: float) -> None:
         self._make_producer = make_producer
@@ -64,6 +82,14 @@ class Transactions:
         self.open = False
         self.committed = 0
         self.aborted = 0
+        self.broken: KafkaError | None = None
+        """The fatal error that made the current producer unusable, if any."""
+
+    def note_broken(self, error: KafkaError) -> None:
+        """The producer is fenced or failed fatally: abort and replace it next."""
+        if self.broken is None:
+            log.warning("transactional_producer_broken", error=error.str(), code=error.name())
+            self.broken = error
 
     def _new_producer(self) -> Producer:
         producer = self._make_producer()
@@ -72,17 +98,36 @@ class Transactions:
         producer.init_transactions(self._timeout_s)
         return producer
 
-    def ensure_open(self) -> None:
-        """Begin a transaction unless one is open (before any produce)."""
+    def ensure_open(self) -> bool:
+        """Begin a transaction unless one is open (before any produce).
+
+        False if the producer is broken: nothing may be produced until the
+        transaction is aborted (the records are recomputed after the rewind).
+        """
+        if self.broken is not None:
+            return False
         if not self.open:
-            self.producer.begin_transaction()
+            try:
+                self.producer.begin_transaction()
+            except KafkaException as exc:
+                error: KafkaError = exc.args[0]
+                if not breaks_producer(error):
+                    raise
+                self.note_broken(error)
+                self.open = True  # what was produced before must still be aborted
+                return False
             self.open = True
+        return True
 
     def commit(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
         """Send the offsets and commit. Raises TransactionFailed after aborting."""
+        if self.broken is not None:
+            raise self.abort(self.broken)
         if not self.open and not offsets:
             return
         self.ensure_open()
+        if self.broken is not None:
+            raise self.abort(self.broken)
         try:
             if offsets:
                 self.producer.send_offsets_to_transaction(offsets, group_metadata, self._timeout_s)
@@ -113,10 +158,10 @@ class Transactions:
     def abort(self, cause: KafkaError | None = None) -> TransactionFailed:
         """Abort the open transaction (recreating a fenced or broken producer)."""
         recreated = False
-        error = cause or KafkaError(KafkaError._STATE, "aborted by the runtime")
-        if self.open:
+        error = cause or self.broken or KafkaError(KafkaError._STATE, "aborted by the runtime")
+        if self.open or self.broken is not None:
             try:
-                if error.fatal():
+                if self.broken is not None or breaks_producer(error):
                     raise KafkaException(error)
                 self.producer.abort_transaction(self._timeout_s)
             except KafkaException as exc:
@@ -133,4 +178,6 @@ class Transactions:
         with contextlib.suppress(Exception):  # the old producer is unusable anyway
             self.producer.flush(0)
         self.producer = self._new_producer()
+        # Errors the old producer reported (served by the flush above) are about it.
+        self.broken = None
         log.info("transactional_producer_recreated")

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import Producer
 
 from runtime import App, AppState, StreamsBuilder, serdes
 from runtime.brokers import Broker
@@ -28,20 +28,6 @@ from tests.kafka_helpers import (
 pytestmark = pytest.mark.integration
 
 EOS_APP = "tests.apps.eos_app:topology"
-
-
-def uncommitted_reader(bootstrap: str, topic: str, partitions: int) -> Consumer:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": unique_name("progress"),
-            "enable.auto.commit": False,
-            "isolation.level": "read_uncommitted",
-            "fetch.wait.max.ms": 100,
-        }
-    )
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-    return consumer
 
 
 def eos_config(bootstrap: str, app_id: str, state_dir: Path) -> dict[str, object]:
@@ -130,9 +116,17 @@ def test_exactly_once_pass_through_and_count_in_process(bootstrap: str, tmp_path
         assert app.close(30)
 
 
-def test_chaos_kill_9_five_times_gives_exactly_once_output_and_counts(
+CHAOS_KILLS = 20
+
+
+def test_slow_chaos_kill_9_twenty_times_gives_exactly_once_output_and_counts(
     bootstrap: str, tmp_path: Path, aborts_filtered: bool
 ) -> None:
+    """20 SIGKILLs of the daemon at random moments, each restart on the same state.
+
+    The slowest test of the module (about 3 min here): every round is a process
+    start, a group join and at least one committed transaction before the kill.
+    """
     if not aborts_filtered:
         # Measured on Tansu 0.6.0: a producer killed inside a transaction
         # leaves it open (InitProducerId with the same transactional.id does
@@ -145,18 +139,17 @@ def test_chaos_kill_9_five_times_gives_exactly_once_output_and_counts(
     app_id = unique_name("chaos")
     keys = 40
     # Input flows until the last daemon runs: with a fixed amount the feed could end
-    # before the last kills (a daemon then had nothing left to process, and its wait for
-    # progress below failed).
+    # before the last kills (a daemon then had nothing left to process).
     feeder = Feeder(bootstrap, topics.input, rate=400, keys=keys)
     feeder.start()
-    # Progress is watched uncommitted: on a broker that leaves a crashed
-    # producer's transaction open, committed output can lag behind.
-    reader = TopicReader(bootstrap, topics.output, 4)
-    reader.consumer.close()
-    reader.consumer = uncommitted_reader(bootstrap, topics.output, 4)
-    rng = random.Random(20261122)
+    reader = TopicReader(bootstrap, topics.output, 4)  # read_committed
+    rng = random.Random(20261123)
     state_dir = tmp_path / "state"
     sets = eos_config(bootstrap, app_id, state_dir)
+    # A killed member leaves the classic group only when its session expires; the
+    # next daemon's join waits for that. 3 s (the broker allows 1 s) keeps rounds short.
+    sets["consumer.session.timeout.ms"] = 3000
+    sets["commit.interval.ms"] = 200
     daemons: list[Daemon] = []
 
     def start(n: int) -> Daemon:
@@ -164,53 +157,69 @@ def test_chaos_kill_9_five_times_gives_exactly_once_output_and_counts(
         daemons.append(daemon)
         return daemon
 
+    def committed_beyond(first_new: int, daemon: Daemon) -> bool:
+        daemon.assert_alive()
+        reader.poll()
+        return any(int(m.value) >= first_new for m in reader.msgs[-2000:] if m.value)
+
+    started = time.monotonic()
     try:
-        for n in range(5):
+        for n in range(CHAOS_KILLS):
+            # Records from here on were produced after the last kill: committed output
+            # holding one of them proves this daemon committed a transaction.
+            first_new = feeder.sent
             daemon = start(n)
-            seen = len(reader.msgs)
-            # Let it make some committed progress, then kill it at a random moment.
             wait_until(
-                lambda seen=seen: reader.poll() >= 0 and len(reader.msgs) > seen,
+                lambda d=daemon, f=first_new: committed_beyond(f, d),
                 90,
-                message=f"daemon {n} produced nothing committed",
+                message=f"daemon {n} committed no transaction",
             )
-            time.sleep(rng.uniform(0.0, 2.5))  # a random moment, not a wait for a condition
+            time.sleep(rng.uniform(0.0, 1.0))  # a random moment, not a wait for a condition
             daemon.assert_alive()
             daemon.send(signal.SIGKILL)
-            daemon.wait(10)
-        final = start(5)
+            assert daemon.wait(10) is not None
+        kills_s = time.monotonic() - started
+        final = start(CHAOS_KILLS)
+        first_new = feeder.sent
+        wait_until(lambda: committed_beyond(first_new, final), 90, message="final daemon idle")
         feeder.stop()
         total = feeder.sent
-        exactly_once_checks(bootstrap, topics, total, keys, strict=aborts_filtered)
+        exactly_once_checks(bootstrap, topics, total, keys)
         final.assert_alive()
         final.send(signal.SIGTERM)
         assert final.wait(30) == 0
+        print(f"chaos: {CHAOS_KILLS} kills in {kills_s:.0f} s, {total} records exactly once")
     finally:
         feeder._halt.set()  # if the test failed before stop(): no input after it
         reader.close()
         for daemon in daemons:
             daemon.kill()
-        for daemon in daemons:
+        for daemon in daemons[-2:]:
             print(f"--- {daemon.log_path.name} ---\n{daemon.tail(3000)}")
 
 
+GROUP_PROTOCOLS = ["classic", "consumer"]
+
+
+@pytest.mark.parametrize("protocol", GROUP_PROTOCOLS)
 def test_second_instance_joins_and_leaves_under_eos(
-    bootstrap: str, tmp_path: Path, aborts_filtered: bool
+    bootstrap: str, tmp_path: Path, on_kafka: bool, protocol: str
 ) -> None:
+    if protocol == "consumer" and not on_kafka:
+        pytest.skip("KIP-848 (group.protocol=consumer) needs Apache Kafka 4.x")
     topics = Topics(bootstrap)
     app_id = unique_name("eosjoin")
     total, keys = 6000, 40
     feeder = Feeder(bootstrap, topics.input, total, rate=500, keys=keys)
     feeder.start()
-    first = Daemon(
-        tmp_path / "first.log", EOS_APP, eos_config(bootstrap, app_id, tmp_path / "a"), topics.env()
-    ).start()
-    second = Daemon(
-        tmp_path / "second.log",
-        EOS_APP,
-        eos_config(bootstrap, app_id, tmp_path / "b"),
-        topics.env(),
-    )
+
+    def config(state: str) -> dict[str, object]:
+        sets = eos_config(bootstrap, app_id, tmp_path / state)
+        sets["consumer.group.protocol"] = protocol
+        return sets
+
+    first = Daemon(tmp_path / "first.log", EOS_APP, config("a"), topics.env()).start()
+    second = Daemon(tmp_path / "second.log", EOS_APP, config("b"), topics.env())
     reader = TopicReader(bootstrap, topics.output, 4)
     try:
         wait_until(lambda: reader.poll() >= 0 and len(reader.msgs) > 500, 60, message="no output")
@@ -221,7 +230,12 @@ def test_second_instance_joins_and_leaves_under_eos(
             90,
             message="the second instance never got partitions",
         )
-        wait_until(lambda: reader.poll() >= 0 and len(reader.msgs) > 3000, 90, message="stalled")
+        joined_at = len(reader.msgs)
+        wait_until(
+            lambda: reader.poll() >= 0 and len(reader.msgs) > max(3000, joined_at + 500),
+            90,
+            message="stalled",
+        )
         second.send(signal.SIGTERM)
         assert second.wait(30) == 0
         feeder.join(120)
@@ -289,4 +303,65 @@ def test_failed_transaction_is_aborted_rewound_and_recovered(
         exactly_once_checks(bootstrap, topics, total, keys, strict=strict or aborted == 0)
         assert app.state in (AppState.RUNNING, AppState.REBALANCING)
     finally:
+        app.close(30)
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="open: in some runs a KafkaException(_FENCED) still escapes the polling thread "
+    "after the producer was marked broken (3 of 6 runs, 2026-11-23); not yet located",
+)
+def test_fenced_producer_is_aborted_rewound_and_recreated(
+    bootstrap: str, on_kafka: bool, tmp_path: Path
+) -> None:
+    """Another producer initialises the runtime's transactional.id mid-stream: the
+    runtime's producer is fenced; the runtime aborts, rewinds every task, makes a
+    new producer (which fences the intruder in turn) and the output stays exactly once."""
+    if not on_kafka:
+        pytest.skip("fencing by transactional.id is checked on Apache Kafka")
+    topics = Topics(bootstrap, partitions=2)
+    total, keys = 4000, 20
+    feeder = Feeder(bootstrap, topics.input, total, rate=400, keys=keys)
+    builder = StreamsBuilder()
+    stream = builder.stream(topics.input, key_serde=serdes.STRING, value_serde=serdes.STRING)
+    stream.to(topics.output)
+    stream.group_by_key().count(store="counts").to_stream().to(
+        topics.counts, value_serde=serdes.INT64
+    )
+    app_id = unique_name("eosfence")
+    config = eos_config(bootstrap, app_id, tmp_path)
+    config["commit.interval.ms"] = 300
+    app = App(builder.build(), config)
+    app.start()
+    feeder.start()
+    intruder: Producer | None = None
+    try:
+        wait_until(lambda: app.status()["transactions_committed"] > 3, 60, message="no txn")
+        transactional_id = (tmp_path / app_id / ".transactional-id").read_text().strip()
+        intruder = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id})
+        # InitProducerId bumps the epoch: the runtime's producer is fenced from here on.
+        intruder.init_transactions(30)
+        wait_until(
+            lambda: app.status()["transactions_aborted"] >= 1,
+            60,
+            message="the fenced transaction was never aborted",
+        )
+        aborted_at = app.status()["transactions_committed"]
+        wait_until(
+            lambda: app.status()["transactions_committed"] > aborted_at + 2,
+            60,
+            message="no transaction committed with the new producer",
+        )
+        feeder.join(120)
+        wait_until(lambda: app.status()["total_lag"] == 0, 120, message="input not consumed")
+        done_at = app.status()["transactions_committed"]
+        wait_until(
+            lambda: app.status()["transactions_committed"] >= done_at + 2,
+            60,
+            message="no commits after the input was consumed",
+        )
+        exactly_once_checks(bootstrap, topics, total, keys)
+        assert app.state in (AppState.RUNNING, AppState.REBALANCING), repr(app.failure)
+    finally:
+        feeder._halt.set()
         app.close(30)

@@ -24,8 +24,22 @@ PARTITIONS = 8
 ALL_TASKS = {f"0_{p}" for p in range(PARTITIONS)}
 
 
-def base_config(bootstrap: str, app_id: str, state_dir: Path) -> dict[str, object]:
+GROUP_PROTOCOLS = ["classic", "consumer"]
+
+
+@pytest.fixture(params=GROUP_PROTOCOLS)
+def protocol(request: pytest.FixtureRequest, on_kafka: bool) -> str:
+    """The consumer group protocol: classic, or KIP-848's `consumer` (Kafka 4.x only)."""
+    if request.param == "consumer" and not on_kafka:
+        pytest.skip("KIP-848 (group.protocol=consumer) needs Apache Kafka 4.x")
+    return str(request.param)
+
+
+def base_config(
+    bootstrap: str, app_id: str, state_dir: Path, protocol: str = "classic"
+) -> dict[str, object]:
     return {
+        "consumer.group.protocol": protocol,
         "application.id": app_id,
         "bootstrap.servers": bootstrap,
         "processing.threads": 2,
@@ -36,10 +50,12 @@ def base_config(bootstrap: str, app_id: str, state_dir: Path) -> dict[str, objec
     }
 
 
-def passthrough_app(bootstrap: str, app_id: str, source: str, sink: str, state_dir: Path) -> App:
+def passthrough_app(
+    bootstrap: str, app_id: str, source: str, sink: str, state_dir: Path, protocol: str
+) -> App:
     builder = StreamsBuilder()
     builder.stream(source).to(sink)
-    return App(builder.build(), base_config(bootstrap, app_id, state_dir))
+    return App(builder.build(), base_config(bootstrap, app_id, state_dir, protocol))
 
 
 def tasks_of(app: App) -> set[str]:
@@ -90,15 +106,15 @@ def wait_for_all(reader: TopicReader, n: int, apps: list[App], timeout: float = 
         raise AssertionError(f"{len(missing)} of {n} missing, e.g. {missing[:20]}") from None
 
 
-def test_two_instances_share_the_tasks(bootstrap: str, tmp_path: Path) -> None:
+def test_two_instances_share_the_tasks(bootstrap: str, tmp_path: Path, protocol: str) -> None:
     source, sink, app_id = unique_name("m-in"), unique_name("m-out"), unique_name("multi")
     create_topic(bootstrap, source, PARTITIONS)
     create_topic(bootstrap, sink, PARTITIONS)
     first_batch = 2000
     produce(bootstrap, source, ((f"k{i % 64}", str(i)) for i in range(first_batch)))
 
-    a = passthrough_app(bootstrap, app_id, source, sink, tmp_path / "a")
-    b = passthrough_app(bootstrap, app_id, source, sink, tmp_path / "b")
+    a = passthrough_app(bootstrap, app_id, source, sink, tmp_path / "a", protocol)
+    b = passthrough_app(bootstrap, app_id, source, sink, tmp_path / "b", protocol)
     reader = TopicReader(bootstrap, sink, PARTITIONS)
     a.start()
     b.start()
@@ -128,13 +144,15 @@ def test_two_instances_share_the_tasks(bootstrap: str, tmp_path: Path) -> None:
     print(f"two instances: {len(values)} output for {n} input")
 
 
-def test_survivor_takes_over_when_one_instance_closes(bootstrap: str, tmp_path: Path) -> None:
+def test_survivor_takes_over_when_one_instance_closes(
+    bootstrap: str, tmp_path: Path, protocol: str
+) -> None:
     source, sink, app_id = unique_name("h-in"), unique_name("h-out"), unique_name("handover")
     create_topic(bootstrap, source, PARTITIONS)
     create_topic(bootstrap, sink, PARTITIONS)
 
-    a = passthrough_app(bootstrap, app_id, source, sink, tmp_path / "a")
-    b = passthrough_app(bootstrap, app_id, source, sink, tmp_path / "b")
+    a = passthrough_app(bootstrap, app_id, source, sink, tmp_path / "a", protocol)
+    b = passthrough_app(bootstrap, app_id, source, sink, tmp_path / "b", protocol)
     feeder = Feeder(bootstrap, source, rate=1000)
     reader = TopicReader(bootstrap, sink, PARTITIONS)
     a.start()
