@@ -190,9 +190,7 @@ class PollingThread(threading.Thread):
             # consumer triggers must not commit past it (rule 3).
             self._abort = True
             self.fatal_error = exc
-            log.error(
-                "polling_thread_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc
-            )
+            log.error("polling_thread_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
         finally:
             self._close_clients()
             log.info("polling_thread_stopped")
