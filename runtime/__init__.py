@@ -15,6 +15,7 @@ from runtime.app import (
 )
 from runtime.config import ConfigError, StreamsConfig, load_config
 from runtime.polling.topics import TopicError
+from runtime.processing.queries import StoreUnavailableError
 from runtime.topology import (
     BranchedKStream,
     KGroupedStream,
@@ -24,6 +25,7 @@ from runtime.topology import (
     ProcessorContext,
     PunctuationType,
     Record,
+    SerializationError,
     StreamsBuilder,
     TimeWindowedKStream,
     TimeWindows,
@@ -53,6 +55,8 @@ __all__ = [
     "ProcessorContext",
     "PunctuationType",
     "Record",
+    "SerializationError",
+    "StoreUnavailableError",
     "StreamsBuilder",
     "StreamsConfig",
     "TopicError",

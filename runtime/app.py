@@ -17,16 +17,16 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka.admin import AdminClient
-
 from runtime.collector.collector import RecordCollector
 from runtime.config import StreamsConfig, clamp_wait_s
 from runtime.logging import get_logger
-from runtime.polling.clients import admin_config, restore_consumer_config
+from runtime.polling.clients import restore_consumer_config
+from runtime.polling.cluster import StartupAdmin
 from runtime.polling.polling_thread import PollingThread, PollingThreadHooks
-from runtime.polling.topics import TopicLayout, resolve_topics
+from runtime.polling.serde_check import check_serdes_on_samples
+from runtime.polling.topics import TopicLayout, create_user_topics, resolve_topics
 from runtime.processing.errors import ErrorPolicy, TaskFailedError
-from runtime.processing.queries import StoreQuery
+from runtime.processing.queries import StoreQuery, StoreUnavailableError
 from runtime.processing.task import TaskSettings
 from runtime.processing.task_manager import TaskManager
 from runtime.processing.threads import ProcessingThreadPool
@@ -147,9 +147,11 @@ class App:
         """Check topics, start the polling thread and `processing.threads` threads.
 
         Raises ConfigError (`state.dir` not writable, a client property
-        librdkafka refuses; see `runtime.startup_checks`) and TopicError
-        (missing topics, co-partitioning) before any thread starts; the app
-        then stays CREATED.
+        librdkafka refuses; see `runtime.startup_checks`), TopicError (the
+        cluster cannot be reached, missing topics, co-partitioning) and
+        SerializationError (a sink's serde refuses what the topology makes of
+        the newest input record; `runtime.polling.serde_check`) before any
+        thread starts; the app then stays CREATED.
         """
         with self._lock:
             if self._state is not AppState.CREATED:
@@ -157,7 +159,9 @@ class App:
             config = self.config
             has_state = bool(self.topology.store_specs())
             check_startup(config, uses_state_dir=has_state or config.exactly_once)
-            admin = AdminClient(admin_config(config))
+            startup_admin = StartupAdmin(config)
+            startup_admin.wait_for_cluster()
+            admin = startup_admin.client
             extra = {config.dead_letter_queue_topic: 1} if config.dead_letter_queue_topic else {}
             extra_configs: dict[str, dict[str, str]] = {}
             # Every instance publishes its tasks on the status topic and reads
@@ -165,6 +169,13 @@ class App:
             status_topic = status_topic_name(config.application_id)
             extra[status_topic] = 1
             extra_configs[status_topic] = {"cleanup.policy": "compact"}
+            if config.topics_create_missing:
+                create_user_topics(
+                    admin,
+                    self.topology,
+                    config.topics_create_partitions,
+                    config.replication_factor,
+                )
             self._layout = resolve_topics(
                 admin,
                 self.topology,
@@ -173,6 +184,9 @@ class App:
                 extra,
                 extra_configs=extra_configs,
             )
+            # A sink serde that cannot take what the topology makes fails
+            # here, on the newest input, instead of on the first record later.
+            check_serdes_on_samples(config, self.topology, self._layout)
             settings = TaskSettings(
                 application_id=config.application_id,
                 default_key_serde=config.default_key_serde,
@@ -347,7 +361,38 @@ class App:
         key_serde = _serde(definition.key_serde) or self.config.default_key_serde
         value_serde = _serde(definition.value_serde) or self.config.default_value_serde
         return StoreQuery(
-            name, self._task_manager, key_serde, value_serde, definition.windowed, timeout
+            name,
+            self._task_manager,
+            key_serde,
+            value_serde,
+            definition.windowed,
+            timeout,
+            available=lambda: self._check_queryable(name),
+            key_serde_source="given in the topology"
+            if definition.key_serde is not None
+            else "default.key.serde",
+        )
+
+    def _check_queryable(self, store: str) -> None:
+        """Raise StoreUnavailableError unless the app runs (or rebalances)."""
+        state = self._state
+        if state in (AppState.RUNNING, AppState.REBALANCING):
+            return
+        app = self.config.application_id
+        if state in (AppState.ERROR, AppState.PENDING_ERROR):
+            failure = self._failure
+            reason = f": {type(failure).__name__}: {failure}" if failure is not None else ""
+            raise StoreUnavailableError(
+                f"store {store!r} cannot be queried: application {app!r} failed "
+                f"(state {state}){reason}; fix the cause and start it again"
+            )
+        if state is AppState.CREATED:
+            raise StoreUnavailableError(
+                f"store {store!r} cannot be queried: application {app!r} is not started "
+                "(call start() first)"
+            )
+        raise StoreUnavailableError(
+            f"store {store!r} cannot be queried: application {app!r} is stopped (state {state})"
         )
 
     def pause(self, task_id: str | None = None) -> None:
@@ -546,6 +591,8 @@ class App:
                 task=t.current_task,
                 batches=t.batches,
                 busy_seconds=round(t.busy_seconds, 3),
+                state=t.state,
+                last_task=t.last_task,
             )
             for t in self._pool.threads()
         )
@@ -592,4 +639,7 @@ class App:
             lag={f"{t}-{p}": v for (t, p), v in sorted(lag.items())},
             total_lag=sum(lag.values()),
             broker_down_since=polling.health.down_since,
+            startup_phase=polling.startup.phase,
+            waiting_for=polling.startup.waiting_for,
+            startup_phase_since=polling.startup.phase_since,
         )

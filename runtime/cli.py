@@ -1,10 +1,11 @@
-"""The `streams-runtime` command: run, admin, broker, demo, audit, backfill.
+"""The `streams-runtime` command: run, topics, admin, broker, demo, audit, backfill.
 
 Runs on the main thread. `run` starts the app, then hands the main thread to
 the admin loop (`runtime.admin.daemon.run_daemon`): signals in gunicorn's shape
 (SIGTERM/SIGINT close the app gracefully, SIGTTIN adds a processing thread,
 SIGTTOU removes one), the admin socket and the metrics endpoint. Exit codes:
 0 clean shutdown, 1 the app failed, 2 bad input (config, topology, topics).
+`topics create` makes a topology's missing source and sink topics.
 `admin` talks to a running daemon over its socket (`runtime.admin.client`).
 `audit` and `backfill` are Spark jobs (`runtime.spark`): exit 0 on success,
 1 on a mismatch or a failed job, 2 on bad input (including no Java).
@@ -22,6 +23,7 @@ from typing import Any
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT
 
 
 def load_topology(target: str) -> Any:
@@ -51,18 +53,24 @@ def load_topology(target: str) -> Any:
     return obj
 
 
-def load_config_and_topology(args: argparse.Namespace) -> tuple[Any, Any] | int:
+def load_config_and_topology(
+    args: argparse.Namespace,
+    base: dict[str, Any] | None = None,
+    log_level: str | None = None,
+) -> tuple[Any, Any] | int:
     """`--config`/`--set`/env and MODULE:ATTR, with logging set up; an exit
-    code (bad input) instead when either is wrong, the reason on stderr."""
+    code (bad input) instead when either is wrong, the reason on stderr.
+    `base`: values the config sources override; `log_level`: instead of
+    `log.level` (a one-shot command's own output is what the user reads)."""
     from runtime.config import ConfigError, load_config
     from runtime.logging import configure_logging
 
     try:
-        config = load_config(args.config, args.set or ())
+        config = load_config(args.config, args.set or (), base=base)
     except ConfigError as exc:
         print(f"streams-runtime: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    configure_logging(config.log_level)
+    configure_logging(log_level or config.log_level)
     try:
         topology = load_topology(args.target)
     except Exception as exc:
@@ -76,6 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from runtime.app import App
     from runtime.config import ConfigError
     from runtime.polling.topics import TopicError
+    from runtime.topology.errors import SerializationError
 
     loaded = load_config_and_topology(args)
     if isinstance(loaded, int):
@@ -85,11 +94,70 @@ def cmd_run(args: argparse.Namespace) -> int:
         preflight(config)
         app = App(topology, config)
         app.start()
-    except (ConfigError, TopicError, DaemonSetupError) as exc:
-        print(f"streams-runtime: {exc}", file=sys.stderr)
+    except (ConfigError, TopicError, DaemonSetupError, SerializationError) as exc:
+        print(f"streams-runtime: {str(exc).replace('MODULE:ATTR', args.target)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # Ctrl-C while start-up waits for the cluster
+        print("streams-runtime: interrupted during start-up", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
-    return run_daemon(app)
+    code = run_daemon(app)
+    if code == EXIT_FAILED and app.failure is not None:
+        # The last line a user sees says why (the log has the details).
+        print(f"streams-runtime: the app failed: {_reason(app.failure)}", file=sys.stderr)
+    return code
+
+
+def _reason(failure: BaseException) -> str:
+    """A task failure says which task and stage and the user's error; other
+    failures get their type."""
+    if isinstance(getattr(failure, "cause", None), BaseException):
+        return str(failure)
+    return f"{type(failure).__name__}: {failure}"
+
+
+def cmd_topics_create(args: argparse.Namespace) -> int:
+    """Create the topology's missing source and sink topics; list them all."""
+    # application.id names nothing here (internal topics are the daemon's),
+    # so the run command's settings work as they are, and so does none.
+    loaded = load_config_and_topology(
+        args, base={"application.id": "streams-runtime-topics"}, log_level="warning"
+    )
+    if isinstance(loaded, int):
+        return loaded
+    config, topology = loaded
+    # Imported after logging is set up: module loggers keep the level they
+    # were first used with, and the created topics are printed below.
+    from runtime.config import ConfigError
+    from runtime.polling.cluster import StartupAdmin
+    from runtime.polling.topics import TopicError, create_user_topics
+    from runtime.startup_checks import check_client_properties
+
+    partitions = args.partitions or config.topics_create_partitions
+    replication = (
+        args.replication_factor
+        if args.replication_factor is not None
+        else config.replication_factor
+    )
+    try:
+        check_client_properties(config)
+        admin = StartupAdmin(config)
+        admin.wait_for_cluster()
+        topics = create_user_topics(admin.client, topology, partitions, replication)
+    except (ConfigError, TopicError) as exc:
+        print(f"streams-runtime topics: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("streams-runtime topics: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    width = max((len(t.name) for t in topics), default=0)
+    for topic in topics:
+        verb = "created" if topic.created else "exists "
+        plural = "s" if topic.partitions != 1 else ""
+        print(f"{verb}  {topic.name.ljust(width)}  {topic.partitions} partition{plural}")
+    if not topics:
+        print("the topology reads and writes no topics of its own")
+    return EXIT_OK
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
@@ -149,7 +217,9 @@ def _start_spark(args: argparse.Namespace, app_name: str) -> tuple[Any, bool]:
     from pyspark.sql import SparkSession
 
     existed = SparkSession.getActiveSession() is not None
-    spark = spark_session(args.master, app_name, _spark_conf(args.spark_conf))
+    spark = spark_session(
+        args.master, app_name, _spark_conf(args.spark_conf), log_level=args.spark_log_level
+    )
     return spark, not existed
 
 
@@ -181,12 +251,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
     except (KafkaSourceError, ValueError) as exc:
         print(f"streams-runtime audit: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except Exception as exc:  # Spark's errors: the first line says what failed
-        lines = str(exc).strip().splitlines()
-        print(
-            f"streams-runtime audit: failed: {type(exc).__name__}: {lines[0] if lines else ''}",
-            file=sys.stderr,
-        )
+    except Exception as exc:  # Spark's errors: the worker's Python error, if there is one
+        from runtime.spark.failures import failure_reason
+
+        print(f"streams-runtime audit: failed: {failure_reason(exc)}", file=sys.stderr)
         return EXIT_FAILED
     finally:
         if created:
@@ -232,8 +300,9 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     except Exception as exc:  # Spark's errors; a worker's error arrives as text
         reason = _find_cause(exc, BackfillRecordError)
         if reason is None:
-            lines = str(exc).strip().splitlines()
-            reason = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+            from runtime.spark.failures import failure_reason
+
+            reason = failure_reason(exc)
         print(f"streams-runtime backfill: failed: {reason}", file=sys.stderr)
         return EXIT_FAILED
     finally:
@@ -257,6 +326,56 @@ def _find_cause(exc: BaseException, kind: type[BaseException]) -> BaseException 
     return None
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _replication_factor(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value != -1 and not 1 <= value <= 32767:
+        raise argparse.ArgumentTypeError(f"expected 1-32767 or -1 (the broker's), got {text!r}")
+    return value
+
+
+def _add_admin_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """`admin`'s options; with `defaults=False` an option not given leaves the
+    value parsed before the command alone (argparse.SUPPRESS)."""
+
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument(
+        "--socket",
+        metavar="PATH",
+        default=default(None),
+        help="the admin socket (default: $STREAMS_RUNTIME_ADMIN_SOCKET)",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="app.toml",
+        default=default(None),
+        help="read admin.socket from this file",
+    )
+    parser.add_argument(
+        "--json", action="store_true", default=default(False), help="print the raw result as JSON"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=default(10.0),
+        help="seconds to wait for a reply (default 10)",
+    )
+
+
 def _add_spark_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     parser.add_argument(
@@ -264,6 +383,13 @@ def _add_spark_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="key=value",
         help="a Spark setting (repeatable), e.g. spark.driver.memory=2g",
+    )
+    parser.add_argument(
+        "--spark-log-level",
+        default="FATAL",
+        type=str.upper,
+        choices=("ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"),
+        help="Spark's own log level (default FATAL: a failed job ends with its Python error)",
     )
 
 
@@ -280,6 +406,43 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", metavar="key=value", help="a configuration value (repeatable)"
     )
     run.set_defaults(func=cmd_run)
+
+    topics = sub.add_parser(
+        "topics",
+        help="create the topics a topology reads and writes",
+        description="Manage the user topics of a topology (internal topics are the daemon's).",
+    )
+    topics_sub = topics.add_subparsers(dest="topics_command", required=True, metavar="COMMAND")
+    create = topics_sub.add_parser(
+        "create",
+        help="create the topology's missing source and sink topics",
+        description=(
+            "Create the source and sink topics of MODULE:ATTR that do not exist yet (existing "
+            "ones are listed, never changed). Takes the same --config/--set as `run`; only "
+            "bootstrap.servers (and admin.* client settings) matter here."
+        ),
+    )
+    create.add_argument(
+        "target", metavar="MODULE:ATTR", help="a Topology or a function returning one"
+    )
+    create.add_argument(
+        "--partitions",
+        type=_positive_int,
+        metavar="N",
+        help="partitions of each new topic (default: topics.create.partitions, 1); "
+        "the most tasks, so busy threads, per subtopology",
+    )
+    create.add_argument(
+        "--replication-factor",
+        type=_replication_factor,
+        metavar="R",
+        help="replicas of each new topic (default: replication.factor, -1: the broker's default)",
+    )
+    create.add_argument("--config", metavar="app.toml", help="TOML configuration file")
+    create.add_argument(
+        "--set", action="append", metavar="key=value", help="a configuration value (repeatable)"
+    )
+    create.set_defaults(func=cmd_topics_create)
 
     broker = sub.add_parser(
         "broker",
@@ -314,27 +477,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="control a running daemon through its admin socket",
         description="Talk to a running daemon over its admin socket (admin.socket).",
     )
-    admin.add_argument(
-        "--socket", metavar="PATH", help="the admin socket (default: $STREAMS_RUNTIME_ADMIN_SOCKET)"
-    )
-    admin.add_argument("--config", metavar="app.toml", help="read admin.socket from this file")
-    admin.add_argument("--json", action="store_true", help="print the raw result as JSON")
-    admin.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to wait for a reply (default 10)"
-    )
+    _add_admin_options(admin, defaults=True)
+    # The same options after the command (`admin threads --json`): each
+    # subcommand accepts them too, without defaults of its own, so a value
+    # given before the command is kept unless repeated after it.
+    options = argparse.ArgumentParser(add_help=False)
+    _add_admin_options(options, defaults=False)
     admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="COMMAND")
-    admin_sub.add_parser("status", help="state, threads, tasks, counters, lag, last commit")
-    admin_sub.add_parser("tasks", help="tasks with owner, buffered records and lag")
-    threads = admin_sub.add_parser("threads", help="list, add, remove or set processing threads")
+    admin_sub.add_parser(
+        "status", parents=[options], help="state, threads, tasks, counters, lag, last commit"
+    )
+    admin_sub.add_parser(
+        "tasks", parents=[options], help="tasks with owner, buffered records and lag"
+    )
+    threads = admin_sub.add_parser(
+        "threads", parents=[options], help="list, add, remove or set processing threads"
+    )
     threads.add_argument("action", nargs="?", choices=("add", "remove", "set"))
     threads.add_argument("count", nargs="?", type=int, help="thread count for `set`")
     threads.add_argument(
         "--wait", type=float, metavar="S", help="seconds to wait for a thread's batch to end"
     )
     for name, verb in (("pause", "stop"), ("resume", "restart")):
-        p = admin_sub.add_parser(name, help=f"{verb} processing a task (default: all tasks)")
+        p = admin_sub.add_parser(
+            name, parents=[options], help=f"{verb} processing a task (default: all tasks)"
+        )
         p.add_argument("task", nargs="?", help="task id such as 0_1 (default: all)")
-    admin_sub.add_parser("shutdown", help="graceful shutdown (as SIGTERM)")
+    admin_sub.add_parser("shutdown", parents=[options], help="graceful shutdown (as SIGTERM)")
     admin.set_defaults(func=cmd_admin)
 
     audit = sub.add_parser(
@@ -418,8 +587,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("admin threads set needs a thread count N")
         if args.action != "set" and args.count is not None:
             parser.error("a thread count goes with `admin threads set N` only")
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+        # Flushed here, inside the try: a reader that went away (`| head`)
+        # must not turn into a traceback at interpreter exit.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_closed_stdout()
+        return EXIT_OK
     return result
+
+
+def _quiet_closed_stdout() -> None:
+    """stdout's reader closed the pipe: whatever is left unwritten is dropped,
+    and Python's flush at exit must not report it (it would print a traceback)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is no real file (a test capture)
+        pass
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

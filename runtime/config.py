@@ -382,6 +382,8 @@ class StreamsConfig:
     production_exception_handler: ErrorHandler = setting("production.exception.handler", "enum", "log_and_fail", "What to do with an output record the broker refuses for good (too large, invalid); other produce failures always stop the app.", choices=_HANDLERS)
     dead_letter_queue_topic: str | None = setting("errors.dead.letter.queue.topic.name", "str", _dlq_topic_default, "Dead-letter topic: failed records are also written here, with error headers.", pattern=_TOPIC, nullable=True, default_doc=_DLQ_DEFAULT_DOC, check=check_name)
     replication_factor: int = setting("replication.factor", "int", -1, "Replication factor of topics the runtime creates; -1: the broker's default.", min=1, max=32767, also=(-1,))
+    topics_create_missing: bool = setting("topics.create.missing", "bool", False, "Create the topology's missing source and sink topics at start-up, with `topics.create.partitions` partitions (a topic co-partitioned with an existing one gets its count) and `replication.factor`, as `streams-runtime topics create` does. Off: a missing topic stops start-up (exit 2). Internal topics are always created.")
+    topics_create_partitions: int = setting("topics.create.partitions", "int", 1, "Partitions of the source and sink topics `topics.create.missing` and `streams-runtime topics create` make (the command's `--partitions` wins); the number of tasks, so of processing threads that can work at once, per subtopology.", min=1, max=JAVA_INT_MAX)
     log_level: LogLevel = setting("log.level", "enum", "info", "Log level of the runtime.", choices=_LOG_LEVELS)
     cache_max_bytes: int = setting("cache.max.bytes", "int", 10485760, "Bytes of store cache shared by ALL tasks and threads of the process (adding threads does not add cache); 0 turns caching off.", min=0, max=JAVA_LONG_MAX)
     num_standby_replicas: int = setting("num.standby.replicas", "int", 0, "Warm copies of each stateful task kept on other instances, for fast fail-over.", min=0, max=JAVA_INT_MAX)
@@ -401,7 +403,9 @@ class StreamsConfig:
     consumer_overrides: dict[str, Any] = passthrough(
         "consumer.",
         "librdkafka properties of the main consumer; checked at start-up by building the "
-        "client without contacting a broker (a refused one stops start-up naming the key).",
+        "client without contacting a broker (a refused one stops start-up naming the key). "
+        "The runtime's `session.timeout.ms` is 10000 (librdkafka's 45000 made a new group's "
+        "first join on the development broker take 23 s and fail-over 45 s).",
     )
     producer_overrides: dict[str, Any] = passthrough(
         "producer.", "librdkafka properties of the producer; checked at start-up the same way."

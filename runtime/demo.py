@@ -14,6 +14,7 @@ line a second: state, threads, records/s in and out, lag, tasks.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import signal
@@ -21,13 +22,15 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from runtime.app import App
 from runtime.brokers import make_broker, resolve_kind
-from runtime.logging import configure_logging
+from runtime.logging import configure_logging, librdkafka_logger
+from runtime.status import ThreadStatus
 from runtime.topology import StreamsBuilder, Topology, serdes
 
 INPUT, OUTPUT, ALERTS = "demo-orders", "demo-enriched", "demo-alerts"
@@ -56,7 +59,12 @@ class LoadGenerator(threading.Thread):
     def __init__(self, bootstrap: str, rate: int) -> None:
         super().__init__(name="demo-load", daemon=True)
         self._producer = Producer(
-            {"bootstrap.servers": bootstrap, "linger.ms": 20, "log.connection.close": False}
+            {
+                "bootstrap.servers": bootstrap,
+                "linger.ms": 20,
+                "log.connection.close": False,
+                "logger": librdkafka_logger(),
+            }
         )
         self._rate = rate
         self._stop_event = threading.Event()
@@ -93,11 +101,32 @@ class LoadGenerator(threading.Thread):
         self._producer.flush(10)
 
 
+def thread_view(
+    threads: tuple[ThreadStatus, ...], previous: dict[str, float], elapsed: float
+) -> str:
+    """Each processing thread in a few characters: `T1 0_3 61%` (its latest
+    task and the share of the last interval it was busy) or `T2 idle`."""
+    parts = []
+    for t in threads:
+        short = "T" + t.name.rsplit("-", 1)[-1]
+        busy = (t.busy_seconds - previous.get(t.name, t.busy_seconds)) / elapsed if elapsed else 0
+        if t.state in ("stopping", "stopped"):
+            parts.append(f"{short} {t.state}")
+        elif t.last_task is None or busy < 0.005:
+            parts.append(f"{short} idle")
+        else:
+            parts.append(f"{short} {t.last_task} {min(busy, 1.0):4.0%}")
+    return " | ".join(parts)
+
+
 def run_demo(
     duration: float | None, rate: int, threads: int, partitions: int, broker_kind: str = "auto"
 ) -> int:
     state_dir = tempfile.mkdtemp(prefix="streams-runtime-demo-")
-    log_file = open(f"{state_dir}/demo.log", "w")  # noqa: SIM115 - closed below
+    # The log outlives the demo (the state directory does not): it is where
+    # to look when something in the live view surprises.
+    log_fd, log_path = tempfile.mkstemp(prefix="streams-runtime-demo-", suffix=".log")
+    log_file = os.fdopen(log_fd, "w")
     configure_logging("info", json=True, stream=log_file)
     kind = resolve_kind(broker_kind)
     print(f"starting the development broker ({kind}) ...", flush=True)
@@ -105,18 +134,25 @@ def run_demo(
     try:
         broker.start(60.0)
     except RuntimeError as exc:  # BrokerUnavailable included: no Java, no Maven
-        print(f"the broker did not start: {exc}", file=sys.stderr, flush=True)
+        print(f"the broker did not start: {exc} (log: {log_path})", file=sys.stderr, flush=True)
         log_file.close()
         shutil.rmtree(state_dir, ignore_errors=True)
         return 1
     stop = threading.Event()
+    load: LoadGenerator | None = None
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log.connection.close": False})
+        admin_settings: dict[str, Any] = {
+            "bootstrap.servers": broker.bootstrap,
+            "log.connection.close": False,
+            "logger": librdkafka_logger(),
+        }
+        admin = AdminClient(admin_settings)
         futures = admin.create_topics([NewTopic(t, partitions, 1) for t in (INPUT, OUTPUT, ALERTS)])
         for future in futures.values():
             future.result(30)
+        del admin
         app = App(
             build_topology(),
             {
@@ -134,7 +170,10 @@ def run_demo(
         load.start()
         print(
             f"broker {broker.bootstrap} | app 'demo-orders', {threads} processing threads | "
-            f"load {rate} records/s | logs: {state_dir}/demo.log | Ctrl-C to stop",
+            f"load {rate} records/s | logs: {log_path} | Ctrl-C to stop\n"
+            "out is about 10% below in: the filter drops orders with qty 0 (1 in 10); "
+            f"large orders go to {ALERTS}, the rest to {OUTPUT}, bad JSON to the dead-letter topic. "
+            "Per thread: its latest task and how busy it was.",
             flush=True,
         )
         started = time.monotonic()
@@ -146,13 +185,20 @@ def run_demo(
             elapsed = now - last_time
             rate_in = (status.processed - last.processed) / elapsed
             rate_out = (status.produced - last.produced) / elapsed
+            if status.waiting_for:
+                # Start-up: say what it waits for instead of rates of zero.
+                doing = f"waiting for {status.waiting_for}"
+            else:
+                busy = {t.name: t.busy_seconds for t in last.threads}
+                doing = (
+                    f"in={rate_in:7.0f}/s out={rate_out:7.0f}/s lag={status.total_lag:<6} "
+                    f"dlq={status.dead_lettered} | {thread_view(status.threads, busy, elapsed)}"
+                )
             line = (
-                f"[{now - started:6.0f}s] {status.state:<11} threads={len(app.processing_threads)} "
-                f"tasks={len(status.tasks)} in={rate_in:8.0f}/s out={rate_out:8.0f}/s "
-                f"lag={status.total_lag:<7} dlq={status.dead_lettered} sent={load.sent}"
+                f"[{now - started:5.0f}s] {status.state:<11} tasks={len(status.tasks):<2} {doing}"
             )
             if sys.stdout.isatty():
-                print("\r" + line, end="", flush=True)
+                print("\r\033[K" + line, end="", flush=True)
             else:
                 print(line, flush=True)
             last, last_time = status, now
@@ -165,10 +211,14 @@ def run_demo(
         final = app.status()
         print(
             f"processed {final.processed} records, produced {final.produced}, "
-            f"dead-lettered {final.dead_lettered}; final state {final.state}"
+            f"dead-lettered {final.dead_lettered}; final state {final.state}; "
+            f"log kept at {log_path}"
         )
         return 0 if final.state == "NOT_RUNNING" else 1
     finally:
+        # The load generator's producer goes before the broker, so it has no
+        # broker to miss (it would log connection failures until exit).
+        load = None
         broker.stop()
         log_file.close()
         shutil.rmtree(state_dir, ignore_errors=True)

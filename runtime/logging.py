@@ -14,14 +14,16 @@ again with other arguments; that is safe from any thread). :func:`get_logger` an
 it returns may be used from any thread; writes to the stream are serialised by structlog.
 
 Reconfiguring: loggers are cached on first use (``cache_logger_on_first_use=True``) for
-speed. The output stream and the format (JSON or console) are switched for every logger,
-including cached ones, because both sit behind small indirections owned by this module. The
-level, however, is baked into a logger's class when it is first used: a new level applies to
-loggers first used after the call.
+speed. The output stream, the format (JSON or console) and the level are switched for every
+logger, including cached ones, because all three sit behind small indirections owned by this
+module. (The level used to be baked into a logger's class at first use, so module-level
+loggers, bound at import, ignored ``log.level``.)
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 import threading
 from typing import Any, TextIO, cast
@@ -29,7 +31,7 @@ from typing import Any, TextIO, cast
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, WrappedLogger
 
-__all__ = ["configure_logging", "get_logger"]
+__all__ = ["configure_logging", "get_logger", "librdkafka_logger"]
 
 _LEVELS = {
     "debug": 10,
@@ -55,10 +57,17 @@ class _StreamSwitch:
         self.target = target
 
     def write(self, text: str) -> int:
-        return (self.target or sys.stderr).write(text)
+        try:
+            return (self.target or sys.stderr).write(text)
+        except (BrokenPipeError, ValueError):
+            # The reader is gone (`... 2>&1 | head`) or the stream closed: the
+            # line is lost, but the thread that logged it goes on (raising
+            # here once stopped a daemon's shutdown half-way).
+            return 0
 
     def flush(self) -> None:
-        (self.target or sys.stderr).flush()
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            (self.target or sys.stderr).flush()
 
 
 class _RendererSwitch:
@@ -76,8 +85,26 @@ class _RendererSwitch:
         return self.console(logger, method_name, event_dict)
 
 
+class _LevelSwitch:
+    """The first processor: drops events below the configured level.
+
+    The loggers' own class lets everything through (it is cached per logger at
+    first use, often at import, before the config is read); this check reads
+    the current level, so `configure_logging` changes it for every logger.
+    """
+
+    def __init__(self) -> None:
+        self.min_level = _LEVELS["info"]
+
+    def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+        if _LEVELS.get(method_name, 50) < self.min_level:
+            raise structlog.DropEvent
+        return event_dict
+
+
 _stream = _StreamSwitch(None)
 _renderer = _RendererSwitch()
+_level = _LevelSwitch()
 
 
 def _add_thread(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
@@ -119,8 +146,10 @@ def configure_logging(level: str = "info", json: bool | None = None, stream: Any
         _stream.target = target
         _renderer.console = structlog.dev.ConsoleRenderer(colors=_is_terminal(shown_on))
         _renderer.json = use_json
+        _level.min_level = min_level
         structlog.configure(
             processors=[
+                _level,
                 structlog.contextvars.merge_contextvars,
                 structlog.processors.add_log_level,
                 _add_thread,
@@ -128,7 +157,7 @@ def configure_logging(level: str = "info", json: bool | None = None, stream: Any
                 structlog.processors.StackInfoRenderer(),
                 _renderer,
             ],
-            wrapper_class=structlog.make_filtering_bound_logger(min_level),
+            wrapper_class=structlog.make_filtering_bound_logger(_LEVELS["debug"]),
             logger_factory=structlog.WriteLoggerFactory(file=cast(TextIO, _stream)),
             context_class=dict,
             cache_logger_on_first_use=True,
@@ -148,3 +177,84 @@ def get_logger(name: str | None = None) -> FilteringBoundLogger:
     if name is not None:
         logger = logger.bind(logger=name)
     return logger
+
+
+# --- librdkafka's own log ----------------------------------------------------------------
+
+# librdkafka facilities that report a broker connection failing or timing out.
+# The clients' error callbacks already turn an outage into one `broker_unreachable`
+# line (and `broker_reachable_again`), so these repeat it once per broker and
+# retry: debug only.
+_CONNECTION_FACILITIES = frozenset({"FAIL", "ERROR", "REQTMOUT", "BROKERFAIL", "DISCONNECT"})
+
+
+def librdkafka_level(syslog_level: int, facility: str) -> str:
+    """The runtime's level for one librdkafka line.
+
+    librdkafka's errors (syslog 0-3) are almost all transient and reported
+    again through the clients' error callbacks or exceptions, so they are
+    warnings here, not errors; warnings stay warnings (a misplaced property,
+    `CONFWARN`); notices and info are info; debug is debug. Connection noise
+    (see `_CONNECTION_FACILITIES`) is debug.
+    """
+    if facility in _CONNECTION_FACILITIES:
+        return "debug"
+    if syslog_level <= 4:
+        return "warning"
+    if syslog_level <= 6:
+        return "info"
+    return "debug"
+
+
+# confluent-kafka maps syslog levels to these before calling Logger.log.
+_SYSLOG_OF_PYTHON_LEVEL = {
+    logging.CRITICAL: 2,
+    logging.ERROR: 3,
+    logging.WARNING: 4,
+    logging.INFO: 6,
+    logging.DEBUG: 7,
+}
+
+
+class _LibrdkafkaHandler(logging.Handler):
+    """Turns confluent-kafka's `logger.log(level, "%s [%s] %s", facility, client,
+    message)` calls into structured events (`librdkafka`, with `facility`,
+    `client`, `message`), so no raw `%3|...|FAIL|...` line reaches stderr.
+
+    Runs on whichever thread serves the client's queue (the polling thread for
+    the consumer and producer, the restoration thread for its consumer, the
+    caller of `poll()` for an admin client).
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 3:
+            facility, client, message = (str(a) for a in args)
+        else:
+            facility, client, message = "", "", record.getMessage()
+        syslog = _SYSLOG_OF_PYTHON_LEVEL.get(record.levelno, 6)
+        level = librdkafka_level(syslog, facility)
+        logger = get_logger("librdkafka")
+        getattr(logger, level)(
+            "librdkafka", facility=facility, client=client, message=message.strip()
+        )
+
+
+_librdkafka_logger: logging.Logger | None = None
+_librdkafka_lock = threading.Lock()
+
+
+def librdkafka_logger() -> logging.Logger:
+    """The `logger` to put in every confluent-kafka client config the runtime
+    builds: librdkafka's log lines then go through structlog (see
+    `librdkafka_level`) instead of straight to stderr. One shared instance; any
+    thread. It does not propagate to the stdlib root logger."""
+    global _librdkafka_logger
+    with _librdkafka_lock:
+        if _librdkafka_logger is None:
+            logger = logging.getLogger("streams_runtime.librdkafka")
+            logger.setLevel(logging.DEBUG)  # structlog's level decides
+            logger.propagate = False
+            logger.addHandler(_LibrdkafkaHandler())
+            _librdkafka_logger = logger
+        return _librdkafka_logger

@@ -17,6 +17,7 @@ starts the app, usually the main thread.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tempfile
@@ -133,6 +134,77 @@ def _message(exc: Exception) -> str:
     return str(exc)
 
 
+# librdkafka properties users set most, for a "did you mean" on a misspelt one
+# (librdkafka offers no list through confluent-kafka). Not a whitelist: any
+# property librdkafka takes passes the check.
+_COMMON_PROPERTIES = (
+    "acks",
+    "allow.auto.create.topics",
+    "auto.offset.reset",
+    "batch.num.messages",
+    "batch.size",
+    "client.rack",
+    "compression.type",
+    "connections.max.idle.ms",
+    "debug",
+    "delivery.timeout.ms",
+    "enable.idempotence",
+    "fetch.max.bytes",
+    "fetch.min.bytes",
+    "fetch.queue.backoff.ms",
+    "fetch.wait.max.ms",
+    "group.instance.id",
+    "group.protocol",
+    "group.remote.assignor",
+    "heartbeat.interval.ms",
+    "isolation.level",
+    "linger.ms",
+    "max.in.flight.requests.per.connection",
+    "max.partition.fetch.bytes",
+    "max.poll.interval.ms",
+    "message.max.bytes",
+    "message.timeout.ms",
+    "metadata.max.age.ms",
+    "partition.assignment.strategy",
+    "queue.buffering.max.kbytes",
+    "queue.buffering.max.messages",
+    "queued.max.messages.kbytes",
+    "queued.min.messages",
+    "receive.message.max.bytes",
+    "reconnect.backoff.max.ms",
+    "reconnect.backoff.ms",
+    "request.timeout.ms",
+    "retries",
+    "retry.backoff.ms",
+    "sasl.mechanism",
+    "sasl.password",
+    "sasl.username",
+    "security.protocol",
+    "session.timeout.ms",
+    "socket.connection.setup.timeout.ms",
+    "socket.keepalive.enable",
+    "socket.timeout.ms",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.endpoint.identification.algorithm",
+    "ssl.key.location",
+    "statistics.interval.ms",
+    "topic.metadata.refresh.interval.ms",
+    "transaction.timeout.ms",
+)
+
+
+def _hint(prefix: str, prop: str, message: str) -> str:
+    """What to do about a property librdkafka does not know: the likely
+    intended name, else where the names are listed."""
+    if "No such configuration property" not in message:
+        return ""
+    close = difflib.get_close_matches(prop, _COMMON_PROPERTIES, n=1, cutoff=0.8)
+    if close:
+        return f"; did you mean {prefix + close[0]!r}?"
+    return "; see librdkafka's CONFIGURATION.md for the property names"
+
+
 def _client_error(
     prefix: str,
     overrides: Mapping[str, Any],
@@ -152,12 +224,17 @@ def _client_error(
     for prop in _PROPERTY_IN_MESSAGE.findall(message):
         if prop in overrides:
             return ConfigError(
-                prefix + prop, f"librdkafka refused {show_value(overrides[prop])}: {message}"
+                prefix + prop,
+                f"librdkafka refused {show_value(overrides[prop])}: {message}"
+                + _hint(prefix, prop, message),
             )
     base = {k: v for k, v in settings.items() if k not in overrides}
     for prop, value in overrides.items():
         alone = _build_error({**base, prop: value, **_OFFLINE}, build)
         if alone is not None:
-            return ConfigError(prefix + prop, f"librdkafka refused {show_value(value)}: {message}")
+            return ConfigError(
+                prefix + prop,
+                f"librdkafka refused {show_value(value)}: {message}" + _hint(prefix, prop, message),
+            )
     given = ", ".join(prefix + p for p in sorted(overrides)) or "none"
     return ConfigError(f"{prefix}*", f"librdkafka refused the client config ({given}): {message}")

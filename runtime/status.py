@@ -44,13 +44,16 @@ class TaskStatus:
 
 @dataclass(frozen=True)
 class ThreadStatus:
-    """One processing thread."""
+    """One processing thread: `state` is processing, idle, stopping or stopped;
+    `task` the task it holds now, `last_task` the task of its latest batch."""
 
     name: str
     alive: bool
     task: str | None
     batches: int
     busy_seconds: float
+    state: str = "idle"
+    last_task: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,12 @@ class AppStatus:
     restored: int = 0  # changelog records restored since start
     standbys: dict[str, dict[str, int]] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)  # records dropped, by reason
+    # Start-up (runtime.polling.startup): joining_group, awaiting_assignment,
+    # restoring, then processing; `waiting_for` says what in words (None once
+    # processing), `startup_phase_since` is the wall-clock time the phase began.
+    startup_phase: str | None = None
+    waiting_for: str | None = None
+    startup_phase_since: float | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AppStatus:
@@ -99,6 +108,8 @@ class AppStatus:
                 task=t.get("task"),
                 batches=int(t.get("batches", 0)),
                 busy_seconds=float(t.get("busy_seconds", 0.0)),
+                state=str(t.get("state", "idle")),
+                last_task=t.get("last_task"),
             )
             for t in data.get("threads") or ()
         )

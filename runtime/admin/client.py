@@ -193,20 +193,45 @@ def format_threads(result: Mapping[str, Any]) -> str:
     rows = [
         (
             t["name"],
-            "alive" if t.get("alive") and t["name"] in live else "stopping",
+            _thread_state(t, live),
             t.get("task"),
+            t.get("last_task"),
             t.get("batches"),
             t.get("busy_seconds"),
         )
         for t in threads
     ]
-    return _table(("THREAD", "STATE", "TASK", "BATCHES", "BUSY_S"), rows)
+    return _table(("THREAD", "STATE", "TASK", "LAST_TASK", "BATCHES", "BUSY_S"), rows)
+
+
+def _thread_state(thread: Mapping[str, Any], live: set[str]) -> str:
+    """processing / idle / stopping / stopped (a daemon older than the
+    `state` field: alive or stopping)."""
+    if thread.get("name") not in live and thread.get("alive"):
+        return "stopping"
+    state = thread.get("state")
+    if state:
+        return str(state)
+    return "alive" if thread.get("alive") else "stopped"
+
+
+def _thread_brief(thread: Mapping[str, Any]) -> str:
+    """`name (processing 0_3)`, `name (idle, last 0_1)`; just the name from a
+    daemon older than the `state` field."""
+    state = thread.get("state")
+    if not state:
+        return str(thread["name"])
+    task = thread.get("task")
+    if task:
+        return f"{thread['name']} ({state} {task})"
+    last = thread.get("last_task")
+    return f"{thread['name']} ({state}{', last ' + str(last) if last else ''})"
 
 
 def format_status(status: Mapping[str, Any], now: float | None = None) -> str:
     now = time.time() if now is None else now
     threads = status.get("threads") or []
-    alive = [t["name"] for t in threads if t.get("alive")]
+    alive = [_thread_brief(t) for t in threads if t.get("alive")]
     tasks = status.get("tasks") or []
     by_state: dict[str, int] = {}
     for t in tasks:
@@ -248,6 +273,18 @@ def format_status(status: Mapping[str, Any], now: float | None = None) -> str:
         ),
         ("broker", "reachable" if down is None else f"unreachable since {_age(down, now)}"),
     ]
+    waiting = status.get("waiting_for")
+    if waiting:
+        since = status.get("startup_phase_since")
+        lines.insert(
+            1,
+            (
+                "waiting for",
+                f"{waiting} ({status.get('startup_phase')}, since {_age(since, now)})"
+                if since is not None
+                else str(waiting),
+            ),
+        )
     if status.get("failed_threads"):
         lines.append(("failed threads", status["failed_threads"]))
     if status.get("failure"):

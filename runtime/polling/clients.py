@@ -15,6 +15,7 @@ from typing import Any
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from runtime.config import StreamsConfig
+from runtime.logging import librdkafka_logger
 
 # librdkafka stops fetching a partition for fetch.queue.backoff.ms (default
 # 1000) whenever its prefetch queue is over queued.min.messages or
@@ -25,6 +26,9 @@ from runtime.config import StreamsConfig
 # consumer fixes here, 1.16x after). 0 busy-loops librdkafka's fetcher.
 # Users can override it (consumer.* / restore.consumer.*).
 FETCH_QUEUE_BACKOFF_MS = 10
+
+# The main consumer's session timeout unless `consumer.session.timeout.ms` says otherwise.
+DEFAULT_SESSION_TIMEOUT_MS = 10_000
 
 # Settings the commit protocol relies on: offsets are committed explicitly by
 # the polling thread, never automatically.
@@ -45,9 +49,19 @@ def consumer_config(
         "queued.max.messages.kbytes": 32768,
         "fetch.wait.max.ms": 100,
         "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
+        # librdkafka's 45 s made a crashed instance's partitions wait 45 s to
+        # move, and a new group's first join on Tansu (about half of it) take
+        # 23 s. Heartbeats run on librdkafka's own thread, untouched by the GIL
+        # or a long batch (that is max.poll.interval.ms's business), so 10 s is
+        # safe; Kafka's group.min.session.timeout.ms is 6 s. Dropped under
+        # KIP-848 (`consumer.group.protocol=consumer`), where the broker decides.
+        "session.timeout.ms": DEFAULT_SESSION_TIMEOUT_MS,
         # Broker restarts are reported through error_cb; librdkafka's own
-        # line per closed connection is noise on stderr.
+        # line per closed connection is noise.
         "log.connection.close": False,
+        # librdkafka's log through the runtime's structured logging, served on
+        # the polling thread by consume() (see runtime.logging.librdkafka_level).
+        "logger": librdkafka_logger(),
     }
     settings.update(config.consumer_overrides)
     if str(settings.get("group.protocol", "classic")).lower() == "consumer":
@@ -94,6 +108,7 @@ def producer_config(config: StreamsConfig, callbacks: dict[str, Any]) -> dict[st
         # per acknowledged record would cost more than producing it.
         "delivery.report.only.error": True,
         "log.connection.close": False,
+        "logger": librdkafka_logger(),
     }
     settings.update(config.producer_overrides)
     settings.update(callbacks)
@@ -114,6 +129,7 @@ def restore_consumer_config(config: StreamsConfig) -> dict[str, Any]:
         "queued.min.messages": 20000,
         "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
         "log.connection.close": False,
+        "logger": librdkafka_logger(),
     }
     settings.update(config.restore_consumer_overrides)
     settings.update(_FORCED_CONSUMER)
@@ -125,6 +141,8 @@ def admin_config(config: StreamsConfig) -> dict[str, Any]:
         "bootstrap.servers": config.bootstrap_servers,
         "client.id": f"{config.client_id}-admin",
         "log.connection.close": False,
+        # Served by admin.poll(): the start-up topic checks poll while they wait.
+        "logger": librdkafka_logger(),
     }
     settings.update(config.admin_overrides)
     return settings

@@ -36,6 +36,7 @@ from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.lag import LagTracker
 from runtime.polling.output import OutputChannel
 from runtime.polling.placement import TaskPlacement
+from runtime.polling.startup import StartupProgress
 from runtime.polling.topics import TopicLayout
 from runtime.polling.transactions import TransactionFailed
 from runtime.processing.errors import TaskFailedError
@@ -101,16 +102,24 @@ class PollingThread(threading.Thread):
         # Task ids with state here (active, restoring, standby), for the
         # cleanup thread; replaced whole, read racily.
         self.owned: frozenset[str] = frozenset()
+        # Set by the first rebalance callback: until then the group was never
+        # joined and closing need not wait for a LeaveGroup (_close_clients).
+        self.joined = False
 
         multi_source = any(len(s.sources) > 1 for s in topology.subtopologies)
         # Co-partitioned inputs must land on the same member: range does that
         # for topics with equal partition counts; otherwise cooperative-sticky
         # avoids stop-the-world rebalances.
         self.assignment_strategy = "range" if multi_source else "cooperative-sticky"
-        self._consumer = Consumer(
-            consumer_config(
-                config, self.assignment_strategy, {"error_cb": self.health.on_client_error}
-            )
+        consumer_settings = consumer_config(
+            config, self.assignment_strategy, {"error_cb": self.health.on_client_error}
+        )
+        self._consumer = Consumer(consumer_settings)
+        session_timeout = consumer_settings.get("session.timeout.ms")
+        self.startup = StartupProgress(
+            config.application_id,
+            config.bootstrap_servers,
+            int(session_timeout) if session_timeout is not None else None,
         )
         self.output = OutputChannel(
             config,
@@ -168,10 +177,12 @@ class PollingThread(threading.Thread):
                 on_revoke=self._on_revoke,
                 on_lost=self._on_lost,
             )
+            self.startup.subscribed()
             while not self._stop_event.is_set():
                 self.poll_once()
             if not self._abort:
-                self.placement.publish_status(gone=True)
+                if self.joined:  # before that, no status was published
+                    self.placement.publish_status(gone=True)
                 self.commit_all("shutdown")
         except BaseException as exc:  # noqa: BLE001 - reported to the app, never lost
             # Whatever failed, nothing may be committed from here on: output
@@ -179,9 +190,7 @@ class PollingThread(threading.Thread):
             # consumer triggers must not commit past it (rule 3).
             self._abort = True
             self.fatal_error = exc
-            log.error(
-                "polling_thread_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc
-            )
+            log.error("polling_thread_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
         finally:
             self._close_clients()
             log.info("polling_thread_stopped")
@@ -215,6 +224,12 @@ class PollingThread(threading.Thread):
         if now - self._last_lag_refresh >= _LAG_REFRESH_S:
             self._last_lag_refresh = now
             self.lag_tracker.refresh()
+        if not self.startup.done:
+            self.observe_startup()
+
+    def observe_startup(self) -> None:
+        """Name what start-up waits for (runtime.polling.startup), until it is over."""
+        self.startup.observe(self._consumer.memberid(), self.joined, len(self.tasks.restoring()))
 
     def wait_for_records(self, timeout: float) -> list[Message]:
         """Consume what is there, waiting up to `timeout` s for something to do.
@@ -278,7 +293,8 @@ class PollingThread(threading.Thread):
 
     def publish_status(self) -> None:
         """Status to the other instances, standbys toward placement, shutdown requests."""
-        self.placement.publish_status()
+        if self.joined:  # an instance that has no tasks yet has nothing to say
+            self.placement.publish_status()
         self.placement.reconcile_standbys()
         self._update_owned()
         request = self.placement.shutdown_request()
@@ -354,6 +370,7 @@ class PollingThread(threading.Thread):
     # --- rebalance (inside consume(), on this thread) -----------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.joined = True
         try:
             self.lag_tracker.forget_committed()
             created = self.tasks.create(partitions)
@@ -434,13 +451,36 @@ class PollingThread(threading.Thread):
                 # Leave the group without committing: close() would call
                 # on_revoke, which must not commit after a fatal error.
                 self.tasks.close_all_dirty()
-            self._consumer.close()
+            if self.joined:
+                self._consumer.close()
+            else:
+                self._drop_consumer_unjoined()
         except Exception as exc:
             log.warning("consumer_close_failed", error=str(exc))
         self.output.close(self._config.shutdown_timeout_ms / 1000.0, drain_first=not self._abort)
         # Left over only if close() did not call on_revoke: close them dirty.
         self.tasks.close_all_dirty()
         self._update_owned()
+
+    def _drop_consumer_unjoined(self) -> None:
+        """Stop during start-up without waiting for the group.
+
+        `close()` on a consumer whose JoinGroup is in flight waits for the
+        broker's answer before it can leave: seconds (a new group on Kafka
+        waits `group.initial.rebalance.delay.ms`; Tansu about half the session
+        timeout), measured 2.5-5 s here, for a group this instance never got
+        into. Dropping the last references destroys the handle at once
+        (confluent-kafka then skips the consumer close). The cost: the broker
+        may keep the half-joined member until its session times out, which a
+        restart within `session.timeout.ms` can wait for. Nothing was assigned,
+        so nothing is lost either way.
+        """
+        log.info("consumer_dropped_before_joining", reason="the group was never joined")
+        consumer = self._consumer
+        del consumer
+        # Every holder of the consumer lets go; nothing uses it after this.
+        for holder in (self, self.committer, self.tasks, self.lag_tracker):
+            holder._consumer = None  # type: ignore[assignment]
 
     # --- figures (read racily by status) -------------------------------------------
 

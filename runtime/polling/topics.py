@@ -4,10 +4,15 @@ Run once by `App.start` before any thread starts, with a short-lived admin
 client. Fails with `TopicError` naming every problem at once: a missing source
 or sink topic, co-partitioned topics with different partition counts, an
 internal topic that exists with the wrong partition count.
+
+The user's own topics (sources and sinks) are the user's: they are created
+only on request, by `create_user_topics` (`streams-runtime topics create`,
+or `topics.create.missing=true` at start-up).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
@@ -21,6 +26,82 @@ log = get_logger("runtime.topics")
 
 class TopicError(RuntimeError):
     """The topology's topics do not match the cluster (a start-up error)."""
+
+
+# The CLI puts the real MODULE:ATTR in.
+MISSING_TOPICS_HINT = (
+    "create them with `streams-runtime topics create MODULE:ATTR --partitions N` "
+    "(same --config/--set as run), or start with topics.create.missing=true"
+)
+
+
+def user_topics(topology: Topology) -> list[str]:
+    """The topics the topology reads or writes that are not its internal ones:
+    sources (streams and tables), sinks, `through` topics. Sorted."""
+    names = set()
+    for sub in topology.subtopologies:
+        names |= {spec.name for spec in sub.sources if not spec.internal}
+        names |= {spec.name for spec in sub.sinks if not spec.internal}
+    return sorted(names)
+
+
+@dataclass(frozen=True)
+class UserTopic:
+    """One user topic as `create_user_topics` left it."""
+
+    name: str
+    partitions: int
+    created: bool
+
+
+def create_user_topics(
+    admin: AdminClient,
+    topology: Topology,
+    partitions: int,
+    replication_factor: int,
+    timeout: float = 30.0,
+) -> list[UserTopic]:
+    """Create the topology's missing source and sink topics; existing ones stay.
+
+    A missing topic gets `partitions` partitions, unless it is co-partitioned
+    (a stream-table join) with an existing topic: then that topic's count, so
+    the check at start-up passes. Waits until the new topics show in the
+    cluster's metadata. Internal topics are not touched: `App.start` creates
+    them with the counts the topology needs. Raises `TopicError`.
+    """
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise TopicError(f"cannot read topic metadata from the cluster: {exc}") from exc
+    existing = {name: len(t.partitions) for name, t in metadata.topics.items() if not t.error}
+    groups = [g for sub in topology.subtopologies for g in sub.copartition_groups]
+    wanted: dict[str, int] = {}
+    for name in user_topics(topology):
+        if name in existing:
+            continue
+        partners = [existing[t] for g in groups if name in g for t in g if t in existing]
+        wanted[name] = max(partners) if partners else partitions
+    if wanted:
+        _create(admin, wanted, {}, replication_factor, timeout)
+        _wait_visible(admin, set(wanted), timeout)
+    return [
+        UserTopic(name, wanted.get(name) or existing[name], name in wanted)
+        for name in user_topics(topology)
+    ]
+
+
+def _wait_visible(admin: AdminClient, names: set[str], timeout: float) -> None:
+    """Until every topic in `names` shows in the metadata (a created topic
+    can take a moment to reach the broker that answers)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        metadata = admin.list_topics(timeout=timeout)
+        missing = {n for n in names if n not in metadata.topics or metadata.topics[n].error}
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise TopicError(f"created topics not visible after {timeout:.0f} s: {sorted(missing)}")
+        time.sleep(0.1)
 
 
 @dataclass(frozen=True)
@@ -182,6 +263,8 @@ def resolve_topics(
                 topic_configs[name] = extra_configs[name]
 
     if problems:
+        if any(p.endswith("does not exist") and "internal" not in p for p in problems):
+            problems.append(MISSING_TOPICS_HINT)
         raise TopicError("; ".join(problems))
 
     if to_create:

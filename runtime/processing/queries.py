@@ -20,8 +20,22 @@ from runtime.processing.task_manager import TaskManager
 T = TypeVar("T")
 
 
+class StoreUnavailableError(RuntimeError):
+    """The app is not in a state where its stores can be read (failed,
+    stopped, not started): Kafka Streams' InvalidStateStoreException."""
+
+
+def _always_available() -> None:
+    pass
+
+
 class StoreQuery:
-    """Read-only access to one named store across the local tasks."""
+    """Read-only access to one named store across the local tasks.
+
+    `available()` raises `StoreUnavailableError` when the app cannot answer
+    (it failed, or is not running); every read asks it first, so a query on
+    a failed app says so instead of failing on some later detail.
+    """
 
     def __init__(
         self,
@@ -31,6 +45,8 @@ class StoreQuery:
         value_serde: Any,
         windowed: bool,
         timeout: float = 10.0,
+        available: Callable[[], None] = _always_available,
+        key_serde_source: str = "",
     ) -> None:
         self.name = name
         self._task_manager = task_manager
@@ -38,9 +54,26 @@ class StoreQuery:
         self._value_serde = value_serde
         self.windowed = windowed
         self._timeout = timeout
+        self._available = available
+        self._key_serde_source = key_serde_source
 
     def _tasks(self) -> list[StreamTask]:
+        self._available()
         return [t for t in self._task_manager.tasks() if self.name in t.stores]
+
+    def _key_bytes(self, key: Any) -> bytes:
+        """`key` as the store holds it; a key the store's serde refuses is
+        reported with the serde and where it came from."""
+        try:
+            data: bytes = self._key_serde.serialize(key)
+        except Exception as exc:
+            source = f" ({self._key_serde_source})" if self._key_serde_source else ""
+            raise TypeError(
+                f"store {self.name!r}: its key serde {self._key_serde!r}{source} cannot "
+                f"serialize the {type(key).__name__} {key!r} ({exc}); query with keys of the "
+                "type the store holds, or give the store the serde of its keys"
+            ) from exc
+        return data
 
     def _read(self, task: StreamTask, fn: Callable[[Any], T]) -> T:
         return self._task_manager.run_exclusive(
@@ -52,7 +85,8 @@ class StoreQuery:
     def get(self, key: Any) -> Any:
         """The value for `key` in whichever local task holds it, or None."""
         self._require(windowed=False)
-        key_bytes = self._key_serde.serialize(key)
+        self._available()
+        key_bytes = self._key_bytes(key)
         for task in self._tasks():
             raw = self._read(task, lambda store: store.get(key_bytes))
             if raw is not None:
@@ -62,8 +96,9 @@ class StoreQuery:
     def range(self, lo: Any, hi: Any) -> Iterator[tuple[Any, Any]]:
         """Entries with lo <= key <= hi (serialized order), merged across tasks."""
         self._require(windowed=False)
-        lo_b = None if lo is None else self._key_serde.serialize(lo)
-        hi_b = None if hi is None else self._key_serde.serialize(hi)
+        self._available()
+        lo_b = None if lo is None else self._key_bytes(lo)
+        hi_b = None if hi is None else self._key_bytes(hi)
         return self._merged(lambda store: list(store.range(lo_b, hi_b)))
 
     def all(self) -> Iterator[tuple[Any, Any]]:
@@ -82,7 +117,8 @@ class StoreQuery:
     def fetch(self, key: Any, time_from: int, time_to: int) -> list[tuple[int, Any]]:
         """(window start, value) of `key`'s windows starting in [time_from, time_to]."""
         self._require(windowed=True)
-        key_bytes = self._key_serde.serialize(key)
+        self._available()
+        key_bytes = self._key_bytes(key)
         found: list[tuple[int, Any]] = []
         for task in self._tasks():
             rows = self._read(task, lambda store: list(store.fetch(key_bytes, time_from, time_to)))

@@ -54,6 +54,9 @@ class ProcessingThread(threading.Thread):
         self.batches = 0
         self.busy_seconds = 0.0
         self.current_task: str | None = None
+        # The task of the latest batch, for status: a batch lasts at most a
+        # time slice, so `current_task` alone is mostly None in a snapshot.
+        self.last_task: str | None = None
 
     def request_stop(self) -> None:
         """Finish the current batch, release the task, exit. Any thread may call."""
@@ -64,6 +67,16 @@ class ProcessingThread(threading.Thread):
     def stopping(self) -> bool:
         return self._stop_requested.is_set()
 
+    @property
+    def state(self) -> str:
+        """`processing` (holds a task now), `idle` (waiting for work), `stopping`
+        (asked to stop, finishing its batch) or `stopped`. Read racily."""
+        if not self.is_alive():
+            return "stopped"
+        if self.stopping:
+            return "stopping"
+        return "processing" if self.current_task is not None else "idle"
+
     def run(self) -> None:
         log.info("processing_thread_started")
         manager = self._task_manager
@@ -73,7 +86,7 @@ class ProcessingThread(threading.Thread):
                 task = manager.acquire_next(self.name, 0.5, should_stop)
                 if task is None:
                     continue
-                self.current_task = task.id
+                self.current_task = self.last_task = task.id
                 error: TaskFailedError | None = None
                 started = time.monotonic()
                 try:

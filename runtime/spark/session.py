@@ -17,11 +17,13 @@ Called from the main thread of the driver process.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from typing import IO, TYPE_CHECKING, Any
@@ -42,6 +44,43 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.python.worker.reuse": "true",
     "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
 }
+
+
+# Spark's JVM logs through log4j2. Its default profile prints WARN lines at
+# every start (the native-hadoop library, the default profile itself) and an
+# executor's full Java + Python stack trace at ERROR when a task fails: ~200
+# lines burying the one line that matters, which the CLI prints last
+# (runtime.spark.failures). This profile is in force from the JVM's first
+# line; `spark_session(log_level=...)` sets the level once the session is up.
+_QUIET_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+# A shell's (PySpark's gateway's) own level: equal to the root's, Spark does
+# not print "Setting default log level to ..." at start.
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = error
+logger.pygateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.pygateway.level = error
+"""
+
+DEFAULT_LOG_LEVEL = "FATAL"
+
+
+def _quiet_log4j2_file() -> str:
+    """The quiet profile as a file the JVM can read (written once per content)."""
+    digest = hashlib.sha256(_QUIET_LOG4J2.encode()).hexdigest()[:12]
+    path = os.path.join(tempfile.gettempdir(), f"streams-runtime-log4j2-{digest}.properties")
+    if not os.path.exists(path):
+        fd, partial = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".partial")
+        with os.fdopen(fd, "w") as out:
+            out.write(_QUIET_LOG4J2)
+        os.replace(partial, path)  # atomic: a concurrent start reads all or nothing
+    return path
 
 
 class JavaMissingError(RuntimeError):
@@ -123,11 +162,14 @@ def spark_session(
     master: str = "local[2]",
     app_name: str = "streams-runtime",
     conf: Mapping[str, str] | None = None,
-    log_level: str = "ERROR",
+    log_level: str = DEFAULT_LOG_LEVEL,
 ) -> SparkSession:
     """The active SparkSession (as it is), or a new one; the Kafka data source is registered.
 
-    Raises JavaMissingError / SparkUnavailableError before trying to start the JVM.
+    Spark logs only `log_level` and above (default FATAL: a failed job reaches
+    the caller as an exception, see `runtime.spark.failures`; pass "WARN" or
+    "INFO" to see Spark's own account). Raises JavaMissingError /
+    SparkUnavailableError before trying to start the JVM.
     """
     check_pyspark()
     from pyspark.sql import SparkSession
@@ -140,7 +182,12 @@ def spark_session(
     builder = SparkSession.builder.master(master).appName(app_name)
     # Spark's progress bar redraws one line with \r: only for a terminal.
     console = {"spark.ui.showConsoleProgress": "true" if sys.stderr.isatty() else "false"}
-    for key, value in {**DEFAULT_CONF, **console, **(conf or {})}.items():
+    # The quiet log profile from the JVM's start (a user's own
+    # spark.driver.extraJavaOptions replaces it).
+    quiet = {
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{_quiet_log4j2_file()}"
+    }
+    for key, value in {**DEFAULT_CONF, **quiet, **console, **(conf or {})}.items():
         builder = builder.config(key, value)
     # The JVM and, through it, the Python workers take these from the
     # environment at start-up; the process's own environment is left as it was.

@@ -17,7 +17,7 @@ called by the processing thread holding its task's lock.
 from runtime.topology import serdes
 from runtime.topology.builder import StreamsBuilder
 from runtime.topology.context import PunctuationType
-from runtime.topology.errors import TopologyError
+from runtime.topology.errors import SerializationError, TopologyError
 from runtime.topology.graph import StateStoreDef
 from runtime.topology.grouped import KGroupedStream, TimeWindowedKStream
 from runtime.topology.kstream import BranchedKStream, KStream
@@ -44,6 +44,7 @@ __all__ = [
     "TimeWindows",
     "TopicSpec",
     "Topology",
+    "SerializationError",
     "TopologyError",
     "Windowed",
     "serdes",

@@ -103,7 +103,13 @@ def _make_source(d: NodeDef) -> Node:
 def _make_sink(d: NodeDef) -> Node:
     p = d.params
     return SinkNode(
-        d.name, d.topics[0], d.internal, p["key_serde"], p["value_serde"], p["partitioner"]
+        d.name,
+        d.topics[0],
+        d.internal,
+        p["key_serde"],
+        p["value_serde"],
+        p["partitioner"],
+        p.get("origin"),
     )
 
 
@@ -215,7 +221,10 @@ class GraphBuilder:
         value_serde: Any,
         partitioner: Partitioner | None,
         partitions: int | None = None,
+        origin: str | None = None,
     ) -> NodeSpec:
+        """`origin`: the DSL call making the sink ("to", "through", "repartition",
+        "group_by"), named by the fix a serialization error suggests."""
         check_topic(topic)
         if partitioner is not None:
             check_callable(partitioner, "partitioner")
@@ -231,6 +240,7 @@ class GraphBuilder:
                 "key_serde": key_serde,
                 "value_serde": value_serde,
                 "partitioner": partitioner,
+                "origin": origin,
             },
         )
         return self._add(spec, (parent,))

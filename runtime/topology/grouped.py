@@ -197,7 +197,14 @@ class KGroupedStream:
         value_serde = PRESENCE if presence else self.value_serde
         graph.add_processor(f"{topic}-filter", _make_null_key_filter, (self._node,))
         graph.add_sink(
-            f"{topic}-sink", f"{topic}-filter", topic, True, self.key_serde, value_serde, None
+            f"{topic}-sink",
+            f"{topic}-filter",
+            topic,
+            True,
+            self.key_serde,
+            value_serde,
+            None,
+            origin="group_by",
         )
         source = f"{topic}-source"
         graph.add_source(source, [topic], True, self.key_serde, value_serde)

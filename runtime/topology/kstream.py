@@ -309,7 +309,9 @@ class KStream:
         key_serde = self._serde(key_serde, self.key_serde, "key_serde")
         value_serde = self._serde(value_serde, self.value_serde, "value_serde")
         node = self._graph.node_name(name, "KSTREAM-SINK-")
-        self._graph.add_sink(node, self._node, topic, False, key_serde, value_serde, partitioner)
+        self._graph.add_sink(
+            node, self._node, topic, False, key_serde, value_serde, partitioner, origin="to"
+        )
 
     def through(
         self,
@@ -329,7 +331,9 @@ class KStream:
         value_serde = self._serde(value_serde, self.value_serde, "value_serde")
         sink = self._graph.node_name(name, "KSTREAM-SINK-")
         source = f"{name}-source" if name is not None else None
-        self._graph.add_sink(sink, self._node, topic, False, key_serde, value_serde, partitioner)
+        self._graph.add_sink(
+            sink, self._node, topic, False, key_serde, value_serde, partitioner, origin="through"
+        )
         source = self._graph.node_name(source, "KSTREAM-SOURCE-")
         self._graph.add_source(source, [topic], False, key_serde, value_serde)
         return KStream(self._graph, source, key_serde, value_serde)
@@ -363,6 +367,7 @@ class KStream:
             value_serde,
             partitioner,
             partitions,
+            origin="repartition",
         )
         source = f"{topic}-source"
         self._graph.add_source(source, [topic], True, key_serde, value_serde, partitions)

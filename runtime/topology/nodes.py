@@ -23,6 +23,7 @@ from typing import Any
 
 from runtime.topology import serdes as _serdes
 from runtime.topology.context import TaskContext
+from runtime.topology.errors import SerializationError
 from runtime.topology.processor import Processor, ProcessorContext
 from runtime.topology.record import Headers, Record
 
@@ -389,11 +390,13 @@ class SinkNode(Node):
         "key_serde",
         "value_serde",
         "partitioner",
+        "origin",
         "full_topic",
         "_key_ser",
         "_value_ser",
         "_send",
         "_partition_count",
+        "_resolved",
     )
 
     def __init__(
@@ -404,6 +407,7 @@ class SinkNode(Node):
         key_serde: Any = None,
         value_serde: Any = None,
         partitioner: Partitioner | None = None,
+        origin: str | None = None,
     ) -> None:
         super().__init__(name)
         self.topic = topic
@@ -411,7 +415,12 @@ class SinkNode(Node):
         self.key_serde = key_serde
         self.value_serde = value_serde
         self.partitioner = partitioner
+        # The DSL call that made this sink ("to", "through", "repartition",
+        # "group_by"), for the fix a serialization error suggests.
+        self.origin = origin
         self.full_topic = topic
+        # (key serde, value serde) as resolved at init, for error messages.
+        self._resolved: tuple[Any, Any] = (None, None)
         self._key_ser: Callable[[Any], bytes | None] = _not_initialized
         self._value_ser: Callable[[Any], bytes | None] = _not_initialized
         self._send: Callable[..., None] = _not_initialized
@@ -422,12 +431,11 @@ class SinkNode(Node):
 
     def init(self, ctx: TaskContext) -> None:
         self.full_topic = ctx.resolve_topic(self.topic, self.internal)
-        self._key_ser = resolve_serde(
-            self.key_serde, ctx.default_key_serde, self.name, "key"
-        ).serialize
-        self._value_ser = resolve_serde(
-            self.value_serde, ctx.default_value_serde, self.name, "value"
-        ).serialize
+        key = resolve_serde(self.key_serde, ctx.default_key_serde, self.name, "key")
+        value = resolve_serde(self.value_serde, ctx.default_value_serde, self.name, "value")
+        self._resolved = (key, value)
+        self._key_ser = key.serialize
+        self._value_ser = value.serialize
         self._send = ctx.send
         self._partition_count = ctx.partition_count
 
@@ -443,11 +451,90 @@ class SinkNode(Node):
                     f"sink {self.name!r}: partitioner returned {partition} for topic "
                     f"{self.full_topic!r} with {num_partitions} partitions"
                 )
+        # try costs nothing until something raises (CPython 3.11+).
+        try:
+            key_bytes = self._key_ser(key)
+        except Exception as exc:
+            raise self._serialization_error("key", key, exc) from exc
+        try:
+            value_bytes = self._value_ser(value)
+        except Exception as exc:
+            raise self._serialization_error("value", value, exc) from exc
         self._send(
-            self.full_topic,
-            self._key_ser(key),
-            self._value_ser(value),
-            record.timestamp,
-            record.headers,
-            partition,
+            self.full_topic, key_bytes, value_bytes, record.timestamp, record.headers, partition
         )
+
+    def _serialization_error(self, part: str, obj: Any, exc: Exception) -> SerializationError:
+        """One line: where, which serde (and where it came from), what it got, the fix."""
+        serde = self._resolved[0 if part == "key" else 1]
+        given = self.key_serde if part == "key" else self.value_serde
+        source = f"default.{part}.serde" if given is None else "given in the topology"
+        kind = type(obj).__name__
+        if self.internal:
+            where = f"repartition topic {self.full_topic!r} (node {self.name!r})"
+        else:
+            where = f"sink {self.name!r} writing topic {self.full_topic!r}"
+        message = (
+            f"{where}: {part} serde {serde!r} ({source}) cannot serialize "
+            f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind} "
+            f"({type(exc).__name__}: {exc}); fix: {self._fix(part, obj)}"
+        )
+        return SerializationError(
+            message,
+            topic=self.full_topic,
+            node=self.name,
+            part=part,
+            serde=serde,
+            cause=exc,
+            certain=isinstance(exc, TypeError) and _is_builtin(serde),
+        )
+
+    def _fix(self, part: str, obj: Any) -> str:
+        suggested = _serde_for(obj)
+        if suggested is None:
+            return (
+                f"turn the {part} into str, int, bytes or JSON data before this sink "
+                f"(e.g. with map_values), or give {part}_serde a serde for "
+                f"{type(obj).__name__}"
+            )
+        serde_expr, config_name = suggested
+        if self.internal:
+            call = {
+                "repartition": "the repartition()/join() that makes this topic",
+                "group_by": "the group_by()/group_by_key() that feeds this aggregation",
+            }.get(self.origin or "", "the call that makes this topic")
+            return (
+                f"pass {part}_serde={serde_expr} to {call}, "
+                f"or --set default.{part}.serde={config_name}"
+            )
+        call = self.origin or "to"
+        return (
+            f".{call}({self.topic!r}, {part}_serde={serde_expr}), "
+            f"or --set default.{part}.serde={config_name}"
+        )
+
+
+def _is_builtin(serde: Any) -> bool:
+    return isinstance(
+        serde,
+        _serdes.BytesSerde
+        | _serdes.StringSerde
+        | _serdes.Int64Serde
+        | _serdes.JsonSerde
+        | _serdes.TimeWindowedSerde,
+    )
+
+
+def _serde_for(obj: Any) -> tuple[str, str] | None:
+    """The built-in serde for a Python value (`serdes.X`, config name), or None."""
+    if isinstance(obj, str):
+        return "serdes.STRING", "string"
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return "serdes.BYTES", "bytes"
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        return "serdes.INT64", "int64"
+    try:
+        _serdes.JSON.serialize(obj)
+    except (TypeError, ValueError):
+        return None
+    return "serdes.JSON", "json"

@@ -207,9 +207,12 @@ def test_thread_control_under_load_keeps_output_exact(ops: OpsDaemon, bootstrap:
 
     listing = ops.admin_cli("threads")
     assert listing.returncode == 0, listing.stderr
-    assert [line.split()[:2] for line in listing.stdout.splitlines()[1:]] == [
-        [f"{ops.client_id}-ProcessingThread-{i}", "alive"] for i in (1, 2, 3)
+    rows = [line.split() for line in listing.stdout.splitlines()]
+    assert rows[0] == ["THREAD", "STATE", "TASK", "LAST_TASK", "BATCHES", "BUSY_S"]
+    assert [row[0] for row in rows[1:]] == [
+        f"{ops.client_id}-ProcessingThread-{i}" for i in (1, 2, 3)
     ]
+    assert {row[1] for row in rows[1:]} <= {"processing", "idle"}, listing.stdout
 
     ops.proc.send_signal(signal.SIGTTIN)
     wait_until(lambda: len(ops.thread_names()) == 4, 10, message="SIGTTIN added no thread")

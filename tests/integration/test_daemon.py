@@ -242,8 +242,10 @@ def _base_sets(bootstrap: str, tmp_path: Path) -> list[str]:
     [
         ("processing.threads=abc", "processing.threads"),
         ("proccessing.threads=2", "proccessing.threads"),
+        # A misspelt client property: librdkafka's refusal, caught before start-up.
+        ("consumer.sesion.timeout.ms=6000", "did you mean 'consumer.session.timeout.ms'?"),
     ],
-    ids=["bad-value", "unknown-key"],
+    ids=["bad-value", "unknown-key", "misspelt-client-property"],
 )
 def test_config_error_exits_2_naming_the_key(
     bootstrap: str, tmp_path: Path, bad_set: str, named: str
@@ -253,6 +255,9 @@ def test_config_error_exits_2_naming_the_key(
     result = _run_cli(["run", PASSTHROUGH, *_base_sets(bootstrap, tmp_path), "--set", bad_set], env)
     assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
     assert named in result.stderr, result.stderr[-2000:]
+    # One line that says what is wrong, no traceback.
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("streams-runtime: config key")
 
 
 def test_missing_source_topic_exits_2_naming_it(bootstrap: str, tmp_path: Path) -> None:

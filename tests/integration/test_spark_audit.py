@@ -4,6 +4,8 @@ injected loss are found and named, for both relations (identity and per-key coun
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from runtime.cli import main
 from runtime.spark import run_audit, spark_session
 from runtime.topology import serdes
+from tests.harness import REPO, clean_env
 from tests.kafka_helpers import create_topic, produce, unique_name
 
 pytestmark = pytest.mark.integration
@@ -85,3 +88,51 @@ def test_a_missing_topic_is_bad_input(spark: Any, bootstrap: str, capsys: Any) -
     argv = ["audit", "--bootstrap", bootstrap, "--input", source, "--output", missing]
     assert main(argv) == 2
     assert missing in capsys.readouterr().err
+
+
+def _bad_row(x: int) -> int:
+    raise ValueError(f"bad row {x}")
+
+
+def test_a_failed_job_ends_with_the_workers_python_error(
+    spark: Any, capsys: Any, monkeypatch: Any
+) -> None:
+    """A job that fails in a Python worker: the last line is the worker's error,
+    not PySpark's preamble (and no Java stack trace is printed)."""
+
+    def failing_audit(*args: Any, **kwargs: Any) -> Any:
+        return spark.sparkContext.parallelize([1]).map(_bad_row).collect()
+
+    monkeypatch.setattr("runtime.spark.audit.run_audit", failing_audit)
+    argv = ["audit", "--bootstrap", "127.0.0.1:9", "--input", "in", "--output", "out"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        "streams-runtime audit: failed: ValueError: bad row 1 (raised in a Spark Python worker)"
+    )
+
+
+def test_a_clean_audit_prints_no_spark_log_lines(bootstrap: str) -> None:
+    """Spark's own log is quiet by default: only the report, on stdout."""
+    source, copy = topics(bootstrap, "au-quiet-in", "au-quiet-out")
+    produce(bootstrap, source, RECORDS[:100])
+    produce(bootstrap, copy, RECORDS[:100])
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime", "audit", "--bootstrap", bootstrap]
+        + ["--input", source, "--output", copy, "--master", "local[1]"],
+        cwd=REPO,
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "result: OK" in result.stdout
+    # The JVM's own notice about Spark's --add-modules is not Spark's log.
+    spark_lines = [
+        line
+        for line in result.stderr.splitlines()
+        if line.strip() and not line.startswith("WARNING: Using incubator modules")
+    ]
+    assert spark_lines == [], result.stderr[-3000:]

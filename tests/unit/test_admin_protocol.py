@@ -441,6 +441,59 @@ def test_admin_command_exit_codes(
         assert "'task' must be a task id" in capsys.readouterr().err
 
 
+def test_admin_options_are_accepted_after_the_command(
+    sock_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(admin_client.SOCKET_ENV, raising=False)
+    with ServerThread(sock_path, FakeApp()):
+        for argv in (
+            ["admin", "threads", "--json", "--socket", str(sock_path)],
+            ["admin", "--socket", str(sock_path), "threads", "--json"],
+            ["admin", "--json", "--socket", str(sock_path), "threads"],
+        ):
+            assert cli.main(argv) == 0, argv
+            assert json.loads(capsys.readouterr().out)["names"] == ["app-ProcessingThread-1"]
+        # Not repeated after the command: the value before it stands.
+        assert cli.main(["admin", "--json", "--socket", str(sock_path), "status"]) == 0
+        assert json.loads(capsys.readouterr().out)["state"] == "RUNNING"
+        assert cli.main(["admin", "status", "--socket", str(sock_path)]) == 0
+        assert capsys.readouterr().out.startswith("state")
+
+
+def test_admin_output_into_a_closed_pipe_ends_quietly(sock_path: Path) -> None:
+    """`admin --json threads | head`: the reader is gone before the output is
+    written; the command must end without a traceback."""
+    import subprocess
+    import sys
+
+    from tests.harness import REPO
+
+    with ServerThread(sock_path, FakeApp()):
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "runtime",
+                "admin",
+                "--json",
+                "status",
+                "--socket",
+                str(sock_path),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # long before the interpreter has started
+        err = proc.stderr.read().decode()
+        code = proc.wait(30)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert err == "", err
+    assert code == 0
+
+
 def test_admin_command_reads_socket_from_config(tmp_path: Path) -> None:
     toml = tmp_path / "app.toml"
     toml.write_text('application.id = "a"\n[admin]\nsocket = "/run/x.sock"\n')

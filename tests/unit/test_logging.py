@@ -66,3 +66,32 @@ def test_default_stream_follows_sys_stderr(capsys: pytest.CaptureFixture[str]) -
 
     captured = capsys.readouterr()
     assert json.loads(captured.err)["event"] == "to_current_stderr"
+
+
+def test_a_new_level_applies_to_loggers_bound_before_it() -> None:
+    """Module loggers are bound at import, before `log.level` is read."""
+    early = get_logger("runtime.early")
+    early.info("warm_up")  # first use caches the logger
+    stream = io.StringIO()
+    configure_logging("warning", json=True, stream=stream)
+    early.info("dropped")
+    early.warning("kept")
+    configure_logging("debug", json=True, stream=stream)
+    early.debug("now_kept")
+    events = [json.loads(line)["event"] for line in stream.getvalue().splitlines()]
+    assert events == ["kept", "now_kept"]
+
+
+def test_a_closed_stream_drops_lines_instead_of_raising() -> None:
+    """A daemon whose stderr reader went away (`| head`) must still shut down."""
+
+    class Gone(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    configure_logging("info", json=True, stream=Gone())
+    get_logger("runtime.test").info("lost")  # no exception
+    closed = io.StringIO()
+    closed.close()
+    configure_logging("info", json=True, stream=closed)
+    get_logger("runtime.test").warning("lost too")
