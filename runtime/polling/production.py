@@ -218,10 +218,6 @@ class OutputErrors:
         failure, self._failure = self._failure, None
         return failure
 
-    @property
-    def failed(self) -> bool:
-        return self._failure is not None
-
     # --- helpers --------------------------------------------------------------
 
     def _failed(
