@@ -12,10 +12,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from runtime.config import StreamsConfig
-from runtime.logging import librdkafka_logger
+from runtime.logging import get_logger, librdkafka_logger
+from runtime.topology.topology import Topology
+
+log = get_logger("runtime.polling")
 
 # librdkafka stops fetching a partition for fetch.queue.backoff.ms (default
 # 1000) whenever its prefetch queue is over queued.min.messages or
@@ -33,6 +36,17 @@ DEFAULT_SESSION_TIMEOUT_MS = 10_000
 # Settings the commit protocol relies on: offsets are committed explicitly by
 # the polling thread, never automatically.
 _FORCED_CONSUMER = {"enable.auto.commit": False, "enable.auto.offset.store": False}
+
+
+def assignment_strategy(topology: Topology) -> str:
+    """The classic protocol's assignor for this topology.
+
+    Co-partitioned inputs must land on the same member: range does that for
+    topics with equal partition counts; otherwise cooperative-sticky avoids
+    stop-the-world rebalances.
+    """
+    multi_source = any(len(s.sources) > 1 for s in topology.subtopologies)
+    return "range" if multi_source else "cooperative-sticky"
 
 
 def consumer_config(
@@ -206,3 +220,14 @@ def fetch_resumed_now(consumer: Consumer, partitions: list[TopicPartition]) -> N
     for tp in consumer.position(partitions):
         if tp.offset >= 0:
             consumer.seek(tp)
+
+
+def log_consume_error(message: Message) -> None:
+    """A consumed message that carries an error: fatal ones raise, others are logged."""
+    error = message.error()
+    assert error is not None
+    if error.code() == KafkaError._PARTITION_EOF:
+        return
+    if error.fatal():
+        raise KafkaException(error)
+    log.warning("consume_error", error=error.str())
