@@ -91,7 +91,7 @@ class OutputChannel:
             config.dead_letter_queue_topic,
             int(settings.get("message.max.bytes", 1_000_000)),
             config.exactly_once,
-            lambda: self.producer,
+            send=self._produce,
         )
         # changelog (topic, partition) -> next offset after the last
         # acknowledged record since the last take.

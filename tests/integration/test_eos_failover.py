@@ -9,6 +9,7 @@ skips on a Tansu run).
 
 from __future__ import annotations
 
+import faulthandler
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,12 @@ def commits_after(app: App, done: int, more: int, timeout: float, what: str) -> 
         assert app.state not in (AppState.ERROR, AppState.PENDING_ERROR), repr(app.failure)
         return bool(app.status()["transactions_committed"] >= done + more)
 
-    wait_until(ok, timeout, interval=0.1, message=f"no transaction committed {what}")
+    try:
+        wait_until(ok, timeout, interval=0.1, message=f"no transaction committed {what}")
+    except AssertionError:
+        # Where each thread sits when commits stopped (the open stall's diagnosis).
+        faulthandler.dump_traceback(all_threads=True)
+        raise
     return int(app.status()["transactions_committed"])
 
 
