@@ -213,6 +213,8 @@ BAD_VALUES = [
     ("admin.socket.max.connections", 0),
     ("admin.socket.max.buffered.bytes", 1023),
     ("admin.socket.idle.timeout.ms", 0),
+    ("static.partitioner", "json:dumps"),
+    ("partition.check.interval.ms", 99),
 ]
 
 
@@ -574,11 +576,12 @@ INT_RANGES = {
     "metrics.port": lambda n: 0 <= n <= 65535,
     "processing.threads.min": lambda n: 0 <= n <= 64,
     "processing.threads.max": lambda n: 1 <= n <= 64,
+    "partition.check.interval.ms": lambda n: 100 <= n <= LONG,
 }
 # Durations the runtime waits for: accepted up to Kafka's "infinite", stored clamped.
 CLAMPED = {
     "commit.interval.ms", "task.timeslice.ms", "poll.ms", "shutdown.timeout.ms",
-    "admin.socket.idle.timeout.ms",
+    "admin.socket.idle.timeout.ms", "partition.check.interval.ms",
 }  # fmt: skip
 
 
