@@ -269,12 +269,7 @@ class PartitionExpansion:
 
     def _start_accepting(self, grown: dict[str, int]) -> None:
         """Run the once-only callback if there is one, then accept."""
-        accepted = self._layout.partitions
-        changes = sorted(
-            (t, accepted[t], n)
-            for t, n in grown.items()
-            if t in self._layout.subtopology_of and not t.startswith(self._internal_prefix)
-        )
+        changes = self._input_changes(grown)
         hook = getattr(self._static, "on_partition_expansion", None)
         self._pending_accept = grown
         if not changes or hook is None:
@@ -291,9 +286,16 @@ class PartitionExpansion:
         except KafkaException as exc:
             self._give_up(f"cannot create the expansion marker {name!r}: {exc}")
 
-    @property
-    def _internal_prefix(self) -> str:
-        return f"{self._config.application_id}-"
+    def _input_changes(self, grown: dict[str, int]) -> list[tuple[str, int, int]]:
+        """(topic, old, new) of the user's input topics among `grown`: what
+        makes an expansion (internal topics follow them)."""
+        accepted = self._layout.partitions
+        internal = f"{self._config.application_id}-"
+        return sorted(
+            (t, accepted[t], n)
+            for t, n in grown.items()
+            if t in self._layout.subtopology_of and not t.startswith(internal)
+        )
 
     def _check_marker(self) -> None:
         assert self._marker is not None
@@ -342,10 +344,9 @@ class PartitionExpansion:
                 return
         accepted = self._layout.partitions
         old = {t: accepted[t] for t in grown}
-        accepted.update(grown)
-        inputs = [t for t in grown if t in self._layout.subtopology_of]
-        if inputs:
+        if self._input_changes(grown):
             self.expansions += 1
+        accepted.update(grown)
         created = self._tasks.release_held()
         self._wait(None)
         log.info(
