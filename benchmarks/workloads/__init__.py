@@ -19,4 +19,6 @@ WORKLOADS = {
     "rebalance": "benchmarks.rebalance",
     # exactly_once_v2 over at_least_once throughput (benchmarks/eos.py).
     "eos": "benchmarks.eos",
+    # Live partition expansion, 4 -> 8, while input flows (benchmarks/expand.py).
+    "expand": "benchmarks.expand",
 }

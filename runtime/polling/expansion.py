@@ -110,6 +110,8 @@ class PartitionExpansion:
         self._tasks = tasks
         self._output = output
         self._static = config.static_partitioner
+        app = config.application_id
+        self._internal = {f"{app}-{t.name}" for t in topology.internal_topics()}
         self._admin_factory = admin_factory or (lambda: AdminClient(admin_config(config)))
         self._admin: AdminClient | None = None
         self._interval = config.partition_check_interval_ms / 1000.0
@@ -119,6 +121,7 @@ class PartitionExpansion:
         self._levels: list[list[tuple[str, int]]] = []
         self._marker: tuple[Future[Any], list[tuple[str, int, int]]] | None = None
         self._pending_accept: dict[str, int] = {}
+        self._markers_done: set[str] = set()
         self._next_release = 0.0
         self._ignored: dict[str, int] = {}
         self._last_wait_logged: str | None = None
@@ -268,14 +271,18 @@ class PartitionExpansion:
     # --- accepting ---------------------------------------------------------------------
 
     def _start_accepting(self, grown: dict[str, int]) -> None:
-        """Run the once-only callback if there is one, then accept."""
+        """Once the producer sees the new partitions: the once-only callback
+        if there is one, then accept."""
+        if not self._producer_sees(grown):
+            self._next_check = time.monotonic() + _RECHECK_AFTER_CREATE_S
+            return
         changes = self._input_changes(grown)
         hook = getattr(self._static, "on_partition_expansion", None)
         self._pending_accept = grown
-        if not changes or hook is None:
+        name = marker_topic(self._config.application_id, changes)
+        if not changes or hook is None or name in self._markers_done:
             self._accept(grown)
             return
-        name = marker_topic(self._config.application_id, changes)
         try:
             futures = self._admin_client().create_topics(
                 [NewTopic(name, 1, self._config.replication_factor)],
@@ -290,11 +297,10 @@ class PartitionExpansion:
         """(topic, old, new) of the user's input topics among `grown`: what
         makes an expansion (internal topics follow them)."""
         accepted = self._layout.partitions
-        internal = f"{self._config.application_id}-"
         return sorted(
             (t, accepted[t], n)
             for t, n in grown.items()
-            if t in self._layout.subtopology_of and not t.startswith(internal)
+            if t in self._layout.subtopology_of and t not in self._internal
         )
 
     def _check_marker(self) -> None:
@@ -304,10 +310,12 @@ class PartitionExpansion:
         if not future.done():
             return
         self._marker = None
+        self._markers_done.add(marker_topic(self._config.application_id, changes))
         try:
             future.result()
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                self._markers_done.discard(marker_topic(self._config.application_id, changes))
                 self._give_up(f"cannot create the expansion marker: {exc}")
                 return
             log.info("partition_expansion_callback_elsewhere", changes=changes)
@@ -329,19 +337,24 @@ class PartitionExpansion:
                     error=f"{type(exc).__name__}: {exc}",
                 )
 
-    def _accept(self, grown: dict[str, int]) -> None:
-        """New counts in force: producer metadata first, then sinks, then tasks."""
+    def _producer_sees(self, grown: dict[str, int]) -> bool:
+        """Refresh the producer's metadata of `grown` (it refuses a partition
+        it has not seen); False while it lags behind the cluster."""
         producer = self._output.producer
         for topic, count in grown.items():
             try:
                 known = producer.list_topics(topic, timeout=_PRODUCER_METADATA_TIMEOUT_S)
                 seen = len(known.topics[topic].partitions)
             except (KafkaException, KeyError) as exc:
-                self._give_up(f"the producer cannot see {topic!r}'s new partitions: {exc}")
-                return
+                seen = -1
+                log.debug("producer_metadata_failed", topic=topic, error=str(exc))
             if seen < count:
-                self._give_up(f"the producer sees {seen} partitions of {topic!r}, not {count}")
-                return
+                log.debug("producer_metadata_behind", topic=topic, seen=seen, count=count)
+                return False
+        return True
+
+    def _accept(self, grown: dict[str, int]) -> None:
+        """New counts in force (sinks read them), then held partitions become tasks."""
         accepted = self._layout.partitions
         old = {t: accepted[t] for t in grown}
         if self._input_changes(grown):

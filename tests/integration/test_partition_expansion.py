@@ -9,7 +9,7 @@ record lost, none counted twice (exactly_once_v2: not even processed twice),
 each key stays on one partition of every topic, the new keys on the new
 partitions, the internal topics end at 8 partitions, the callback ran once,
 the app never left RUNNING/REBALANCING. Also: two instances spread the new
-tasks; without a static partitioner the app stops with the reason; joined
+tasks (classic and KIP-848 group protocols); without a static partitioner the app stops with the reason; joined
 topics with different counts make the app wait, saying so.
 
 Skipped on Tansu (no CreatePartitions).
@@ -121,7 +121,14 @@ def partition_counts(bootstrap: str, *topics: str) -> dict[str, int]:
     return {t: len(metadata.topics[t].partitions) for t in topics}
 
 
-def app_config(bootstrap: str, app_id: str, state_dir: Path, **extra: Any) -> dict[str, Any]:
+def app_config(
+    bootstrap: str, app_id: str, state_dir: Path, protocol: str = "classic", **extra: Any
+) -> dict[str, Any]:
+    timing = (
+        {"consumer.session.timeout.ms": 6000, "consumer.heartbeat.interval.ms": 500}
+        if protocol == "classic"
+        else {"consumer.group.protocol": "consumer"}  # KIP-848: the broker assigns
+    )
     return {
         "application.id": app_id,
         "bootstrap.servers": bootstrap,
@@ -130,8 +137,7 @@ def app_config(bootstrap: str, app_id: str, state_dir: Path, **extra: Any) -> di
         "partition.check.interval.ms": 500,
         # The store cache emits the counts at each commit (exactly_once_v2: 100 ms).
         "commit.interval.ms": 200,
-        "consumer.session.timeout.ms": 6000,
-        "consumer.heartbeat.interval.ms": 500,
+        **timing,
         **extra,
     }
 
@@ -274,7 +280,8 @@ def run_expand(bootstrap: str, app_id: str, source: str, sink: str) -> str:
     return result.stdout
 
 
-def test_two_instances_spread_the_new_tasks(bootstrap: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_two_instances_spread_the_new_tasks(bootstrap: str, tmp_path: Path, protocol: str) -> None:
     source, sink, app_id = unique_name("x2-in"), unique_name("x2-out"), unique_name("expand2")
     create_topic(bootstrap, source, 4)
     create_topic(bootstrap, sink, 4)
@@ -282,7 +289,13 @@ def test_two_instances_spread_the_new_tasks(bootstrap: str, tmp_path: Path) -> N
     apps = [
         App(
             expansion_app.build(source, sink),
-            app_config(bootstrap, app_id, tmp_path / name, **{"static.partitioner": partitioner}),
+            app_config(
+                bootstrap,
+                app_id,
+                tmp_path / name,
+                protocol,
+                **{"static.partitioner": partitioner},
+            ),
         )
         for name in ("a", "b")
     ]
@@ -408,3 +421,22 @@ def test_expand_refuses_without_a_static_partitioner(bootstrap: str) -> None:
     )
     assert result.returncode == 2
     assert "static.partitioner is not set" in result.stderr and "--force" in result.stderr
+
+
+def test_expand_benchmark_smoke_run(tmp_path: Path) -> None:
+    """`python -m benchmarks expand` runs end to end (one short repeat, its own broker)."""
+    import argparse
+
+    from benchmarks import expand
+
+    parser = argparse.ArgumentParser()
+    expand.add_arguments(parser)
+    args = parser.parse_args(
+        ["--quick", "--window-s=1.5", "--feed-rate=500", "--check-interval-ms=500"]
+        + [f"--out={tmp_path}"]
+    )
+    assert expand.main(args) == 0
+    (run,) = json.loads((tmp_path / "expand.json").read_text())["runs"]
+    assert 0 < run["first_new_s"] <= run["all_new_s"] < 30
+    assert run["expansions"] == 1 and run["tasks_created_by_expansion"] == 8
+    assert "| first record of a new partition processed |" in (tmp_path / "expand.md").read_text()
