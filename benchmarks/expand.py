@@ -250,6 +250,8 @@ def main(args: argparse.Namespace) -> int:
         "window_s": args.window_s,
         "classic_config": CLASSIC_CONFIG,
         "machine": machine_info("kafka"),
+        # The machine is shared: its load says how much the figures can be trusted.
+        "load_average_start": os.getloadavg()[0],
         "runs": [],
     }
     started = time.monotonic()
@@ -274,6 +276,7 @@ def main(args: argparse.Namespace) -> int:
                 flush=True,
             )
     result["session_s"] = time.monotonic() - started
+    result["load_average_end"] = os.getloadavg()[0]
     good = [r for r in result["runs"] if "error" not in r]
     result["summary"] = {
         key: {
@@ -325,6 +328,9 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Classic group timing: {result['classic_config']}. Target (issue 15): no gap longer "
         "than one rebalance plus one commit interval.",
+        "",
+        f"Load average (1 min) at start {result.get('load_average_start', '?')}, at end "
+        f"{result.get('load_average_end', '?')} (the machine may be shared).",
         "",
     ]
     return "\n".join(lines)
