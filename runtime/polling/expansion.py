@@ -194,7 +194,8 @@ class PartitionExpansion:
             return
         if not plan.empty:
             self._levels = list(plan.levels)
-            self._wait("expanding internal topics: " + ", ".join(sorted(plan.growing())))
+            growing = ", ".join(sorted(plan.growing()))
+            self._wait(f"expanding internal topics: {growing}", "info")
             self._create_next_level()
             return
         if grown:
@@ -218,12 +219,12 @@ class PartitionExpansion:
                     reason="no static.partitioner: keys keep the partitions of the start-up count",
                 )
 
-    def _wait(self, reason: str | None) -> None:
+    def _wait(self, reason: str | None, level: str = "warning") -> None:
         self.waiting_for = reason
         if reason != self._last_wait_logged:
             self._last_wait_logged = reason
             if reason is not None:
-                log.warning("partition_expansion_waiting", reason=reason)
+                getattr(log, level)("partition_expansion_waiting", reason=reason)
 
     # --- growing internal topics ------------------------------------------------------
 

@@ -178,3 +178,16 @@ def test_admin_status_says_what_an_expansion_waits_for() -> None:
     assert "held         2 partitions not tasks yet: a-2, a-3" in text
     assert "expansions   1 followed, 4 tasks created by them" in text
     assert "expansion" not in format_status({"state": "RUNNING"})
+
+
+def test_start_up_names_expand_when_an_internal_topic_is_behind() -> None:
+    from runtime.polling.topics import TopicError, resolve_topics
+
+    counts = {"in": 8, "out": 8, REPARTITION: 4, CHANGELOG: 4}
+    metadata = SimpleNamespace(
+        topics={n: SimpleNamespace(partitions=[0] * c, error=None) for n, c in counts.items()}
+    )
+    admin = SimpleNamespace(list_topics=lambda timeout: metadata)
+    with pytest.raises(TopicError, match="has 4 partitions, the topology needs 8.*expand") as info:
+        resolve_topics(admin, expansion_app.build("in", "out"), APP, 1, {})  # type: ignore[arg-type]
+    assert "static.partitioner" in str(info.value)
