@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from runtime.polling.output import OutputChannel
 from runtime.polling.transactions import (
     TransactionFailed,
     Transactions,
@@ -151,3 +152,28 @@ def test_call_with_deadline_returns_and_raises_like_the_call() -> None:
     with pytest.raises(KafkaException) as raised:
         call_with_deadline("fenced", lambda: (_ for _ in ()).throw(KafkaException(FENCED)), 1.0)
     assert raised.value.args[0].code() == KafkaError._FENCED
+
+
+def test_a_fatal_error_raised_by_poll_is_a_fence_under_exactly_once() -> None:
+    """confluent-kafka raises a fatal producer error from poll()/flush() instead of
+    calling error_cb (seen on Kafka: the fence escaped and stopped the app)."""
+    channel = OutputChannel.__new__(OutputChannel)
+    channel.transactions, _ = make()
+
+    def fenced_poll() -> int:
+        raise KafkaException(FENCED)
+
+    assert channel._serve_reports(fenced_poll) == 0
+    assert channel.transactions.broken is not None
+    assert channel.transactions.broken.code() == KafkaError._FENCED
+
+
+def test_a_fatal_error_raised_by_poll_stops_at_least_once() -> None:
+    channel = OutputChannel.__new__(OutputChannel)
+    channel.transactions = None
+
+    def fatal_poll() -> int:
+        raise KafkaException(FENCED)
+
+    with pytest.raises(KafkaException):
+        channel._serve_reports(fatal_poll)
