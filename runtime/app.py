@@ -34,6 +34,8 @@ from runtime.startup_checks import check_startup
 from runtime.state.cache import CacheBudget
 from runtime.state.cleanup import CleanupThread
 from runtime.state.placement import ShutdownRequest, status_topic_name
+from runtime.state.remote.manager import RemoteState
+from runtime.state.remote.settings import RemoteSettings
 from runtime.state.restoration import RestorationThread
 from runtime.status import AppStatus, RestoreProgress, TaskStatus, ThreadStatus
 from runtime.topology.serdes import serde_from_name
@@ -202,10 +204,19 @@ class App:
             )
             # The state manager's thread; it also reads the status topic, so
             # even a stateless app has one (its consumer is the third client).
+            # Remote state (state.remote.url): snapshots are taken at commits
+            # and uploaded/downloaded by the restoration thread.
+            remote_settings = RemoteSettings.from_config(config)
+            remote = (
+                RemoteState(remote_settings, config.state_dir, self.instance_id)
+                if remote_settings is not None and has_state
+                else None
+            )
             self._restoration = RestorationThread(
                 f"{config.client_id}-RestorationThread",
                 restore_consumer_config(config),
                 status_topic,
+                remote=remote,
             )
             self._polling = PollingThread(
                 config,
@@ -223,6 +234,9 @@ class App:
                 self._restoration,
                 self.instance_id,
             )
+            if remote is not None:
+                capture = remote.capture(self._restoration.add_upload)
+                self._polling.committer.after_commit = capture.after_commit
             if has_state:
                 self._cleanup = CleanupThread(
                     f"{config.client_id}-CleanupThread",
@@ -609,6 +623,12 @@ class App:
             failed_threads=self.failed_threads,
             failure=repr(self._failure) if self._failure else None,
             restored=restoration.restored_total if restoration else 0,
+            restores=dict(restoration.restores) if restoration else {},
+            remote_state=(
+                restoration.remote.stats.as_dict()
+                if restoration is not None and restoration.remote is not None
+                else None
+            ),
             standbys=dict(restoration.standby_positions) if restoration else {},
             processed=sum(t.processed_count for t in live_tasks),
             skipped=sum(t.skipped_count for t in live_tasks),
