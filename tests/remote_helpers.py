@@ -7,7 +7,11 @@ benchmark both need them. Threads: the test's own.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +23,7 @@ from runtime.brokers.s3proxy import S3Proxy
 from runtime.state.checkpoint import read_checkpoint
 from tests.kafka_helpers import unique_name
 
-__all__ = ["RemoteBucket", "remote_bucket"]
+__all__ = ["RemoteBucket", "SlowRelay", "local_checkpoint", "remote_bucket", "snapshot_offsets"]
 
 
 class RemoteBucket:
@@ -54,10 +58,15 @@ class RemoteBucket:
         """The task's manifests, oldest first, as JSON."""
         prefix = f"snapshots/{app_id}/{task_id}/manifests/"
         client = self.server.client()
-        return [
-            json.loads(client.get_object(Bucket=self.name, Key=key)["Body"].read())
-            for key in self.keys(prefix)
-        ]
+        found = []
+        for key in self.keys(prefix):
+            try:
+                found.append(
+                    json.loads(client.get_object(Bucket=self.name, Key=key)["Body"].read())
+                )
+            except client.exceptions.NoSuchKey:
+                continue  # deleted by a retention pass since the listing
+        return found
 
     def object_path(self, key: str) -> Path:
         """Where the file-system backend keeps an object (to damage it on purpose)."""
@@ -78,3 +87,69 @@ def snapshot_offsets(manifest: dict[str, Any]) -> dict[tuple[str, int], int]:
 
 def local_checkpoint(state_dir: Path, app_id: str, task_id: str) -> dict[tuple[str, int], int]:
     return read_checkpoint(state_dir / app_id / task_id / ".checkpoint") or {}
+
+
+class SlowRelay:
+    """A TCP relay on loopback that slows uploads: bytes towards the server pass at
+    about `rate` bytes/s (replies pass at full speed).
+
+    Why: a snapshot upload to a server on loopback takes milliseconds; through this
+    relay it takes seconds, so a test can kill the daemon while it is certainly in
+    the middle of one. Threads: its own (one acceptor, two pumps per connection),
+    all daemon threads, stopped by `stop()`. Only loopback addresses.
+    """
+
+    def __init__(self, target_port: int, rate: float) -> None:
+        self._target = ("127.0.0.1", target_port)
+        self.rate = rate  # may be changed at any time
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(16)
+        self.port = int(self._listener.getsockname()[1])
+        self._sockets: list[socket.socket] = []
+        self._stopped = threading.Event()
+        threading.Thread(target=self._accept, name="slow-relay", daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self._target, timeout=10)
+            except OSError:
+                client.close()
+                continue
+            self._sockets += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, slow: bool) -> None:
+        chunk = 4096 if slow else 65536
+        try:
+            while not self._stopped.is_set():
+                data = source.recv(chunk)
+                if not data:
+                    break
+                sink.sendall(data)
+                if slow:
+                    time.sleep(len(data) / self.rate)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._listener.close()
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
