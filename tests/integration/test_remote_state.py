@@ -176,3 +176,62 @@ def test_wiped_state_restores_from_snapshot_plus_tail(
         print(f"restores: {restores}")
     finally:
         assert third.close(30)
+
+
+def test_corrupt_or_truncated_snapshots_fall_back_and_old_ones_are_deleted(
+    bootstrap: str, tmp_path: Path, bucket: RemoteBucket
+) -> None:
+    """Retention keeps 2 snapshots per task and no file no snapshot names. Then,
+    with the local state wiped: task 0_0's files are all damaged (every snapshot
+    unusable: the changelog, from its beginning); task 0_1's newest manifest is
+    truncated (the older snapshot, plus a longer tail). Counts stay exact."""
+    counts = CountApp(bootstrap, tmp_path)
+    state = tmp_path / "state"
+    app = counts.app(state, bucket.config(interval_ms=1000, retained=2))
+    app.start()
+    try:
+        for round_ in range(3):  # three different states: three snapshots per task
+            batch = [f"key-{i}" for i in range(round_, 3000, round_ + 1)]
+            counts.feed(batch)
+            counts.wait_processed(app, sum(counts.truth.values()))
+            wait_snapshots_cover_local_state(app, bucket, counts, state)
+        uploaded = app.status().remote_state
+        assert uploaded is not None and uploaded["snapshots_uploaded"] >= 6
+    finally:
+        assert app.close(30)
+    for task_id in TASKS:
+        manifests = bucket.manifests(counts.app_id, task_id)
+        assert len(manifests) == 2, [m["snapshot_id"] for m in manifests]
+        named = {f[2] for m in manifests for s in m["stores"].values() for f in s["files"]}
+        prefix = f"snapshots/{counts.app_id}/{task_id}/objects/"
+        assert {k[len(prefix) :] for k in bucket.keys(prefix)} == named
+    older_0_1 = bucket.manifests(counts.app_id, "0_1")[0]["snapshot_id"]
+
+    for key in bucket.keys(f"snapshots/{counts.app_id}/0_0/objects/"):
+        path = bucket.object_path(key)
+        path.write_bytes(b"\xff" * path.stat().st_size)  # same size, other content
+    newest_0_1 = bucket.keys(f"snapshots/{counts.app_id}/0_1/manifests/")[-1]
+    manifest_path = bucket.object_path(newest_0_1)
+    manifest_path.write_bytes(manifest_path.read_bytes()[:100])
+
+    shutil.rmtree(state)
+    restored = counts.app(state, bucket.config(interval_ms=60_000))
+    restored.start()
+    try:
+        wait_until(
+            lambda: (
+                set(restored.status().restores) == set(TASKS)
+                and all(t.state == "RUNNING" for t in restored.status().tasks)
+            ),
+            60,
+            message="restore did not finish",
+        )
+        restores = restored.status().restores
+        assert restores["0_0"]["source"] == "changelog", restores
+        assert restores["0_1"]["source"] == "snapshot+tail", restores
+        assert restores["0_1"]["snapshot"] == older_0_1
+        remote = restored.status().remote_state
+        assert remote is not None and remote["snapshot_restore_failures"] >= 1
+        counts.check_counts(restored)
+    finally:
+        assert restored.close(30)
