@@ -34,6 +34,7 @@ from runtime.startup_checks import check_startup
 from runtime.state.cache import CacheBudget
 from runtime.state.cleanup import CleanupThread
 from runtime.state.placement import ShutdownRequest, status_topic_name
+from runtime.state.remote.capture import SnapshotCapture
 from runtime.state.remote.manager import RemoteState
 from runtime.state.remote.settings import RemoteSettings
 from runtime.state.restoration import RestorationThread
@@ -142,6 +143,7 @@ class App:
         self.failed_threads = 0
         self._layout: TopicLayout | None = None
         self._started_at: float | None = None
+        self._capture: SnapshotCapture | None = None  # remote state, polling thread side
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -235,8 +237,8 @@ class App:
                 self.instance_id,
             )
             if remote is not None:
-                capture = remote.capture(self._restoration.add_upload)
-                self._polling.committer.after_commit = capture.after_commit
+                self._capture = remote.capture(self._restoration.add_upload)
+                self._polling.committer.after_commit = self._capture.after_commit
             if has_state:
                 self._cleanup = CleanupThread(
                     f"{config.client_id}-CleanupThread",
@@ -553,6 +555,17 @@ class App:
 
     # --- observability -----------------------------------------------------------
 
+    def _remote_state_figures(self) -> dict[str, Any] | None:
+        restoration = self._restoration
+        if restoration is None or restoration.remote is None:
+            return None
+        figures = restoration.remote.stats.as_dict()
+        capture = self._capture
+        if capture is not None:
+            figures["captures"] = capture.captured
+            figures["capture_seconds"] = round(capture.capture_seconds, 3)
+        return figures
+
     def status(self) -> AppStatus:
         """A typed snapshot for metrics, the autoscaler, the admin socket, the
         demo and tests (any thread; see runtime.status)."""
@@ -624,11 +637,7 @@ class App:
             failure=repr(self._failure) if self._failure else None,
             restored=restoration.restored_total if restoration else 0,
             restores=dict(restoration.restores) if restoration else {},
-            remote_state=(
-                restoration.remote.stats.as_dict()
-                if restoration is not None and restoration.remote is not None
-                else None
-            ),
+            remote_state=self._remote_state_figures(),
             standbys=dict(restoration.standby_positions) if restoration else {},
             processed=sum(t.processed_count for t in live_tasks),
             skipped=sum(t.skipped_count for t in live_tasks),

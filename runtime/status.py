@@ -94,8 +94,10 @@ class AppStatus:
     # Remote state figures (runtime.state.remote.stats), None when off:
     # snapshots_uploaded, snapshot_failures, bytes_uploaded, files_uploaded,
     # files_reused, bytes_downloaded, snapshot_restores,
-    # snapshot_restore_failures, and last_snapshot (task id -> "snapshot",
-    # "created", "offsets", "bytes", "uploaded_bytes", "seconds").
+    # snapshot_restore_failures, captures and capture_seconds (checkpoints
+    # taken at commits, and the time they held the commit), and last_snapshot
+    # (task id -> "snapshot", "created", "offsets", "bytes", "uploaded_bytes",
+    # "seconds").
     remote_state: dict[str, Any] | None = None
     dropped: dict[str, int] = field(default_factory=dict)  # records dropped, by reason
     # Start-up (runtime.polling.startup): joining_group, awaiting_assignment,
