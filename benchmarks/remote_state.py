@@ -149,7 +149,10 @@ def measure_restore(session: Session, keys: int, tail: int) -> dict[str, Any]:
     load_s = time.monotonic() - started
     state = session.scratch / f"state-{app_id}"
 
-    first = session.app(app_id, source, sink, state, session.remote(1000))
+    # Snapshots are taken at commits: commit every second, not every 30 s.
+    first = session.app(
+        app_id, source, sink, state, {**session.remote(1000), "commit.interval.ms": 1000}
+    )
     first.start()
     try:
         full = _restored(first, {"0_0"})["0_0"]
