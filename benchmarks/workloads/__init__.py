@@ -19,4 +19,7 @@ WORKLOADS = {
     "rebalance": "benchmarks.rebalance",
     # exactly_once_v2 over at_least_once throughput (benchmarks/eos.py).
     "eos": "benchmarks.eos",
+    # Remote state: restore from snapshot + tail vs the full changelog, and the
+    # upload cost on the processing rate (benchmarks/remote_state.py).
+    "remote-state": "benchmarks.remote_state",
 }

@@ -50,6 +50,11 @@ FULL_STATUS = AppStatus(
     lag={"my-topic-0": 4}, total_lag=4, broker_down_since=1_700_000_001.0,
     transactions_committed=3, transactions_aborted=1, restored=10,
     dropped={"late": 2},
+    restores={"0_0": {"source": "snapshot+tail", "seconds": 1.5, "records": 20,
+                      "snapshot": "0000000000001-0123abcd", "downloaded_bytes": 100}},
+    remote_state={"snapshots_uploaded": 2, "snapshot_failures": 0, "bytes_uploaded": 300,
+                  "bytes_downloaded": 100, "snapshot_restore_failures": 0,
+                  "last_snapshot": {"0_0": {"created": 1_700_000_002.0}}},
 )  # fmt: skip
 
 
