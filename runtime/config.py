@@ -39,9 +39,11 @@ from runtime.config_values import (
     THREADS_CEILING,
     check_bootstrap_servers,
     check_host,
+    check_http_url,
     check_name,
     check_no_controls,
     check_path,
+    check_remote_url,
     check_socket_path,
     clamp_wait_s,
     close_match,
@@ -423,6 +425,11 @@ class StreamsConfig:
     cache_max_bytes: int = setting("cache.max.bytes", "int", 10485760, "Bytes of store cache shared by ALL tasks and threads of the process (adding threads does not add cache); 0 turns caching off.", min=0, max=JAVA_LONG_MAX)
     num_standby_replicas: int = setting("num.standby.replicas", "int", 0, "Warm copies of each stateful task kept on other instances, for fast fail-over.", min=0, max=JAVA_INT_MAX)
     state_cleanup_delay_ms: int = setting("state.cleanup.delay.ms", "int", 600000, "How long (ms) a task's state directory may stay unused here before it is deleted.", min=0, max=JAVA_LONG_MAX)
+    state_remote_url: str | None = setting("state.remote.url", "str", None, "Remote state: `s3://bucket/prefix` where snapshots of each task's RocksDB stores go (needs the `remote` extra, boto3). Credentials and region come from the usual AWS variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`, `AWS_PROFILE`, ...). Unset: off.", nullable=True, max_length=1024, check=check_remote_url)
+    state_remote_endpoint: str | None = setting("state.remote.endpoint", "str", None, "Endpoint URL of an S3-compatible server (`http://host:port`; path-style addressing); unset: AWS S3.", nullable=True, max_length=1024, check=check_http_url)
+    state_remote_checkpoint_interval_ms: int = setting("state.remote.checkpoint.interval.ms", "int", 300000, "How often (ms) each task's stores are snapshotted to `state.remote.url` (at the first commit after the interval; a task whose stores did not change is skipped).", min=1000, max=JAVA_LONG_MAX)
+    state_remote_snapshots_retained: int = setting("state.remote.snapshots.retained", "int", 3, "Snapshots kept per task; older ones, and files no kept snapshot uses, are deleted after each upload.", min=1, max=1000)
+    state_remote_snapshot_max_age_ms: int = setting("state.remote.snapshot.max.age.ms", "int", 43200000, "A snapshot older than this (ms) is not restored from. Keep it below the changelogs' `delete.retention.ms` (Kafka's default: 1 day): a compacted changelog may have dropped the tombstones of keys deleted after an older snapshot.", min=1000, max=JAVA_LONG_MAX)
     shutdown_timeout_ms: int = setting("shutdown.timeout.ms", "int", 30000, f"How long (ms) a graceful shutdown may take, final commit included. {_WAIT_DOC}", min=0, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS)
     admin_socket: str | None = setting("admin.socket", "str", None, "Path of the admin Unix socket (`streams-runtime admin`); unset: no socket. At most 107 bytes as an absolute path.", nullable=True, check=check_socket_path)
     admin_socket_max_connections: int = setting("admin.socket.max.connections", "int", 32, "Admin socket clients connected at once; one more is told it is busy and closed (each holds a file descriptor).", min=1, max=4096)

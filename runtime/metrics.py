@@ -97,6 +97,22 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "gauge",
         "Changelog records a restoring task still has to apply.",
     ),
+    "streams_task_restore_seconds": (
+        "gauge",
+        "Duration of a task's last restore, labelled with its source (changelog or snapshot+tail).",
+    ),
+    "streams_remote_snapshots_uploaded": ("counter", "Remote state snapshots uploaded."),
+    "streams_remote_snapshot_failures": ("counter", "Remote state snapshot uploads that failed."),
+    "streams_remote_uploaded_bytes": ("counter", "Bytes of snapshot files uploaded."),
+    "streams_remote_downloaded_bytes": ("counter", "Bytes of snapshot files downloaded."),
+    "streams_remote_snapshot_restore_failures": (
+        "counter",
+        "Restores that found no usable snapshot, or a store that failed to install.",
+    ),
+    "streams_task_last_snapshot_timestamp_seconds": (
+        "gauge",
+        "Wall-clock time the newest uploaded snapshot of each task was taken.",
+    ),
     "streams_dropped_records": ("counter", "Records a node dropped on purpose, by reason."),
     "streams_last_commit_timestamp_seconds": (
         "gauge",
@@ -168,6 +184,26 @@ def _gauge(name: str, value: Any = None, labels: list[str] | None = None) -> Gau
     return GaugeMetricFamily(name, FAMILIES[name][1], value=float(value or 0))
 
 
+def _remote_state_metrics(status: Any) -> Any:
+    restore_seconds = _gauge("streams_task_restore_seconds", labels=["task", "source"])
+    for task_id, restore in sorted(status.restores.items()):
+        restore_seconds.add_metric([task_id, str(restore["source"])], float(restore["seconds"]))
+    yield restore_seconds
+    # Zero when remote state is off: every family is always exposed.
+    remote = status.remote_state or {"last_snapshot": {}}
+    yield _counter("streams_remote_snapshots_uploaded", remote.get("snapshots_uploaded", 0))
+    yield _counter("streams_remote_snapshot_failures", remote.get("snapshot_failures", 0))
+    yield _counter("streams_remote_uploaded_bytes", remote.get("bytes_uploaded", 0))
+    yield _counter("streams_remote_downloaded_bytes", remote.get("bytes_downloaded", 0))
+    yield _counter(
+        "streams_remote_snapshot_restore_failures", remote.get("snapshot_restore_failures", 0)
+    )
+    last = _gauge("streams_task_last_snapshot_timestamp_seconds", labels=["task"])
+    for task_id, snapshot in sorted(remote["last_snapshot"].items()):
+        last.add_metric([task_id], float(snapshot["created"]))
+    yield last
+
+
 class AppCollector(Collector):
     """A prometheus-client collector reading one `app.status()` per scrape."""
 
@@ -220,6 +256,7 @@ class AppCollector(Collector):
             if task.restore is not None and task.restore.remaining >= 0:
                 remaining.add_metric([task.id], float(task.restore.remaining))
         yield remaining
+        yield from _remote_state_metrics(status)
         dropped = CounterMetricFamily(
             "streams_dropped_records", FAMILIES["streams_dropped_records"][1], labels=["reason"]
         )

@@ -87,6 +87,18 @@ class AppStatus:
     failure: str | None = None
     restored: int = 0  # changelog records restored since start
     standbys: dict[str, dict[str, int]] = field(default_factory=dict)
+    # task id -> its last restore: "source" ("changelog" or "snapshot+tail"),
+    # "seconds", "records" (changelog records replayed), "snapshot" (id or
+    # None), "downloaded_bytes".
+    restores: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Remote state figures (runtime.state.remote.stats), None when off:
+    # snapshots_uploaded, snapshot_failures, bytes_uploaded, files_uploaded,
+    # files_reused, bytes_downloaded, snapshot_restores,
+    # snapshot_restore_failures, captures and capture_seconds (checkpoints
+    # taken at commits, and the time they held the commit), and last_snapshot
+    # (task id -> "snapshot", "created", "offsets", "bytes", "uploaded_bytes",
+    # "seconds").
+    remote_state: dict[str, Any] | None = None
     dropped: dict[str, int] = field(default_factory=dict)  # records dropped, by reason
     # Start-up (runtime.polling.startup): joining_group, awaiting_assignment,
     # restoring, then processing; `waiting_for` says what in words (None once

@@ -1,8 +1,10 @@
 """exactly_once_v2 through broker failures in a three-node Kafka cluster.
 
-The input partition's leader and the transaction coordinator of the daemon's
-transactional.id are SIGKILLed mid-run and restarted; a producer feeds input
-throughout. A read_committed reader must see every input sequence number once
+The input partition's leader, the transaction coordinator of the daemon's
+transactional.id and then its group coordinator are SIGKILLed mid-run and
+restarted (when one node held both coordinator roles, librdkafka's
+send_offsets_to_transaction hung for minutes: see
+runtime/polling/transactions.py); a producer feeds input throughout. A read_committed reader must see every input sequence number once
 and the counts must be the true counts. Kafka only (the `kafka_cluster` fixture
 skips on a Tansu run).
 """
@@ -61,12 +63,6 @@ def commits_after(app: App, done: int, more: int, timeout: float, what: str) -> 
     return int(app.status()["transactions_committed"])
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open bug: when the killed node coordinates both the app's transaction and its "
-    "group, the polling thread was seen to stop making progress (2 of 6 runs, 2026-11-23); "
-    "passes when the roles sit on different nodes",
-)
 def test_input_leader_and_transaction_coordinator_killed_and_restarted(
     kafka_cluster: KafkaCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -52,6 +52,11 @@ FULL_STATUS = AppStatus(
     dropped={"late": 2},
     partitions={"my-topic": 8, "out": 8}, partition_expansions=1, tasks_created_by_expansion=4,
     held_partitions=["my-topic-7"], expansion_waiting_for="internal topics growing",
+    restores={"0_0": {"source": "snapshot+tail", "seconds": 1.5, "records": 20,
+                      "snapshot": "0000000000001-0123abcd", "downloaded_bytes": 100}},
+    remote_state={"snapshots_uploaded": 2, "snapshot_failures": 0, "bytes_uploaded": 300,
+                  "bytes_downloaded": 100, "snapshot_restore_failures": 0,
+                  "last_snapshot": {"0_0": {"created": 1_700_000_002.0}}},
 )  # fmt: skip
 
 
