@@ -329,8 +329,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"Classic group timing: {result['classic_config']}. Target (issue 15): no gap longer "
         "than one rebalance plus one commit interval.",
         "",
-        f"Load average (1 min) at start {result.get('load_average_start', '?')}, at end "
-        f"{result.get('load_average_end', '?')} (the machine may be shared).",
+        f"Load average (1 min) at start {result.get('load_average_start', 0):.1f}, at end "
+        f"{result.get('load_average_end', 0):.1f} (the machine may be shared).",
         "",
     ]
     return "\n".join(lines)
