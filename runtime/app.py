@@ -203,7 +203,16 @@ class App:
                 partition_counts=self._layout.partitions,
                 state_dir=config.state_dir,
                 cache_budget=CacheBudget(config.cache_max_bytes),
+                static_partitioner=config.static_partitioner,
             )
+            if config.static_partitioner is not None:
+                for sink, topic in self.topology.partitioned_sinks():
+                    log.warning(
+                        "sink_partitioner_ignored",
+                        sink=sink,
+                        topic=topic,
+                        reason="static.partitioner is set: it partitions every sink",
+                    )
             # The state manager's thread; it also reads the status topic, so
             # even a stateless app has one (its consumer is the third client).
             # Remote state (state.remote.url): snapshots are taken at commits
@@ -671,4 +680,9 @@ class App:
             startup_phase=polling.startup.phase,
             waiting_for=polling.startup.waiting_for,
             startup_phase_since=polling.startup.phase_since,
+            partitions=dict(sorted(self._layout.partitions.items())) if self._layout else {},
+            partition_expansions=polling.expansion.expansions,
+            tasks_created_by_expansion=polling.tasks.created_by_expansion,
+            held_partitions=[f"{t}-{p}" for t, p in sorted(polling.tasks.held)],
+            expansion_waiting_for=polling.expansion.waiting_for,
         )

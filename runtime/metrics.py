@@ -130,6 +130,27 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "Processing threads that failed with an uncaught error.",
     ),
     "streams_broker_unreachable": ("gauge", "1 while the brokers are unreachable, else 0."),
+    "streams_topic_partitions": (
+        "gauge",
+        "Partition count in force per topic of the app (grows with a followed expansion).",
+    ),
+    "streams_partition_expansions": (
+        "counter",
+        "Partition expansions of input topics this instance followed.",
+    ),
+    "streams_tasks_created_by_expansion": (
+        "counter",
+        "Tasks created here for partition numbers the app did not have at start-up.",
+    ),
+    "streams_held_partitions": (
+        "gauge",
+        "Assigned partitions held back from becoming tasks (expansion not followed yet, "
+        "or co-partitioned partitions not all here).",
+    ),
+    "streams_partition_expansion_waiting": (
+        "gauge",
+        "1 while an expansion waits (co-partitioned topics differ, internal topics growing).",
+    ),
     "streams_process_batch_seconds": (
         "summary",
         "Time processing threads spent per task batch (count and sum, per thread).",
@@ -266,6 +287,16 @@ class AppCollector(Collector):
         yield _gauge("streams_processing_threads_alive", alive)
         yield _counter("streams_failed_processing_threads", status.failed_threads)
         yield _gauge("streams_broker_unreachable", 1 if status.broker_down_since is not None else 0)
+
+        partitions = _gauge("streams_topic_partitions", labels=["topic"])
+        for topic, count in status.partitions.items():
+            partitions.add_metric([topic], float(count))
+        yield partitions
+        yield _counter("streams_partition_expansions", status.partition_expansions)
+        yield _counter("streams_tasks_created_by_expansion", status.tasks_created_by_expansion)
+        yield _gauge("streams_held_partitions", len(status.held_partitions))
+        waiting = 1 if status.expansion_waiting_for is not None else 0
+        yield _gauge("streams_partition_expansion_waiting", waiting)
 
         batches = SummaryMetricFamily(
             "streams_process_batch_seconds",

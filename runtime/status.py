@@ -106,6 +106,16 @@ class AppStatus:
     startup_phase: str | None = None
     waiting_for: str | None = None
     startup_phase_since: float | None = None
+    # Partition expansion (runtime.polling.expansion): the partition counts
+    # in force per topic of the app, expansions followed, tasks created for
+    # partitions the app did not have at start-up, assigned partitions held
+    # back from becoming tasks ("<topic>-<partition>"), and what an expansion
+    # waits for (co-partitioned topics that differ, internal topics growing).
+    partitions: dict[str, int] = field(default_factory=dict)
+    partition_expansions: int = 0
+    tasks_created_by_expansion: int = 0
+    held_partitions: list[str] = field(default_factory=list)
+    expansion_waiting_for: str | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AppStatus:

@@ -76,6 +76,12 @@ def consumer_config(
         # librdkafka's log through the runtime's structured logging, served on
         # the polling thread by consume() (see runtime.logging.librdkafka_level).
         "logger": librdkafka_logger(),
+        # New partitions of subscribed topics reach the group's assignment
+        # only at a metadata refresh (librdkafka's default: every 5 min);
+        # a consumer's list_topics() does not trigger the rebalance (tried).
+        # The runtime checks partition counts on the same interval
+        # (runtime.polling.expansion).
+        "topic.metadata.refresh.interval.ms": config.partition_check_interval_ms,
     }
     settings.update(config.consumer_overrides)
     if str(settings.get("group.protocol", "classic")).lower() == "consumer":

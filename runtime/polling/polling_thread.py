@@ -11,7 +11,8 @@ The work itself lives in helpers this thread owns, one idea each:
 `output.OutputChannel` (the producer, collector drain, delivery reports),
 `committer.Committer` (the commit protocol), `active_tasks.ActiveTasks` (task
 create/close/rewind), `placement.TaskPlacement` (status, standbys, shutdown
-requests) and `lag.LagTracker`. This class decides what happens when: on a
+requests), `expansion.PartitionExpansion` (partition increases) and
+`lag.LagTracker`. This class decides what happens when: on a
 failed transaction it rewinds every task; on any other failure it stops
 without committing.
 """
@@ -38,6 +39,7 @@ from runtime.polling.clients import (
     log_consume_error,
 )
 from runtime.polling.committer import CommitResult, Committer
+from runtime.polling.expansion import PartitionExpansion
 from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.lag import LagTracker
 from runtime.polling.output import OutputChannel
@@ -155,6 +157,7 @@ class PollingThread(threading.Thread):
             release_standby=self.placement.release_standby,
         )
         self.lag_tracker = LagTracker(self._consumer, self._buffers, self._processed_offset)
+        self.expansion = PartitionExpansion(config, topology, layout, self.tasks, self.output)
 
     # --- requests from other threads ------------------------------------------
 
@@ -219,6 +222,7 @@ class PollingThread(threading.Thread):
         self.recover_broken_producer()
         self.check_failures()
         self.maybe_commit()
+        self.expansion.tick()
         now = time.monotonic()
         if now - self._last_status >= _STATUS_INTERVAL_S:
             self._last_status = now

@@ -118,6 +118,7 @@ class TaskSettings:
         partition_counts: dict[str, int],
         state_dir: str,
         cache_budget: CacheBudget | None,
+        static_partitioner: Any = None,
     ) -> None:
         self.application_id = application_id
         self.default_key_serde = default_key_serde
@@ -126,6 +127,8 @@ class TaskSettings:
         self.partition_counts = partition_counts
         self.state_dir = state_dir
         self.cache_budget = cache_budget
+        # `static.partitioner` (partition expansion): sinks use it when set.
+        self.static_partitioner = static_partitioner
 
 
 class StreamTask:
@@ -215,6 +218,10 @@ class StreamTask:
     @property
     def default_value_serde(self) -> Any:
         return self._settings.default_value_serde
+
+    @property
+    def static_partitioner(self) -> Any:
+        return self._settings.static_partitioner
 
     def send(
         self,

@@ -213,6 +213,8 @@ BAD_VALUES = [
     ("admin.socket.max.connections", 0),
     ("admin.socket.max.buffered.bytes", 1023),
     ("admin.socket.idle.timeout.ms", 0),
+    ("static.partitioner", "json:dumps"),
+    ("partition.check.interval.ms", 99),
     ("state.remote.url", "http://bucket/prefix"),
     ("state.remote.url", "s3://Bad_Bucket/x"),
     ("state.remote.url", "s3://bucket/a//b"),
@@ -584,6 +586,7 @@ INT_RANGES = {
     "metrics.port": lambda n: 0 <= n <= 65535,
     "processing.threads.min": lambda n: 0 <= n <= 64,
     "processing.threads.max": lambda n: 1 <= n <= 64,
+    "partition.check.interval.ms": lambda n: 100 <= n <= LONG,
     "state.remote.checkpoint.interval.ms": lambda n: 1000 <= n <= LONG,
     "state.remote.snapshots.retained": lambda n: 1 <= n <= 1000,
     "state.remote.snapshot.max.age.ms": lambda n: 1000 <= n <= LONG,
@@ -591,7 +594,7 @@ INT_RANGES = {
 # Durations the runtime waits for: accepted up to Kafka's "infinite", stored clamped.
 CLAMPED = {
     "commit.interval.ms", "task.timeslice.ms", "poll.ms", "shutdown.timeout.ms",
-    "admin.socket.idle.timeout.ms",
+    "admin.socket.idle.timeout.ms", "partition.check.interval.ms",
 }  # fmt: skip
 
 
