@@ -58,7 +58,7 @@ def test_batch_reads_of_both_formats_equal_a_plain_consumer(spark, bootstrap: st
 
     expected = consume_all(bootstrap, topic, expected=len(records), idle=0.5)
     want = sorted((m.partition, m.offset, m.key, m.value, m.timestamp) for m in expected)
-    split = read(spark, bootstrap, topic, maxRecordsPerPartition="30000")
+    split = read(spark, bootstrap, topic, maxRecordsPerPartition="10000")
     assert split.rdd.getNumPartitions() > 4  # the project's source split large ranges
     for df in (split, read(spark, bootstrap, topic, "kafka")):
         table = df.select("partition", "offset", "key", "value", "timestamp", "topic").toArrow()
