@@ -29,8 +29,8 @@ project's: the settings in ``runtime.spark.kafka``). Rates are records/s; the re
 gives them and the ratios, with the load average before and after (the machine is shared).
 Results go to ``<out>/spark_read.json`` and ``.md``.
 
-Run: ``python -m benchmarks.spark_read`` (about 3-4 minutes here for 1,000,000 records
-and one round).
+Run: ``python -m benchmarks.spark_read`` (about 4.5 minutes here for 1,000,000 records
+and the default 2 rounds).
 """
 
 from __future__ import annotations
@@ -88,6 +88,49 @@ def _held(bootstrap: str, topic: str) -> int:
 
 def _rate(records: int, seconds: float) -> dict[str, Any]:
     return {"records": records, "seconds": seconds, "rate": records / seconds}
+
+
+def _tree_cpu_seconds(root: int) -> float:
+    """CPU seconds (user + system, with reaped children) of `root` and its live descendants:
+    Spark's JVM and the Python workers it forks."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    ticks = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = sum(int(x) for x in fields[11:15]) / ticks
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0.0)
+        todo.extend(child for child, parent in parents.items() if parent == pid)
+    return total
+
+
+class _Cpu:
+    """CPU seconds used by this process and Spark's JVM tree between `start` and `stop`."""
+
+    def __init__(self, jvm_pid: int | None) -> None:
+        self.jvm_pid = jvm_pid
+        self._at = 0.0
+
+    def _now(self) -> float:
+        jvm = _tree_cpu_seconds(self.jvm_pid) if self.jvm_pid else 0.0
+        return time.process_time() + jvm
+
+    def start(self) -> None:
+        self._at = self._now()
+
+    def stop(self, figures: dict[str, Any]) -> dict[str, Any]:
+        cpu = self._now() - self._at
+        return {**figures, "cpu_seconds": cpu, "cpu_us_per_record": cpu / figures["records"] * 1e6}
 
 
 def plain_write(bootstrap: str, topic: str, keys: list[bytes], values: list[bytes]) -> dict:
@@ -214,23 +257,15 @@ def run_master(
     started = time.monotonic()
     spark = spark_session(master, f"bench-spark-read-{master}", kafka_connector=True)
     session_s = time.monotonic() - started
+    cpu = _Cpu(spark.sparkContext._gateway.proc.pid)
     try:
+        # Warm-up, not counted: a full read and a tenth of the writes per format, so that
+        # the JVM's JIT and the Python workers are warm for whichever format runs first.
         warm: dict[str, Any] = {}
-        small = _records_df(spark, 1000, value_bytes)
-        from runtime.spark.kafka import watermarks
-
-        # Spark's connector wants every partition in an offsets JSON.
-        a_few = json.dumps(
-            {
-                topic: {
-                    str(p): min(hi, lo + 250)
-                    for (_, p), (lo, hi) in watermarks(bootstrap, [topic]).items()
-                }
-            }
-        )
+        small = _records_df(spark, max(1, records // 10), value_bytes)
         for fmt in FORMATS:
             t = time.monotonic()
-            spark_read_once(spark, fmt, bootstrap, topic, endingOffsets=a_few)
+            spark_read_once(spark, fmt, bootstrap, topic)
             warm_topic = f"bench-spark-warm-{time.time_ns()}"
             _create_topic(bootstrap, warm_topic, partitions)
             spark_write_once(spark, fmt, bootstrap, small, warm_topic)
@@ -243,7 +278,8 @@ def run_master(
         for r in range(repeats):
             order = FORMATS if r % 2 == 0 else tuple(reversed(FORMATS))
             for fmt in order:
-                got = spark_read_once(spark, fmt, bootstrap, topic)
+                cpu.start()
+                got = cpu.stop(spark_read_once(spark, fmt, bootstrap, topic))
                 if (got["records"], got["value_bytes"]) != (
                     expected["records"],
                     expected["value_bytes"],
@@ -256,7 +292,8 @@ def run_master(
             for fmt in order:
                 out = f"bench-spark-write-{time.time_ns()}"
                 _create_topic(bootstrap, out, partitions)
-                got = spark_write_once(spark, fmt, bootstrap, df, out)
+                cpu.start()
+                got = cpu.stop(spark_write_once(spark, fmt, bootstrap, df, out))
                 held = _held(bootstrap, out)
                 if held != records:
                     raise RuntimeError(f"{fmt} on {master} wrote {held} of {records} records")
@@ -266,11 +303,19 @@ def run_master(
         df.unpersist()
     finally:
         spark.stop()
+
+    def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "runs": runs,
+            "rate_median": _median(runs),
+            "cpu_us_per_record_median": statistics.median(r["cpu_us_per_record"] for r in runs),
+        }
+
     return {
         "session_seconds": session_s,
         "warmup_seconds": warm,
-        "read": {f: {"runs": reads[f], "rate_median": _median(reads[f])} for f in FORMATS},
-        "write": {f: {"runs": writes[f], "rate_median": _median(writes[f])} for f in FORMATS},
+        "read": {f: summary(reads[f]) for f in FORMATS},
+        "write": {f: summary(writes[f]) for f in FORMATS},
     }
 
 
@@ -278,7 +323,7 @@ def spark_read(
     records: int = 1_000_000,
     partitions: int = 4,
     value_bytes: int = 100,
-    repeats: int = 1,
+    repeats: int = 2,
     bootstrap: str | None = None,
     masters: tuple[str, ...] = ("local[1]", "local[2]"),
     out_dir: str = "benchmarks/results",
@@ -296,10 +341,13 @@ def spark_read(
         topic = f"bench-spark-read-{time.time_ns()}"
         _create_topic(bootstrap, topic, partitions)
         keys, values = _records(records, value_bytes)
-        write = plain_write(bootstrap, topic, keys, values)
+        cpu = _Cpu(None)
+        cpu.start()
+        write = cpu.stop(plain_write(bootstrap, topic, keys, values))
         del keys, values
         _say(f"plain write {write['rate']:,.0f} records/s (the topic every read reads)")
-        read = plain_read(bootstrap, topic)
+        cpu.start()
+        read = cpu.stop(plain_read(bootstrap, topic))
         _say(f"plain read  {read['rate']:,.0f} records/s")
         spark = {
             master: run_master(
@@ -341,20 +389,25 @@ def ratios(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (operation, master): the three rates and their ratios."""
     rows = []
     for op in ("read", "write"):
-        plain = result["plain"][op]["rate"]
+        plain = result["plain"][op]
         for master, figures in result["spark"].items():
-            kafka = figures[op]["kafka"]["rate_median"]
-            ours = figures[op]["streams-kafka"]["rate_median"]
+            kafka = figures[op]["kafka"]
+            ours = figures[op]["streams-kafka"]
             rows.append(
                 {
                     "operation": op,
                     "master": master,
-                    "kafka": kafka,
-                    "streams_kafka": ours,
-                    "plain": plain,
-                    "kafka_over_streams_kafka": kafka / ours,
-                    "kafka_over_plain": kafka / plain,
-                    "streams_kafka_over_plain": ours / plain,
+                    "kafka": kafka["rate_median"],
+                    "streams_kafka": ours["rate_median"],
+                    "plain": plain["rate"],
+                    "kafka_over_streams_kafka": kafka["rate_median"] / ours["rate_median"],
+                    "kafka_over_plain": kafka["rate_median"] / plain["rate"],
+                    "streams_kafka_over_plain": ours["rate_median"] / plain["rate"],
+                    "cpu_us_per_record": {
+                        "kafka": kafka["cpu_us_per_record_median"],
+                        "streams_kafka": ours["cpu_us_per_record_median"],
+                        "plain": plain["cpu_us_per_record"],
+                    },
                 }
             )
     return rows
@@ -376,14 +429,17 @@ def markdown(result: dict[str, Any]) -> str:
         "hold all records.",
         "",
         "| operation | Spark master | `kafka` records/s | `streams-kafka` records/s | plain "
-        "records/s | kafka / streams-kafka | kafka / plain | streams-kafka / plain |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "records/s | kafka / streams-kafka | kafka / plain | streams-kafka / plain "
+        "| CPU µs/record kafka / streams-kafka / plain |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in ratios(result):
+        c = r["cpu_us_per_record"]
         lines.append(
             f"| {r['operation']} | `{r['master']}` | {r['kafka']:,.0f} | {r['streams_kafka']:,.0f} "
             f"| {r['plain']:,.0f} | **{r['kafka_over_streams_kafka']:.2f}x** | "
-            f"{r['kafka_over_plain']:.2f}x | {r['streams_kafka_over_plain']:.2f}x |"
+            f"{r['kafka_over_plain']:.2f}x | {r['streams_kafka_over_plain']:.2f}x "
+            f"| {c['kafka']:.1f} / {c['streams_kafka']:.1f} / {c['plain']:.1f} |"
         )
     setup = ", ".join(
         f"`{master}` session {f['session_seconds']:.1f}s, warm-up "
@@ -396,8 +452,12 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "Spark times include planning and the job; reads aggregate to a count and a sum. The "
         "plain figures are the same for every master (one Python thread). Each format runs "
-        "with its own client defaults. Not counted: session start and a warm-up read and "
-        f"write per format ({setup}).",
+        "with its own client defaults. CPU is user + system time of this process and of "
+        "Spark's JVM with its Python workers during the operation (the broker's is not "
+        "counted); a Spark master bounds Spark's task threads, not the client libraries' "
+        "own threads (librdkafka fetches and produces on its own threads). Not counted: "
+        "session start and a warm-up (a full read and a tenth of the writes per format: "
+        f"the JIT and the Python workers) ({setup}).",
         "",
         f"Machine: {m['nproc']} cores shared with the broker (and, during this run, with other "
         f"work: load average {before} before, {after} after), Python {m['python']}, PySpark "
@@ -423,7 +483,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--value-bytes", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=1, help="rounds per Spark figure")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds per Spark figure")
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
     parser.add_argument(
         "--broker", choices=("kafka", "tansu"), default="kafka", help="the broker to start"
