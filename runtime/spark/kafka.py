@@ -307,10 +307,6 @@ def offsets_to_json(offsets: Mapping[TopicPartitionKey, int]) -> dict[str, dict[
     return out
 
 
-def offsets_from_json(data: Mapping[str, Mapping[str, int]]) -> Offsets:
-    return {(topic, int(p)): int(o) for topic, ps in data.items() for p, o in ps.items()}
-
-
 def plan_ranges(
     starts: Mapping[TopicPartitionKey, int],
     ends: Mapping[TopicPartitionKey, int],

@@ -222,14 +222,11 @@ def read_partition(options: ReadOptions, value: tuple[str, int, int, int] | None
         return
     topic, partition, start, end = value
     schema = _arrow_schema()
-    fail_on_loss = options.fail_on_data_loss
-    if start == k.EARLIEST:  # a partition that appeared mid-stream: from its beginning
-        start, fail_on_loss = 0, False
     offset_range = k.OffsetRange(topic, partition, start, end)
     for messages in k.read_range(
         options.consumer_settings(),
         offset_range,
-        fail_on_data_loss=fail_on_loss,
+        fail_on_data_loss=options.fail_on_data_loss,
         idle_timeout=options.poll_timeout_s,
     ):
         yield _to_arrow(messages, topic, partition, schema)
