@@ -17,7 +17,7 @@ from confluent_kafka import Producer
 
 from runtime.collector.partitioner import default_partition
 from runtime.spark import FORMAT, spark_session
-from runtime.spark.kafka import KafkaSourceError
+from runtime.spark.kafka import KafkaSourceError, offsets_to_json, watermarks
 from tests.kafka_helpers import consume_all, create_topic, produce, unique_name
 
 pytestmark = pytest.mark.integration
@@ -43,6 +43,13 @@ def read(spark, bootstrap: str, topic: str, fmt: str = FORMAT, **options: str): 
     return reader.load()
 
 
+def read_to_end(spark, bootstrap: str, topic: str):  # type: ignore[no-untyped-def]
+    """Spark's connector up to the ends from the fetch path: its own "latest" (ListOffsets)
+    falls short on Tansu, as runtime.spark.sources explains."""
+    ends = {tp: hi for tp, (_, hi) in watermarks(bootstrap, [topic]).items()}
+    return read(spark, bootstrap, topic, "kafka", endingOffsets=json.dumps(offsets_to_json(ends)))
+
+
 def test_batch_reads_of_both_formats_equal_a_plain_consumer(spark, bootstrap: str) -> None:
     topic = unique_name("spark-read")
     create_topic(bootstrap, topic, 4)
@@ -60,7 +67,7 @@ def test_batch_reads_of_both_formats_equal_a_plain_consumer(spark, bootstrap: st
     want = sorted((m.partition, m.offset, m.key, m.value, m.timestamp) for m in expected)
     split = read(spark, bootstrap, topic, maxRecordsPerPartition="10000")
     assert split.rdd.getNumPartitions() > 4  # the project's source split large ranges
-    for df in (split, read(spark, bootstrap, topic, "kafka")):
+    for df in (split, read_to_end(spark, bootstrap, topic)):
         table = df.select("partition", "offset", "key", "value", "timestamp", "topic").toArrow()
         got = sorted(
             zip(
@@ -75,8 +82,8 @@ def test_batch_reads_of_both_formats_equal_a_plain_consumer(spark, bootstrap: st
         assert got == want
         assert set(table.column("topic").to_pylist()) == {topic}
 
-    for fmt in (FORMAT, "kafka"):
-        rows = read(spark, bootstrap, with_headers, fmt).orderBy("offset").collect()
+    for df in (read(spark, bootstrap, with_headers), read_to_end(spark, bootstrap, with_headers)):
+        rows = df.orderBy("offset").collect()
         assert [(r.key, r.value) for r in rows] == [(b"h", b"1"), (b"n", None)]
         assert [(h.key, h.value) for h in rows[0].headers] == [("a", b"x"), ("b", None)]
     # Records without headers: null from the project's source, an empty list from Spark's.
@@ -188,10 +195,12 @@ def test_keyed_writes_land_where_the_java_client_puts_them_through_both_sinks(
 
 
 def test_a_streaming_copy_through_the_project_sink_keeps_timestamps(
-    spark, bootstrap: str, tmp_path: Path
+    spark, bootstrap: str, tmp_path: Path, on_kafka: bool
 ) -> None:
     """Spark's streaming reader into the project's streaming sink: a restarted query copies
     only what is new (Spark's checkpoint), with the source records' timestamps."""
+    if not on_kafka:
+        pytest.skip("Spark's streaming reader ends at ListOffsets(latest), short on Tansu")
     source, copy = unique_name("spark-stream-in"), unique_name("spark-stream-out")
     create_topic(bootstrap, source, 2)
     create_topic(bootstrap, copy, 2)
