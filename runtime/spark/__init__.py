@@ -1,10 +1,15 @@
 """The Spark pipeline side, through PySpark (the `spark` extra; Spark 4.0+, Java 17+).
 
-Owns the Kafka data source for Spark (`format("streams-kafka")`, confluent-kafka
-inside Spark's Python workers: `source`, `kafka`), the output audit (`audit`)
-and the backfill of DSL topologies over a topic's history (`backfill`, with the
-worker-side graph runner in `graph`). `session` starts Spark (Java check,
-small local defaults) and prints progress.
+Spark's own Kafka connector (`format("kafka")`) is fetched with Maven into the
+project's cache and put on the classpath by `spark_session` (`connector`); the
+Spark jobs read with it by default. The project's own Kafka data source
+(`format("streams-kafka")`, confluent-kafka inside Spark's Python workers:
+`source`, `kafka`) is the alternative reader and the writer that keeps record
+timestamps; `sources` chooses between them and reads exact offset ranges with
+either. Also here: the output audit (`audit`) and the backfill of DSL
+topologies over a topic's history (`backfill`, with the worker-side graph
+runner in `graph`). `session` starts Spark (Java check, connector, small local
+defaults) and prints progress.
 
 Threads: everything runs on the driver's calling thread or inside Spark's
 Python worker processes; nothing here touches the daemon's threads or clients.
@@ -17,6 +22,12 @@ from typing import Any
 
 _EXPORTS = {
     "FORMAT": "runtime.spark.source",
+    "ConnectorUnavailable": "runtime.spark.connector",
+    "ensure_connector": "runtime.spark.connector",
+    "package_coordinate": "runtime.spark.connector",
+    "DEFAULT_SOURCE": "runtime.spark.sources",
+    "SOURCE_CONF": "runtime.spark.sources",
+    "SOURCES": "runtime.spark.sources",
     "KafkaDataSource": "runtime.spark.source",
     "JavaMissingError": "runtime.spark.session",
     "SparkUnavailableError": "runtime.spark.session",

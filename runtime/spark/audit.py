@@ -16,6 +16,12 @@ to the end as of the audit), for one of two relations:
   is short is *missing* records, one that is high *duplicated* records, an
   output key the input never had is *unexpected*.
 
+Both topics are read with Spark's Kafka connector (`format("kafka")`, the
+faster reader) unless `source="streams-kafka"` (or the session setting
+`spark.streamsRuntime.kafkaSource`) selects the project's data source; see
+`runtime.spark.sources`. The ranges are the ends learnt from the fetch path
+when the audit starts, so both sources read the same records.
+
 `run_audit` returns an `AuditReport` (`ok`, the three tallies, samples);
 the CLI prints `render()` and exits 1 on a mismatch. Runs on the driver.
 """
@@ -29,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runtime.spark import kafka as k
-from runtime.spark.source import FORMAT
+from runtime.spark.sources import read_ranges, session_source
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -56,6 +62,7 @@ class AuditReport:
     unexpected: int
     keys: int = 0
     samples: dict[str, list[str]] = field(default_factory=dict)
+    source: str = "kafka"
 
     @property
     def ok(self) -> bool:
@@ -69,7 +76,7 @@ class AuditReport:
         lines = [
             f"audit {self.relation} ({self.identity}): input {self.input_topic!r} "
             f"{self.input_records:,} records, output {self.output_topic!r} "
-            f"{self.output_records:,} records ({self.isolation})"
+            f"{self.output_records:,} records ({self.isolation}, read with {self.source})"
         ]
         if self.relation == "counts":
             lines.append(f"  keys        {self.keys:,}")
@@ -87,22 +94,17 @@ class AuditReport:
 
 def _read(
     spark: SparkSession,
+    source: str,
     bootstrap: str,
     topic: str,
+    marks: Mapping[k.TopicPartitionKey, tuple[int, int]],
     isolation: str,
     overrides: Mapping[str, str] | None,
 ) -> DataFrame:
-    reader = (
-        spark.read.format(FORMAT)
-        .option("bootstrap.servers", bootstrap)
-        .option("topic", topic)
-        .option("startingOffsets", "earliest")
-        .option("endingOffsets", "latest")
-        .option("isolation.level", isolation)
-    )
-    for key, value in (overrides or {}).items():
-        reader = reader.option(f"kafka.{key}", value)
-    return reader.load()
+    mine = {tp: m for tp, m in marks.items() if tp[0] == topic}
+    starts = {tp: lo for tp, (lo, _) in mine.items()}
+    ends = {tp: hi for tp, (_, hi) in mine.items()}
+    return read_ranges(spark, source, bootstrap, [topic], starts, ends, isolation, overrides)
 
 
 def _b64(column: str) -> Column:
@@ -273,21 +275,25 @@ def run_audit(
     isolation: str = "read_committed",
     samples: int = 10,
     overrides: Mapping[str, str] | None = None,
+    source: str | None = None,
 ) -> AuditReport:
     """Audit `output_topic` against `input_topic`; see the module docstring.
 
-    Raises ValueError for bad arguments and `KafkaSourceError` for missing topics.
+    `source`: `kafka` or `streams-kafka` (None: the session's setting, else `kafka`).
+    Raises ValueError for bad arguments, `KafkaSourceError` for missing topics and
+    `ConnectorUnavailable` when the `kafka` source is not on the session's classpath.
     """
+    source = session_source(spark, source)
     if relation not in RELATIONS:
         raise ValueError(f"relation must be one of {RELATIONS}, got {relation!r}")
     if id_mode not in ID_MODES:
         raise ValueError(f"id must be one of {ID_MODES}, got {id_mode!r}")
     if value_format not in VALUE_FORMATS:
         raise ValueError(f"value format must be one of {VALUE_FORMATS}, got {value_format!r}")
-    # Fail fast, on the driver, with a readable error if a topic is missing.
-    k.watermarks(bootstrap, [input_topic, output_topic], isolation, overrides, timeout=30)
-    inp = _read(spark, bootstrap, input_topic, isolation, overrides)
-    out = _read(spark, bootstrap, output_topic, isolation, overrides)
+    # On the driver: a readable error if a topic is missing, and the ends both sources read to.
+    marks = k.watermarks(bootstrap, [input_topic, output_topic], isolation, overrides, timeout=30)
+    inp = _read(spark, source, bootstrap, input_topic, marks, isolation, overrides)
+    out = _read(spark, source, bootstrap, output_topic, marks, isolation, overrides)
     if relation == "identity":
         figures = audit_identity(inp, out, id_mode, id_field, samples)
         identity = f"id field {id_field}" if id_field else f"id {id_mode}"
@@ -296,6 +302,7 @@ def run_audit(
         identity = f"key field {key_field}" if key_field else "input key"
         identity += f", {value_format} counts"
     return AuditReport(
+        source=source,
         relation=relation,
         identity=identity,
         input_topic=input_topic,

@@ -23,6 +23,14 @@ What it does, in order:
    2, and the current ends of the repartition and `through` topics (nothing
    the backfill handled is left for the daemon there).
 
+Reading: Spark's Kafka connector (`format("kafka")`, the faster reader)
+unless `source="streams-kafka"` (or the session setting
+`spark.streamsRuntime.kafkaSource`) selects the project's source; both read
+the exact ranges of step 2. Writing: always the project's source
+(`streams-kafka`), because Spark's Kafka sink cannot set record timestamps
+and the output and changelog records must carry those of the records that
+made them, as the daemon's do.
+
 A daemon started afterwards with the same `application.id` (and a state
 directory without that application's old state) restores every store from
 its changelog, then continues from the committed offsets: no record is
@@ -42,7 +50,6 @@ Runs on the driver's calling thread.
 from __future__ import annotations
 
 import functools
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -67,7 +74,7 @@ from runtime.spark.graph import (
     result_pass,
 )
 from runtime.spark.plan import BackfillError, BackfillPlan, StagePlan, check_nodes, plan_backfill
-from runtime.spark.source import FORMAT
+from runtime.spark.sources import KAFKA, STREAMS_KAFKA, read_ranges, session_source
 from runtime.topology.topology import Topology
 
 if TYPE_CHECKING:
@@ -168,8 +175,10 @@ class _Job:
         starts: Mapping[k.TopicPartitionKey, int],
         ends: Mapping[k.TopicPartitionKey, int],
         progress: Progress,
+        source: str,
     ) -> None:
         self.spark = spark
+        self.source = source
         self.plan = plan
         self.config = config
         self.starts = starts
@@ -189,18 +198,16 @@ class _Job:
             return None
         starts = {tp: o for tp, o in self.starts.items() if tp[0] in topics}
         ends = {tp: o for tp, o in self.ends.items() if tp[0] in topics}
-        reader = (
-            self.spark.read.format(FORMAT)
-            .option("bootstrap.servers", self.config.bootstrap_servers)
-            .option("topic", ",".join(topics))
-            .option("startingOffsets", json.dumps(k.offsets_to_json(starts)))
-            .option("endingOffsets", json.dumps(k.offsets_to_json(ends)))
-            .option("isolation.level", "read_committed")
-            .option("maxRecordsPerPartition", "0")  # one Spark partition per Kafka partition
+        df = read_ranges(
+            self.spark,
+            self.source,
+            self.config.bootstrap_servers,
+            topics,
+            starts,
+            ends,
+            "read_committed",
+            {key: str(value) for key, value in self.config.consumer_overrides.items()},
         )
-        for key, value in self.config.consumer_overrides.items():
-            reader = reader.option(f"kafka.{key}", str(value))
-        df = reader.load()
         ts = F.coalesce(F.unix_millis("timestamp"), F.lit(-1).cast("long"))
         if self.plan.needs_order:
             index = F.create_map(*[x for i, t in enumerate(topics) for x in (F.lit(t), F.lit(i))])
@@ -361,8 +368,12 @@ class _Job:
         df = functools.reduce(lambda a, b: a.unionByName(b), self.to_kafka)
         total = sum(self.written.values())
         self.progress(f"writing {total} records to {', '.join(sorted(self.written))}")
+        from runtime.spark.session import register
+
+        register(self.spark)
+        # The project's writer: it sets each record's timestamp (Spark's sink cannot).
         writer = (
-            df.write.format(FORMAT)
+            df.write.format(STREAMS_KAFKA)
             .option("bootstrap.servers", self.config.bootstrap_servers)
             .mode("append")
         )
@@ -382,15 +393,22 @@ def run_backfill(
     config: StreamsConfig,
     progress: Progress | None = None,
     commit: bool = True,
+    source: str | None = None,
 ) -> BackfillResult:
     """Backfill `topology` over its source topics' history; see the module docstring.
 
-    Raises BackfillError (the topology, the group or the cluster does not
-    allow it; a record failed under log_and_fail), TopicError (topics missing
-    or mis-partitioned) and Spark's own errors.
+    `source` reads the history: `kafka` or `streams-kafka` (None: the session's
+    setting, else `kafka`). Raises BackfillError (the topology, the group or the
+    cluster does not allow it; a record failed under log_and_fail; a bad source),
+    TopicError (topics missing or mis-partitioned), ConnectorUnavailable (the
+    `kafka` source is not on the session's classpath) and Spark's own errors.
     """
     say: Progress = progress or _quiet
     started = time.monotonic()
+    try:
+        source = session_source(spark, source)
+    except ValueError as exc:
+        raise BackfillError(str(exc)) from None
     check_nodes(topology)  # before touching the cluster
     admin = AdminClient(admin_config(config))
     extra = {config.dead_letter_queue_topic: 1} if config.dead_letter_queue_topic else {}
@@ -411,7 +429,8 @@ def run_backfill(
     records = sum(ends[tp] - starts[tp] for tp in marks)
     say(
         f"backfill of {config.application_id!r}: {len(plan.stages)} stage(s), history of "
-        f"{', '.join(plan.history_topics)} ({records} offsets in {len(marks)} partitions)"
+        f"{', '.join(plan.history_topics)} ({records} offsets in {len(marks)} partitions, "
+        f"read with {source})"
     )
     if plan.changelog_topics:
         leftovers = k.watermarks(
@@ -424,7 +443,11 @@ def run_backfill(
                 "unfinished backfill?); the final aggregates written now supersede them per key"
             )
 
-    job = _Job(spark, plan, config, starts, ends, say)
+    if source == KAFKA:
+        from runtime.spark.connector import check_connector
+
+        check_connector(spark)  # before the job, not in its first stage
+    job = _Job(spark, plan, config, starts, ends, say, source)
     try:
         for stage in plan.stages:
             job.run_stage(stage)

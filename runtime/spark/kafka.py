@@ -180,9 +180,7 @@ def watermarks(
         probe: list[TopicPartition] = []
         for topic, numbers in parts.items():
             for p in numbers:
-                lo, reported = consumer.get_watermark_offsets(
-                    TopicPartition(topic, p), timeout=max(0.5, deadline - time.monotonic())
-                )
+                lo, reported = _watermark_offsets(consumer, TopicPartition(topic, p), deadline)
                 low[(topic, p)] = max(lo, 0)
                 if reported <= lo:
                     ends[(topic, p)] = max(reported, lo, 0)
@@ -212,6 +210,35 @@ def watermarks(
         return {tp: (low[tp], max(ends[tp], low[tp])) for tp in sorted(low)}
     finally:
         consumer.close()
+
+
+# What a partition answers while its leader is not known yet (the error object of
+# get_watermark_offsets does not carry librdkafka's retriable flag).
+_ELECTING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_PARTITION,
+    }
+)
+
+
+def _watermark_offsets(consumer: Consumer, tp: TopicPartition, deadline: float) -> tuple[int, int]:
+    """ListOffsets for `tp`, retried until `deadline` while the cluster is still electing its
+    leader (a topic created a moment ago answers NOT_LEADER_FOR_PARTITION for a while)."""
+    while True:
+        try:
+            lo, hi = consumer.get_watermark_offsets(
+                tp, timeout=max(0.5, deadline - time.monotonic())
+            )
+            return int(lo), int(hi)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            code = err.code() if isinstance(err, KafkaError) else None
+            if code not in _ELECTING or time.monotonic() >= deadline:
+                raise KafkaSourceError(f"no offsets for {tp.topic}-{tp.partition}: {exc}") from exc
+            time.sleep(0.2)
 
 
 def parse_offsets(spec: str | None, default: str, what: str) -> str | dict[str, dict[str, int]]:
@@ -278,10 +305,6 @@ def offsets_to_json(offsets: Mapping[TopicPartitionKey, int]) -> dict[str, dict[
     for (topic, p), offset in sorted(offsets.items()):
         out.setdefault(topic, {})[str(p)] = offset
     return out
-
-
-def offsets_from_json(data: Mapping[str, Mapping[str, int]]) -> Offsets:
-    return {(topic, int(p)): int(o) for topic, ps in data.items() for p, o in ps.items()}
 
 
 def plan_ranges(

@@ -1,7 +1,13 @@
-"""Starting Spark for the pipeline: the Java check, a small local session, progress lines.
+"""Starting Spark for the pipeline: the Java check, Kafka on the classpath, a small local
+session, progress lines.
 
 `spark_session()` checks for Java first (Spark 4 needs Java 17+) and raises
-`JavaMissingError` with what to install instead of py4j's opaque failure. The
+`JavaMissingError` with what to install instead of py4j's opaque failure. It puts Spark's
+own Kafka connector on the classpath (`format("kafka")`: fetched with Maven into the
+project's cache on first use, `runtime.spark.connector`), unless the configuration brings
+it already (`spark.jars.packages`) or asks for the project's source only
+(`spark.streamsRuntime.kafkaSource=streams-kafka`); and it registers the project's data
+source (`format("streams-kafka")`). The
 defaults suit a shared 2-core machine: `local[2]`, a 1 GB driver, no web UI,
 few shuffle partitions; `conf` overrides any of them, and `master` may point
 at a cluster. Spark's Python workers run this interpreter
@@ -163,22 +169,38 @@ def spark_session(
     app_name: str = "streams-runtime",
     conf: Mapping[str, str] | None = None,
     log_level: str = DEFAULT_LOG_LEVEL,
+    kafka_connector: bool | None = None,
 ) -> SparkSession:
-    """The active SparkSession (as it is), or a new one; the Kafka data source is registered.
+    """The active SparkSession (as it is), or a new one with Spark's Kafka connector on its
+    classpath; the project's data source is registered either way.
+
+    `kafka_connector`: put `format("kafka")` on the classpath (fetching it with Maven on
+    first use); None means yes unless `conf` selects the `streams-kafka` source
+    (`runtime.spark.sources.SOURCE_CONF`). An active session is returned as it is: jars
+    cannot be added to a running JVM.
 
     Spark logs only `log_level` and above (default FATAL: a failed job reaches
     the caller as an exception, see `runtime.spark.failures`; pass "WARN" or
     "INFO" to see Spark's own account). Raises JavaMissingError /
-    SparkUnavailableError before trying to start the JVM.
+    SparkUnavailableError (ConnectorUnavailable when the connector cannot be
+    fetched) before trying to start the JVM, ValueError for a bad source setting.
     """
     check_pyspark()
     from pyspark.sql import SparkSession
 
+    from runtime.spark.sources import STREAMS_KAFKA, conf_source
+
+    wanted = conf_source(conf or {})
     active = SparkSession.getActiveSession()
     if active is not None:
         register(active)
         return active
     check_java()
+    extra: dict[str, str] = {}
+    if kafka_connector if kafka_connector is not None else wanted != STREAMS_KAFKA:
+        from runtime.spark.connector import connector_conf
+
+        extra = connector_conf(conf or {})
     builder = SparkSession.builder.master(master).appName(app_name)
     # Spark's progress bar redraws one line with \r: only for a terminal.
     console = {"spark.ui.showConsoleProgress": "true" if sys.stderr.isatty() else "false"}
@@ -187,7 +209,7 @@ def spark_session(
     quiet = {
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{_quiet_log4j2_file()}"
     }
-    for key, value in {**DEFAULT_CONF, **quiet, **console, **(conf or {})}.items():
+    for key, value in {**DEFAULT_CONF, **quiet, **console, **(conf or {}), **extra}.items():
         builder = builder.config(key, value)
     # The JVM and, through it, the Python workers take these from the
     # environment at start-up; the process's own environment is left as it was.

@@ -1,13 +1,26 @@
-"""The Kafka data source for PySpark (`pyspark.sql.datasource`, Spark 4.0+), on confluent-kafka.
+"""The project's Kafka data source for PySpark (`format("streams-kafka")`), on confluent-kafka.
 
-Spark's own Kafka connector is a JVM package fetched at run time; this one is
-plain Python inside Spark's Python workers, so it needs nothing but the
-`spark` extra. Register it with `runtime.spark.register(spark)` (done by
+Spark's own connector (`format("kafka")`, `runtime.spark.connector`) is the first choice and
+the default of the Spark jobs; this source is the alternative that needs no JVM package
+(plain Python inside Spark's Python workers, the `spark` extra only) and the writer that
+keeps what Spark's Kafka sink drops:
+
+- Writes set each record's timestamp from a `timestamp` column (Spark's sink has no such
+  column: its records get the time of writing). The backfill writes with it, so output
+  and changelog records carry the timestamps of the records that made them, as the
+  daemon's do.
+- Keyed rows without a partition land where the Java client (and Spark's sink, and the
+  runtime's partitioner) puts them: murmur2, librdkafka's `murmur2_random`.
+
+It takes Spark's option names (`kafka.bootstrap.servers`, `subscribe`, `startingOffsets`,
+`endingOffsets`, `kafka.isolation.level`, `failOnDataLoss`, `minPartitions`,
+`maxRecordsPerPartition`, `kafka.<property>`), so switching a batch job between the two is
+changing the format's name. Register it with `runtime.spark.register(spark)` (done by
 `runtime.spark.spark_session`), then:
 
     df = (spark.read.format("streams-kafka")
-          .option("bootstrap.servers", "127.0.0.1:9092")
-          .option("topic", "orders,refunds")
+          .option("kafka.bootstrap.servers", "127.0.0.1:9092")
+          .option("subscribe", "orders,refunds")
           .option("startingOffsets", "earliest")       # or latest, or JSON per partition
           .option("endingOffsets", "latest")
           .load())
@@ -19,10 +32,8 @@ timestamp timestamp, headers array<struct<key string, value binary>>`
 Batch reads plan one Spark input partition per Kafka partition range
 `[start, end)`, split into pieces of at most `maxRecordsPerPartition` records
 (default 1,000,000; 0 never splits) and into at least `minPartitions` pieces.
-Streaming reads (`spark.readStream`) keep one offset per partition in Spark's
-offset log, so a query restarted with the same `checkpointLocation` goes on
-where it stopped; `maxOffsetsPerTrigger` bounds a micro-batch, and
-`trigger(availableNow=True)` reads what is there at start and stops.
+Streaming reads are Spark's connector's job (`spark.readStream.format("kafka")`, offsets
+in the query's checkpoint): this source has none.
 
 Writes (`df.write.format("streams-kafka")`, and `writeStream`): columns
 `value` (binary or string), optional `key`, `topic` (else the `topic`
@@ -31,12 +42,10 @@ task; the task fails if any record is not acknowledged, so a job that
 succeeded wrote everything. A retried task writes its records again
 (at-least-once, as Spark's own Kafka sink).
 
-Options: `bootstrap.servers` (required), `topic`, `startingOffsets`,
-`endingOffsets`, `isolation.level` (`read_committed`, the default, or
-`read_uncommitted`), `failOnDataLoss` (true), `maxRecordsPerPartition`,
-`minPartitions`, `maxOffsetsPerTrigger`, `pollTimeoutMs` (how long a read may
-make no progress before it fails, default 120000), and `kafka.<property>` for
-any librdkafka property of the clients.
+Options besides Spark's: `bootstrap.servers` and `topic` (short forms),
+`isolation.level` (`read_committed`, the default, or `read_uncommitted`),
+`pollTimeoutMs` (how long a read may make no progress before it fails, default
+120000); `kafka.<property>` is any librdkafka property of the clients.
 """
 
 from __future__ import annotations
@@ -49,7 +58,6 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
-    DataSourceStreamReader,
     DataSourceStreamWriter,
     InputPartition,
     WriterCommitMessage,
@@ -66,25 +74,12 @@ from pyspark.sql.types import (
 )
 
 from runtime.spark import kafka as k
+from runtime.spark.sources import STREAMS_KAFKA
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python sources
-    from pyspark.sql.streaming.datasource import (
-        ReadAllAvailable,
-        ReadLimit,
-        ReadMaxRows,
-        SupportsTriggerAvailableNow,
-    )
-except ImportError:  # pragma: no cover - Spark 4.0/4.1
-
-    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
-        pass
-
-    ReadLimit = ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
-
-FORMAT = "streams-kafka"
+FORMAT = STREAMS_KAFKA
 
 HEADERS_TYPE = ArrayType(
     StructType([StructField("key", StringType()), StructField("value", BinaryType())])
@@ -114,7 +109,6 @@ class ReadOptions:
     fail_on_data_loss: bool
     max_records: int
     min_partitions: int
-    max_per_trigger: int
     poll_timeout_s: float
     overrides: tuple[tuple[str, str], ...]
 
@@ -129,13 +123,14 @@ class ReadOptions:
             topics=tuple(k.parse_topics(opts.get("topic") or opts.get("subscribe"))),
             starting=opts.get("startingoffsets", ""),
             ending=opts.get("endingoffsets", ""),
-            isolation=opts.get("isolation.level", "read_committed"),
+            isolation=opts.get("isolation.level")
+            or opts.get("kafka.isolation.level")
+            or "read_committed",
             fail_on_data_loss=_bool(opts.get("failondataloss", "true"), "failOnDataLoss"),
             max_records=_int(
                 opts.get("maxrecordsperpartition", "1000000"), "maxRecordsPerPartition"
             ),
             min_partitions=_int(opts.get("minpartitions", "0"), "minPartitions"),
-            max_per_trigger=_int(opts.get("maxoffsetspertrigger", "0"), "maxOffsetsPerTrigger"),
             poll_timeout_s=_int(opts.get("polltimeoutms", "120000"), "pollTimeoutMs") / 1000,
             overrides=tuple(sorted(k.client_overrides(options).items())),
         )
@@ -227,14 +222,11 @@ def read_partition(options: ReadOptions, value: tuple[str, int, int, int] | None
         return
     topic, partition, start, end = value
     schema = _arrow_schema()
-    fail_on_loss = options.fail_on_data_loss
-    if start == k.EARLIEST:  # a partition that appeared mid-stream: from its beginning
-        start, fail_on_loss = 0, False
     offset_range = k.OffsetRange(topic, partition, start, end)
     for messages in k.read_range(
         options.consumer_settings(),
         offset_range,
-        fail_on_data_loss=fail_on_loss,
+        fail_on_data_loss=options.fail_on_data_loss,
         idle_timeout=options.poll_timeout_s,
     ):
         yield _to_arrow(messages, topic, partition, schema)
@@ -260,81 +252,6 @@ class KafkaBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return read_partition(self.options, getattr(partition, "value", None))
-
-
-class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Micro-batches over per-partition offsets `{"topic": {"0": next offset}}`.
-
-    Spark keeps the offsets in its checkpoint; a restarted query resumes from
-    the last committed end. Partitions that appear later are read from their
-    beginning.
-    """
-
-    def __init__(self, options: ReadOptions) -> None:
-        self.options = options
-        self._target: dict[k.TopicPartitionKey, int] | None = None
-
-    def initialOffset(self) -> dict:
-        o = self.options
-        marks = o.watermarks()
-        starts = k.resolve_offsets(
-            k.parse_offsets(o.starting, "latest", "startingOffsets"), marks, "startingOffsets"
-        )
-        return k.offsets_to_json(starts)
-
-    def _ends(self) -> dict[k.TopicPartitionKey, int]:
-        ends = {tp: hi for tp, (_, hi) in self.options.watermarks().items()}
-        if self._target is not None:
-            ends = {tp: min(hi, self._target.get(tp, hi)) for tp, hi in ends.items()}
-        return ends
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        self._target = {tp: hi for tp, (_, hi) in self.options.watermarks().items()}
-
-    def getDefaultReadLimit(self) -> Any:
-        if self.options.max_per_trigger and ReadMaxRows is not None:
-            return ReadMaxRows(self.options.max_per_trigger)
-        return ReadAllAvailable() if ReadAllAvailable is not None else None
-
-    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
-        ends = self._ends()
-        if start is not None and ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
-            ends = _cap(k.offsets_from_json(start), ends, limit.max_rows)
-        return k.offsets_to_json(ends)
-
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        starts = k.offsets_from_json(start)
-        ends = k.offsets_from_json(end)
-        out = []
-        for tp, stop in sorted(ends.items()):
-            begin = starts.get(tp, k.EARLIEST)
-            if begin == k.EARLIEST or stop > begin:
-                out.append(InputPartition((tp[0], tp[1], begin, stop)))
-        return out
-
-    def read(self, partition: InputPartition) -> Iterator[Any]:
-        return read_partition(self.options, getattr(partition, "value", None))
-
-    def commit(self, end: dict) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-
-def _cap(
-    starts: Mapping[k.TopicPartitionKey, int], ends: Mapping[k.TopicPartitionKey, int], budget: int
-) -> dict[k.TopicPartitionKey, int]:
-    """Ends that add at most `budget` records, shared in proportion to what is available."""
-    available = {tp: max(0, hi - starts.get(tp, 0)) for tp, hi in ends.items()}
-    total = sum(available.values())
-    if total <= budget:
-        return dict(ends)
-    out = {}
-    for tp, hi in ends.items():
-        share = available[tp] * budget // total
-        out[tp] = starts.get(tp, 0) + share if tp in starts else hi
-    return out
 
 
 # -- writing ---------------------------------------------------------------------
@@ -486,9 +403,6 @@ class KafkaDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return KafkaBatchReader(ReadOptions.parse(self.options))
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return KafkaStreamReader(ReadOptions.parse(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         return KafkaBatchWriter(WriteOptions.parse(self.options, schema))

@@ -1,5 +1,6 @@
 """`streams-runtime audit` on Spark local[2]: a clean run passes, an injected duplicate and an
-injected loss are found and named, for both relations (identity and per-key counts)."""
+injected loss are found and named, for both relations (identity and per-key counts), reading
+with Spark's connector (the default) and with the project's source (the option)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import sys
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 
 from runtime.cli import main
-from runtime.spark import run_audit, spark_session
+from runtime.spark import DEFAULT_SOURCE, SOURCE_CONF, SOURCES, run_audit, spark_session
 from runtime.topology import serdes
 from tests.harness import REPO, clean_env
 from tests.kafka_helpers import create_topic, produce, unique_name
@@ -37,24 +39,51 @@ def topics(bootstrap: str, *names: str) -> list[str]:
 RECORDS = [(f"order-{i}", json.dumps({"id": i, "amount": i % 97})) for i in range(5000)]
 
 
-def test_identity_audit_passes_a_clean_copy_and_finds_a_duplicate_and_a_loss(
-    spark: Any, bootstrap: str, capsys: Any
+def produce_transactionally(
+    bootstrap: str, topic: str, records: list[tuple[str, str]], abort_first: bool
 ) -> None:
-    source, clean, duplicated, lossy = topics(bootstrap, "au-in", "au-clean", "au-dup", "au-loss")
-    produce(bootstrap, source, RECORDS)
-    produce(bootstrap, clean, list(reversed(RECORDS)))  # order does not matter
+    """`records` in a committed transaction, after an aborted one holding a copy of them
+    (`abort_first`: Tansu shows aborted records to read_committed readers)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": unique_name("au-tx")})
+    producer.init_transactions(30)
+    for commit in (False, True) if abort_first else (True,):
+        producer.begin_transaction()
+        for key, value in records:
+            producer.produce(topic, key=key, value=value)
+        producer.flush(30)
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_identity_audit_passes_a_clean_copy_and_finds_a_duplicate_and_a_loss(
+    spark: Any, bootstrap: str, capsys: Any, source: str, on_kafka: bool
+) -> None:
+    inp, clean, duplicated, lossy = topics(bootstrap, "au-in", "au-clean", "au-dup", "au-loss")
+    produce(bootstrap, inp, RECORDS)
+    # An exactly-once copy, in another order, after an aborted attempt (read_committed).
+    produce_transactionally(bootstrap, clean, list(reversed(RECORDS)), abort_first=on_kafka)
     produce(bootstrap, duplicated, [*RECORDS, RECORDS[1234]])
     produce(bootstrap, lossy, RECORDS[:777] + RECORDS[778:])
 
-    ok = run_audit(spark, bootstrap, source, clean)
+    ok = run_audit(spark, bootstrap, inp, clean, source=source)
     assert ok.ok and (ok.input_records, ok.output_records) == (5000, 5000)
+    assert ok.source == source
 
-    dup = run_audit(spark, bootstrap, source, duplicated)
+    dup = run_audit(spark, bootstrap, inp, duplicated, source=source)
     assert (dup.missing, dup.duplicated, dup.unexpected) == (0, 1, 0)
     assert "order-1234" in dup.samples["duplicated"][0]
 
+    lost = run_audit(spark, bootstrap, inp, lossy, id_field="id", source=source)
+    assert (lost.missing, lost.duplicated, lost.unexpected) == (1, 0, 0)
+    assert lost.samples["missing"] == ["id=777: 0 in output, 1 in input"]
+    if source != DEFAULT_SOURCE:
+        return  # the command line (this session: the default source) once is enough
+
     # Through the command line: the report names the lost record, exit code 1.
-    argv = ["audit", "--bootstrap", bootstrap, "--input", source, "--relation", "identity"]
+    argv = ["audit", "--bootstrap", bootstrap, "--input", inp, "--relation", "identity"]
     assert main([*argv, "--output", lossy, "--id-field", "id"]) == 1
     out = capsys.readouterr().out
     assert "missing     1 records" in out and "id=777" in out and "result: MISMATCH" in out
@@ -117,9 +146,11 @@ def test_a_clean_audit_prints_no_spark_log_lines(bootstrap: str) -> None:
     source, copy = topics(bootstrap, "au-quiet-in", "au-quiet-out")
     produce(bootstrap, source, RECORDS[:100])
     produce(bootstrap, copy, RECORDS[:100])
+    # The project's source, selected by the session setting: no connector is fetched either.
     result = subprocess.run(
         [sys.executable, "-m", "runtime", "audit", "--bootstrap", bootstrap]
-        + ["--input", source, "--output", copy, "--master", "local[1]"],
+        + ["--input", source, "--output", copy, "--master", "local[1]"]
+        + ["--spark-conf", f"{SOURCE_CONF}=streams-kafka"],
         cwd=REPO,
         env=clean_env(),
         stdin=subprocess.DEVNULL,
@@ -129,6 +160,7 @@ def test_a_clean_audit_prints_no_spark_log_lines(bootstrap: str) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "result: OK" in result.stdout
+    assert "read with streams-kafka" in result.stdout
     # The JVM's own notice about Spark's --add-modules is not Spark's log.
     spark_lines = [
         line

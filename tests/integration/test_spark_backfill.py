@@ -3,6 +3,8 @@
 The backfill's output must equal what the daemon computes over the same history, and a
 daemon started afterwards with the backfill's application.id must restore the state from
 the changelogs and continue with exact results (nothing counted twice, nothing missed).
+The history is read with Spark's connector (the default) and, in one test, with the
+project's source (the option); the output keeps the input records' timestamps.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from runtime.collector.partitioner import default_partition
 from runtime.config import StreamsConfig
 from runtime.spark import BackfillError, run_backfill, spark_session
 from runtime.spark.session import JavaMissingError, check_java
+from runtime.spark.sources import STREAMS_KAFKA
 from tests.kafka_helpers import (
     committed_offsets,
     consume_all,
@@ -282,6 +285,11 @@ def test_windows_reduce_and_aggregate_backfill_equal_the_daemon_and_continue(
             latest(bootstrap, outs[2], serdes.JSON.deserialize),
         ]
         assert got == [windowed, longest, letters]
+        # Output records carry the timestamps of the records that made them (an hour
+        # old), not the time of writing: the daemon's semantics.
+        last_event = first[-1][2]
+        for topic in outs:
+            assert max(m.timestamp for m in consume_all(bootstrap, topic)) == last_event
         wait_until(
             lambda: (
                 [
@@ -331,6 +339,38 @@ def test_windows_reduce_and_aggregate_backfill_equal_the_daemon_and_continue(
         )
     finally:
         assert continued.close(30)
+
+
+def test_the_backfill_reads_with_the_project_source_too(spark: Any, bootstrap: str) -> None:
+    """`source="streams-kafka"`: the same results, changelogs and committed offsets."""
+    names = [unique_name(f"bf-sk-{n}") for n in ("in", "pm", "long", "letter")]
+    for topic in names:
+        create_topic(bootstrap, topic, 3)
+    source, outs = names[0], names[1:]
+    base = (int(time.time() * 1000) - 3_600_000) // MINUTE * MINUTE
+    history = events(0, 1500, base)
+    produce_events(bootstrap, source, history)
+    app_id = unique_name("bf-sk")
+    config = StreamsConfig.from_dict({"application.id": app_id, "bootstrap.servers": bootstrap})
+    result = run_backfill(spark, events_topology(source, *outs), config, source=STREAMS_KAFKA)
+    assert result.records_read == 1500
+    got = [
+        latest(bootstrap, outs[0]),
+        latest(bootstrap, outs[1]),
+        latest(bootstrap, outs[2], serdes.JSON.deserialize),
+    ]
+    assert got == list(expected_events(history))
+    assert committed_offsets(bootstrap, app_id, source) == end_offsets(bootstrap, source)
+    changelog = consume_all(bootstrap, f"{app_id}-longest-changelog", idle=0.5)
+    assert {m.key: serdes.INT64.deserialize(m.value) for m in changelog} == got[1]
+    for m in changelog:
+        assert m.key is not None and m.partition == default_partition(m.key, 3)
+
+
+def test_a_bad_source_is_refused_by_name(spark: Any) -> None:
+    config = StreamsConfig.from_dict({"application.id": "x", "bootstrap.servers": "unused:1"})
+    with pytest.raises(BackfillError, match="source must be one of kafka, streams-kafka"):
+        run_backfill(spark, word_count("a", "b"), config, source="jdbc")
 
 
 # -- refusals and failures --------------------------------------------------------------
