@@ -260,9 +260,13 @@ def _start_spark(args: argparse.Namespace, app_name: str) -> tuple[Any, bool]:
     from pyspark.sql import SparkSession
 
     existed = SparkSession.getActiveSession() is not None
-    spark = spark_session(
-        args.master, app_name, _spark_conf(args.spark_conf), log_level=args.spark_log_level
-    )
+    conf = _spark_conf(args.spark_conf)
+    if args.source is not None:
+        from runtime.spark.sources import SOURCE_CONF
+
+        # Also tells spark_session() not to fetch the connector for streams-kafka.
+        conf[SOURCE_CONF] = args.source
+    spark = spark_session(args.master, app_name, conf, log_level=args.spark_log_level)
     return spark, not existed
 
 
@@ -290,6 +294,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             value_format=args.value_format,
             isolation=args.isolation_level,
             samples=args.samples,
+            source=args.source,
         )
     except (KafkaSourceError, ValueError) as exc:
         print(f"streams-runtime audit: {exc}", file=sys.stderr)
@@ -333,6 +338,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             config,
             progress=Progress("backfill", quiet=args.quiet),
             commit=not args.no_commit,
+            source=args.source,
         )
     except BackfillRecordError as exc:
         print(f"streams-runtime backfill: failed: {exc}", file=sys.stderr)
@@ -433,6 +439,12 @@ def _add_spark_options(parser: argparse.ArgumentParser) -> None:
         type=str.upper,
         choices=("ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"),
         help="Spark's own log level (default FATAL: a failed job ends with its Python error)",
+    )
+    parser.add_argument(
+        "--source",
+        choices=("kafka", "streams-kafka"),
+        help="how Spark reads Kafka: kafka (Spark's own connector, the default, fetched with "
+        "Maven on first use) or streams-kafka (the project's Python data source, no JVM package)",
     )
 
 

@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Producer
 
 from runtime.cli import main
-from runtime.spark import DEFAULT_SOURCE, SOURCE_CONF, SOURCES, run_audit, spark_session
+from runtime.spark import DEFAULT_SOURCE, SOURCES, run_audit, spark_session
 from runtime.topology import serdes
 from tests.harness import REPO, clean_env
 from tests.kafka_helpers import create_topic, produce, unique_name
@@ -146,11 +146,11 @@ def test_a_clean_audit_prints_no_spark_log_lines(bootstrap: str) -> None:
     source, copy = topics(bootstrap, "au-quiet-in", "au-quiet-out")
     produce(bootstrap, source, RECORDS[:100])
     produce(bootstrap, copy, RECORDS[:100])
-    # The project's source, selected by the session setting: no connector is fetched either.
+    # The project's source, selected by --source: no connector is fetched either.
     result = subprocess.run(
         [sys.executable, "-m", "runtime", "audit", "--bootstrap", bootstrap]
         + ["--input", source, "--output", copy, "--master", "local[1]"]
-        + ["--spark-conf", f"{SOURCE_CONF}=streams-kafka"],
+        + ["--source", "streams-kafka"],
         cwd=REPO,
         env=clean_env(),
         stdin=subprocess.DEVNULL,
