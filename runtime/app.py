@@ -26,6 +26,7 @@ from runtime.polling.polling_thread import PollingThread, PollingThreadHooks
 from runtime.polling.serde_check import check_serdes_on_samples
 from runtime.polling.topics import TopicLayout, create_user_topics, resolve_topics
 from runtime.processing.errors import ErrorPolicy, TaskFailedError
+from runtime.processing.key_lanes import key_parallel_settings
 from runtime.processing.queries import StoreQuery, StoreUnavailableError
 from runtime.processing.task import TaskSettings
 from runtime.processing.task_manager import TaskManager
@@ -199,6 +200,7 @@ class App:
                 partition_counts=self._layout.partitions,
                 state_dir=config.state_dir,
                 cache_budget=CacheBudget(config.cache_max_bytes),
+                key_parallel=key_parallel_settings(config),
             )
             # The state manager's thread; it also reads the status topic, so
             # even a stateless app has one (its consumer is the third client).
