@@ -85,6 +85,11 @@ class Transactions:
         self.broken: KafkaError | None = None
         """The fatal error that made the current producer unusable, if any."""
 
+    @property
+    def timeout_s(self) -> float:
+        """The transaction timeout (s): an open transaction must end sooner."""
+        return self._timeout_s
+
     def note_broken(self, error: KafkaError) -> None:
         """The producer is fenced or failed fatally: abort and replace it next."""
         if self.broken is None:

@@ -199,7 +199,7 @@ class KeyParallelTask(StreamTask):
 
     @property
     def input_buffered(self) -> int:
-        """Records consumed and not yet dispatched to a key lane."""
+        """Records consumed and not yet dispatched to a key lane (status)."""
         return self._undispatched()
 
     @property
@@ -548,3 +548,18 @@ def make_task(
     if settings.key_parallel is not None and subtopology.key_parallel:
         return KeyParallelTask(subtopology, partition, topics, settings)
     return StreamTask(subtopology, partition, topics, settings)
+
+
+def key_parallel_figures(task: StreamTask) -> dict[str, Any]:
+    """A task's key-parallel status fields (runtime.status.TaskStatus); none
+    for a one-thread task. Racy reads, any thread."""
+    if not isinstance(task, KeyParallelTask):
+        return {}
+    return {
+        "key_parallel": True,
+        "threads_per_task": task.threads_per_task,
+        "in_flight": task.in_flight,
+        "watermark_lag": task.watermark_lag,
+        "parallelism": task.parallelism(),
+        "retried": task.retried_count,
+    }

@@ -328,6 +328,11 @@ class StreamTask:
             return len(self._single_queue.records)
         return sum(len(q.records) for q in self._queue_list)
 
+    @property
+    def input_buffered(self) -> int:
+        """Records in the input queues (status; `buffered` is the scheduler's figure)."""
+        return self.buffered
+
     def head_timestamp(self) -> int:
         """Oldest head record's timestamp across the queues (-1 when empty)."""
         heads = [q.head_timestamp() for q in self._queue_list if q.records]

@@ -34,10 +34,13 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
+from runtime.logging import get_logger
 from runtime.processing.errors import TaskFailedError
 from runtime.processing.task import StreamTask
 
 T = TypeVar("T")
+
+log = get_logger("runtime.processing")
 
 # Longest a waiting processing thread sleeps before looking again; wake-ups
 # normally come from notify_work, this only bounds punctuation lateness.
@@ -134,6 +137,37 @@ class TaskManager:
         with self._cond:
             self._lock_all_future = None
             self._cond.notify_all()
+
+    def finish_in_flight(self, timeout: float) -> bool:
+        """Before the processing threads stop (a graceful close): key-parallel
+        tasks take no more input, and this waits up to `timeout` s until their
+        in-flight records completed (failed or paused tasks aside). True when
+        none is left. Any thread but a processing thread."""
+        with self._cond:
+            tasks = [t for t in self._tasks.values() if t.key_parallel]
+        if not tasks:
+            return True
+        for task in tasks:
+            task.hold_dispatch()  # type: ignore[attr-defined]
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                waiting = [
+                    t
+                    for t in tasks
+                    if t.in_flight  # type: ignore[attr-defined]
+                    and t.id in self._tasks
+                    and t.id not in self._failed
+                    and t.id not in self._paused
+                    and not self._pause_all
+                ]
+                if not waiting:
+                    return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    log.warning("in_flight_records_left", tasks=[t.id for t in waiting])
+                    return False
+                self._cond.wait(min(remaining, _MAX_IDLE_WAIT))
 
     def notify_work(self) -> None:
         """Wake idle processing threads: new records were routed."""

@@ -143,6 +143,9 @@ class FakeLocks:
     def unlock_all_tasks(self) -> None:
         self.unlocked += 1
 
+    def wait_for_change(self, timeout: float) -> None:
+        pass
+
 
 def done() -> Future[None]:
     future: Future[None] = Future()
