@@ -171,8 +171,8 @@ class Committer:
         Gives up on a failed task with records in flight, after
         `_BARRIER_STALL_S` without a completed record while no thread works on
         them and none waits for a retry (no thread is left to finish them),
-        and after half the
-        transaction timeout in any case. Output made meanwhile is drained.
+        and after half the transaction timeout in any case. Output made
+        meanwhile is drained.
         """
         transactions = self._output.transactions
         limit = transactions.timeout_s / 2 if transactions is not None else _BARRIER_STALL_S

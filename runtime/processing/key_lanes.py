@@ -46,6 +46,14 @@ from typing import Any
 # the commit's wait for released tasks short; 64 records amortise the two
 # lock round trips of a grab on CPU-bound work.
 MAX_GRAB = 64
+# A grab is sized to take about this long at the measured time per record:
+# a slow record holds back the other lanes of its grab until it finishes, so
+# where records are slow (I/O) a grab is one lane, and every key waits only
+# for its own records; where they are fast, up to MAX_GRAB records share the
+# grab's overhead (and a surprise slow record delays at most those).
+GRAB_TARGET_S = 0.001
+# Until measured, records are assumed this slow (one-lane grabs).
+_INITIAL_RECORD_S = 0.001
 # Most records one `take` moves from the input queues into lanes (bounds how
 # long one thread holds the lanes' lock while dispatching).
 MAX_DISPATCH = 512
@@ -184,6 +192,8 @@ class KeyLanes:
         self.dispatch_held = False
         self.exclusive_wanted = False
         self._exclusive_running = False
+        # Moving average of the time per completed record (sizes grabs).
+        self.record_s = _INITIAL_RECORD_S
 
     # --- the scheduler's view (racy reads) -------------------------------------
 
@@ -234,7 +244,8 @@ class KeyLanes:
             ready = self._ready
             if not ready:
                 return None
-            budget = max(1, min(MAX_GRAB, -(-self.ready_records // self.threads_per_task)))
+            fair_share = -(-self.ready_records // self.threads_per_task)
+            budget = max(1, min(MAX_GRAB, fair_share, int(GRAB_TARGET_S / self.record_s)))
             grab = Grab()
             taken = 0
             while ready and taken < budget:
@@ -268,11 +279,14 @@ class KeyLanes:
         self.in_flight += count
         self.dispatched_total += count
 
-    def complete(self, grab: Grab, results: list[LaneResult], retry: RetryPolicy) -> int:
+    def complete(
+        self, grab: Grab, results: list[LaneResult], retry: RetryPolicy, busy_s: float = 0.0
+    ) -> int:
         """Finish a grab: `results[i]` for `grab.lanes[i]` (missing: none done).
 
         Completed records count toward the watermark; the rest go back to the
-        head of their lane. Returns how many records completed.
+        head of their lane. `busy_s` is how long the grab took (sizes later
+        grabs). Returns how many records completed.
         """
         with self._lock:
             now = self._clock()
@@ -301,6 +315,9 @@ class KeyLanes:
                 else:
                     lane.state = _READY
                     del self._lanes[lane.key]
+            attempted = completed + sum(1 for r in results if r.retry)
+            if attempted and busy_s > 0.0:
+                self.record_s = 0.8 * self.record_s + 0.2 * max(busy_s / attempted, 1e-7)
             self.in_flight -= completed
             self.completed_total += completed
             self.completed_beyond += completed

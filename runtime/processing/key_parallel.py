@@ -397,6 +397,8 @@ class KeyParallelTask(StreamTask):
                         break
                     done += 1
                     failures = 0
+                    if time.monotonic() >= deadline:
+                        break  # the rest of the lane goes back to it
                 results.append(LaneResult(done, retry))
                 if failure is not None:
                     break
@@ -404,7 +406,7 @@ class KeyParallelTask(StreamTask):
             # The grab's output goes before its keys are released (rule 2).
             self._hand_over_now(record)
             elapsed = time.monotonic() - started
-            completed = self._lanes.complete(grab, results, self._retry)
+            completed = self._lanes.complete(grab, results, self._retry, elapsed)
             self._busy_s += elapsed  # racy sum: a status figure only
         if failure is not None:
             self._failed = True
