@@ -7,21 +7,23 @@ its own, so that hypothesis can drive it through any interleaving:
 
 - dispatch: records leave the task's input queues in offset order (several
   input topics merged by head timestamp, as `StreamTask._next_queue`) into one
-  lane per serialized key; records without a key share one lane (they are
-  processed one at a time, in offset order). Dispatched records are "in
-  flight" until completed; at most `window` are in flight, so memory stays
-  bounded (rule 5: the input buffer bound plus the window).
+  lane per serialized key (a list of records); records without a key share
+  one lane (they are processed one at a time, in offset order). Dispatched
+  records are "in flight" until completed; at most `window` are in flight, so
+  memory stays bounded (rule 5: the input buffer bound plus the window).
 - grab: a processing thread takes whole lanes that are neither busy nor
   backing off (`take`); a lane is busy until its grab completes, so the
   records of one key are processed by one thread at a time, in offset order.
 - complete: the thread reports how many records of each lane it finished
   (`complete`); unfinished ones go back to the head of their lane, a failed
   record to be retried puts its lane in backoff (`RetryPolicy`).
-- watermark: per input topic, the offset of the last record of the longest
-  completed prefix (`done_offsets`): the committable offset is one more, so
-  a commit never passes a record not yet completed (rule 3). Stream time
-  advances with the timestamps of that prefix, i.e. of records completed in
-  offset order.
+- watermark: the longest completed prefix of the dispatch order; per input
+  topic, `done_offsets` names the offset of its last record there: the
+  committable offset is one more, so a commit never passes a record not yet
+  completed (rule 3). Stream time advances with the timestamps of that
+  prefix, i.e. of records completed in offset order. No per-record object
+  is made: a key's records complete in order, so a count of completions per
+  key tells whether the head of the dispatch order is done.
 - exclusive work (punctuations): `begin_exclusive` stops new grabs and
   succeeds once no grab is active; `hold_dispatch` (the exactly-once commit
   barrier) stops dispatch so the in-flight records drain to zero.
@@ -39,7 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 # Most records one grab takes: a grab's output is handed over and its keys
 # released only when it completes, so small grabs keep per-key latency and
@@ -57,8 +59,6 @@ _INITIAL_RECORD_S = 0.001
 # Most records one `take` moves from the input queues into lanes (bounds how
 # long one thread holds the lanes' lock while dispatching).
 MAX_DISPATCH = 512
-
-_READY, _BUSY, _BACKOFF = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -107,58 +107,40 @@ def key_parallel_settings(config: Any) -> KeyParallelSettings | None:
     )
 
 
-class Entry:
-    """One dispatched record: the message plus what the bookkeeping needs."""
+class Message(Protocol):
+    """What the bookkeeping reads of a record (a consumed confluent_kafka.Message)."""
 
-    __slots__ = ("message", "topic", "offset", "timestamp", "done")
+    def key(self) -> bytes | None: ...
 
-    def __init__(self, message: Any, topic: str, offset: int, timestamp: int) -> None:
-        self.message = message
-        self.topic = topic
-        self.offset = offset
-        self.timestamp = timestamp
-        self.done = False
+    def offset(self) -> int | None: ...
+
+    def timestamp(self) -> tuple[int, int]: ...
+
+    def topic(self) -> str | None: ...
 
 
-class Lane:
-    """The dispatched, not yet taken records of one key, in offset order."""
-
-    __slots__ = ("key", "pending", "state", "failures", "retry_at")
-
-    def __init__(self, key: bytes | None) -> None:
-        self.key = key
-        self.pending: deque[Entry] = deque()
-        self.state = _READY
-        self.failures = 0  # failed attempts of the head record so far
-        self.retry_at = 0.0
+Key = bytes | None
 
 
 class Grab:
-    """What one `take` handed to one thread: lanes and the records taken from each."""
+    """What one `take` handed to one thread: whole lanes, each (key, its records
+    in offset order)."""
 
     __slots__ = ("lanes",)
 
     def __init__(self) -> None:
-        self.lanes: list[tuple[Lane, list[Entry]]] = []
+        self.lanes: list[tuple[Key, list[Any]]] = []
 
     @property
     def records(self) -> int:
-        return sum(len(entries) for _lane, entries in self.lanes)
+        return sum(len(records) for _key, records in self.lanes)
 
 
-@dataclass
-class LaneResult:
-    """How a thread finished one lane of its grab: `done` records completed (in
-    order, from the first); `retry` when the record after them failed and is to
-    be retried after the backoff (its lane waits)."""
+Pull = Callable[[int], list[Any]]
+"""`pull(limit)`: up to `limit` records from the input queues, in dispatch
+order (called under the lanes' lock)."""
 
-    done: int
-    retry: bool = False
-
-
-Pull = Callable[[int], Iterable[tuple[bytes | None, Entry]]]
-"""`pull(limit)`: up to `limit` (key, entry) pairs from the input queues, in
-dispatch order (called under the lanes' lock)."""
+_BUSY, _BACKOFF = 1, 2
 
 
 class KeyLanes:
@@ -175,11 +157,22 @@ class KeyLanes:
         self._clock = clock
         self.window = max(1, window)
         self.threads_per_task = max(1, threads_per_task)
-        self._lanes: dict[bytes | None, Lane] = {}
-        self._ready: deque[Lane] = deque()
-        self._backoff: list[tuple[float, int, Lane]] = []
+        topic_list = list(topics)
+        self._single_topic = topic_list[0] if len(topic_list) == 1 else None
+        # Lanes: key -> records dispatched and not taken, in offset order. A
+        # key is ready when it has records and is not blocked (busy in a grab
+        # or backing off before a retry); ready keys wait in `_ready`.
+        self._pending: dict[Key, list[Any]] = {}
+        self._blocked: dict[Key, int] = {}
+        self._ready: deque[Key] = deque()
+        # Failed attempts of a key's head record (read by the grabbing thread).
+        self.failures: dict[Key, int] = {}
+        self._backoff: list[tuple[float, int, Key]] = []
         self._backoff_seq = 0
-        self._order: dict[str, deque[Entry]] = {t: deque() for t in topics}
+        # The dispatch order, and per key completions not yet passed by the
+        # watermark (a key's records complete in order: see _advance).
+        self._order: deque[Any] = deque()
+        self._unadvanced: dict[Key, int] = {}
         # Figures (written under the lock, read racily by status and scheduler).
         self.ready_records = 0
         self.in_flight = 0
@@ -217,7 +210,12 @@ class KeyLanes:
 
     @property
     def lanes(self) -> int:
-        return len(self._lanes)
+        """Keys with records dispatched and not taken."""
+        return len(self._pending)
+
+    def failures_of(self, key: Key) -> int:
+        """Failed attempts of the key's head record so far (the grabbing thread)."""
+        return self.failures.get(key, 0)
 
     # --- processing threads --------------------------------------------------------
 
@@ -230,122 +228,173 @@ class KeyLanes:
         with self._lock:
             if self.exclusive_wanted:
                 return None
-            now = self._clock()
             backoff = self._backoff
-            while backoff and backoff[0][0] <= now:
-                _due, _seq, lane = heapq.heappop(backoff)
-                lane.state = _READY
-                self._ready.append(lane)
-                self.ready_records += len(lane.pending)
+            if backoff and backoff[0][0] <= self._clock():
+                self._end_backoffs()
             if undispatched and not self.dispatch_held:
                 room = self.window - self.in_flight
                 if room > 0:
-                    self._dispatch(pull, min(room, MAX_DISPATCH))
+                    self._dispatch(pull(min(room, MAX_DISPATCH)))
             ready = self._ready
             if not ready:
                 return None
             fair_share = -(-self.ready_records // self.threads_per_task)
             budget = max(1, min(MAX_GRAB, fair_share, int(GRAB_TARGET_S / self.record_s)))
+            pending = self._pending
+            blocked = self._blocked
             grab = Grab()
+            lanes = grab.lanes
             taken = 0
             while ready and taken < budget:
-                lane = ready.popleft()
-                entries = list(lane.pending)
-                lane.pending.clear()
-                lane.state = _BUSY
-                grab.lanes.append((lane, entries))
-                taken += len(entries)
+                key = ready.popleft()
+                records = pending.pop(key)
+                blocked[key] = _BUSY
+                lanes.append((key, records))
+                taken += len(records)
             self.ready_records -= taken
             self.active_grabs += 1
             return grab
 
-    def _dispatch(self, pull: Pull, limit: int) -> None:
-        lanes = self._lanes
+    def _end_backoffs(self) -> None:
+        now = self._clock()
+        backoff = self._backoff
+        while backoff and backoff[0][0] <= now:
+            _due, _seq, key = heapq.heappop(backoff)
+            del self._blocked[key]
+            records = self._pending.get(key)
+            if records:
+                self._ready.append(key)
+                self.ready_records += len(records)
+
+    def _dispatch(self, records: list[Any]) -> None:
+        pending = self._pending
+        blocked = self._blocked
         ready = self._ready
-        order = self._order
-        count = 0
         ready_added = 0
-        for key, entry in pull(limit):
-            lane = lanes.get(key)
+        for record in records:
+            key = record.key()
+            lane = pending.get(key)
             if lane is None:
-                lane = lanes[key] = Lane(key)
-                ready.append(lane)
-            if lane.state == _READY:
-                ready_added += 1
-            lane.pending.append(entry)
-            order[entry.topic].append(entry)
-            count += 1
+                pending[key] = [record]
+                if key not in blocked:
+                    ready.append(key)
+                    ready_added += 1
+            else:
+                lane.append(record)
+                if key not in blocked:
+                    ready_added += 1
+        self._order.extend(records)
+        count = len(records)
         self.ready_records += ready_added
         self.in_flight += count
         self.dispatched_total += count
 
     def complete(
-        self, grab: Grab, results: list[LaneResult], retry: RetryPolicy, busy_s: float = 0.0
+        self,
+        grab: Grab,
+        done: list[int],
+        retry: RetryPolicy,
+        busy_s: float = 0.0,
+        to_retry: Iterable[int] = (),
     ) -> int:
-        """Finish a grab: `results[i]` for `grab.lanes[i]` (missing: none done).
+        """Finish a grab: `done[i]` records of `grab.lanes[i]` completed, in
+        order from the first (missing: none); the lanes at the indexes in
+        `to_retry` failed on the record after those and wait for a retry.
 
         Completed records count toward the watermark; the rest go back to the
         head of their lane. `busy_s` is how long the grab took (sizes later
         grabs). Returns how many records completed.
         """
         with self._lock:
-            now = self._clock()
+            retrying = set(to_retry)
+            pending = self._pending
+            blocked = self._blocked
+            unadvanced = self._unadvanced
+            failures = self.failures
+            ready = self._ready
+            ready_added = 0
             completed = 0
-            for index, (lane, entries) in enumerate(grab.lanes):
-                result = results[index] if index < len(results) else None
-                done = result.done if result is not None else 0
-                for entry in entries[:done]:
-                    entry.done = True
-                completed += done
-                if done:
-                    lane.failures = 0
-                rest = entries[done:]
-                if rest:
-                    lane.pending.extendleft(reversed(rest))
-                if result is not None and result.retry and rest:
-                    lane.failures += 1
-                    lane.state = _BACKOFF
-                    lane.retry_at = now + retry.delay_s(lane.failures)
+            lanes = grab.lanes
+            for index, (key, records) in enumerate(lanes):
+                count = done[index] if index < len(done) else 0
+                if count == len(records) and not failures:
+                    # The common case: the whole lane done, no retry anywhere.
+                    completed += count
+                    unadvanced[key] = unadvanced.get(key, 0) + count
+                    del blocked[key]
+                    waiting = pending.get(key)
+                    if waiting:
+                        ready.append(key)
+                        ready_added += len(waiting)
+                    continue
+                if count:
+                    completed += count
+                    unadvanced[key] = unadvanced.get(key, 0) + count
+                    failures.pop(key, None)
+                if count < len(records):
+                    rest = records[count:]
+                    later = pending.get(key)
+                    pending[key] = rest + later if later else rest
+                if index in retrying and count < len(records):
+                    failures[key] = attempt = failures.get(key, 0) + 1
+                    blocked[key] = _BACKOFF
                     self._backoff_seq += 1
-                    heapq.heappush(self._backoff, (lane.retry_at, self._backoff_seq, lane))
-                elif lane.pending:
-                    lane.state = _READY
-                    self._ready.append(lane)
-                    self.ready_records += len(lane.pending)
-                else:
-                    lane.state = _READY
-                    del self._lanes[lane.key]
-            attempted = completed + sum(1 for r in results if r.retry)
+                    due = self._clock() + retry.delay_s(attempt)
+                    heapq.heappush(self._backoff, (due, self._backoff_seq, key))
+                    continue
+                del blocked[key]
+                waiting = pending.get(key)
+                if waiting:
+                    ready.append(key)
+                    ready_added += len(waiting)
+            self.ready_records += ready_added
+            attempted = completed + len(retrying)
             if attempted and busy_s > 0.0:
                 self.record_s = 0.8 * self.record_s + 0.2 * max(busy_s / attempted, 1e-7)
             self.in_flight -= completed
             self.completed_total += completed
             self.completed_beyond += completed
-            self._advance()
+            if completed:
+                self._advance()
             self.active_grabs -= 1
             return completed
 
     def _advance(self) -> None:
-        """Move the watermark over the completed prefix of each topic."""
+        """Move the watermark over the completed head of the dispatch order.
+
+        The head record's key has a completion not yet passed iff the head is
+        done: completions of one key come in its offset order, and the head is
+        the key's earliest record the watermark has not passed.
+        """
+        order = self._order
+        unadvanced = self._unadvanced
         stream_time = self.stream_time
+        single = self._single_topic
         done_offsets = self.done_offsets
         popped = 0
-        for topic, order in self._order.items():
-            if not order or not order[0].done:
-                continue
-            entry = order[0]
-            while order and order[0].done:
-                entry = order.popleft()
-                popped += 1
-                if entry.timestamp > stream_time:
-                    stream_time = entry.timestamp
-            done_offsets[topic] = entry.offset
+        last = None
+        while order:
+            record = order[0]
+            key = record.key()
+            count = unadvanced.get(key)
+            if not count:
+                break
+            if count == 1:
+                del unadvanced[key]
+            else:
+                unadvanced[key] = count - 1
+            order.popleft()
+            popped += 1
+            timestamp = record.timestamp()[1]
+            if timestamp > stream_time:
+                stream_time = timestamp
+            if single is None:
+                done_offsets[record.topic()] = record.offset()
+            last = record
+        if last is not None and single is not None:
+            done_offsets[single] = last.offset()
         self.completed_beyond -= popped
         self.stream_time = stream_time
-
-    def failures_of(self, lane: Lane) -> int:
-        """Failed attempts of the lane's head record so far (the grabbing thread)."""
-        return lane.failures
 
     # --- exclusive work (punctuation) ----------------------------------------------
 
@@ -377,7 +426,7 @@ class KeyLanes:
 
     # --- inspection (tests, status) --------------------------------------------------
 
-    def pending_keys(self) -> dict[bytes | None, list[int]]:
+    def pending_keys(self) -> dict[Key, list[int | None]]:
         """Offsets waiting in each lane (not taken), for tests and debugging."""
         with self._lock:
-            return {key: [e.offset for e in lane.pending] for key, lane in self._lanes.items()}
+            return {key: [r.offset() for r in records] for key, records in self._pending.items()}

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from confluent_kafka import Message
@@ -52,7 +52,7 @@ from runtime.collector.collector import OutputRecord
 from runtime.collector.partitioner import default_partition
 from runtime.logging import get_logger
 from runtime.processing.errors import TaskFailedError
-from runtime.processing.key_lanes import Entry, Grab, KeyLanes, LaneResult
+from runtime.processing.key_lanes import Grab, KeyLanes
 from runtime.processing.task import FlushListener, StreamTask, TaskSettings
 from runtime.topology.context import PunctuationType
 from runtime.topology.record import Headers
@@ -73,8 +73,13 @@ class OutputSink(Protocol):
     def hand_over(self, batch: Any) -> None: ...
 
 
-class _ThreadRecord(threading.local):
-    """Per thread, per task: the record being processed, output not yet handed over."""
+class _ThreadRecord:
+    """Per thread, per task: the record being processed, output not yet handed over.
+
+    A plain object reached once per call through `_PerThread` (attribute
+    access on a threading.local itself costs a lookup each time)."""
+
+    __slots__ = ("topic", "offset", "timestamp", "output", "sink")
 
     def __init__(self) -> None:
         self.topic = ""
@@ -82,6 +87,11 @@ class _ThreadRecord(threading.local):
         self.timestamp = -1
         self.output: list[OutputRecord] = []
         self.sink: OutputSink | None = None
+
+
+class _PerThread(threading.local):
+    def __init__(self) -> None:
+        self.record = _ThreadRecord()
 
 
 class _LockedStore:
@@ -111,7 +121,7 @@ class _LockedStore:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             with lock:
-                record = task._thread
+                record = task._per_thread.record
                 output = record.output
                 before = len(output)
                 result = fn(*args, **kwargs)
@@ -141,7 +151,7 @@ class KeyParallelTask(StreamTask):
             raise ValueError("KeyParallelTask needs TaskSettings.key_parallel")
         # Set before StreamTask.__init__: building the stores and the graph's
         # init reach the overrides below.
-        self._thread = _ThreadRecord()
+        self._per_thread = _PerThread()
         self._store_lock = threading.RLock()
         self._locked: dict[str, _LockedStore] = {}
         self._wall_deadline = float("inf")
@@ -267,7 +277,7 @@ class KeyParallelTask(StreamTask):
             else:
                 self._round_robin += 1
                 partition = self._round_robin % count
-        record = self._thread
+        record = self._per_thread.record
         record.output.append(
             (
                 topic,
@@ -284,21 +294,21 @@ class KeyParallelTask(StreamTask):
 
     @property
     def record_timestamp(self) -> int:
-        return self._thread.timestamp
+        return self._per_thread.record.timestamp
 
     def _current_timestamp(self) -> int:
-        return self._thread.timestamp
+        return self._per_thread.record.timestamp
 
     def _record_origin(self) -> tuple[str, int]:
-        record = self._thread
+        record = self._per_thread.record
         return record.topic, record.offset
 
     def _set_record(self, topic: str, offset: int, timestamp: int) -> None:
-        record = self._thread
+        record = self._per_thread.record
         record.topic, record.offset, record.timestamp = topic, offset, timestamp
 
     def _set_record_timestamp(self, timestamp: int) -> None:
-        self._thread.timestamp = timestamp
+        self._per_thread.record.timestamp = timestamp
 
     def state_store(self, name: str) -> Any:
         locked = self._locked.get(name)
@@ -316,7 +326,7 @@ class KeyParallelTask(StreamTask):
         def dispatch(key: bytes, value: bytes | None, old: bytes | None, timestamp: int) -> None:
             listener = self._flush_listeners.get(store)
             if listener is not None:
-                record = self._thread
+                record = self._per_thread.record
                 saved, record.timestamp = record.timestamp, timestamp
                 try:
                     listener(key, value, old, timestamp)
@@ -331,7 +341,7 @@ class KeyParallelTask(StreamTask):
 
     def take_output(self) -> list[OutputRecord]:
         """Swap out the calling thread's output (the polling thread's at commit)."""
-        record = self._thread
+        record = self._per_thread.record
         output, record.output = record.output, []
         return output
 
@@ -354,7 +364,7 @@ class KeyParallelTask(StreamTask):
         Raises TaskFailedError when a handler says fail (after completing what
         the grab finished; the failing record is not completed).
         """
-        record = self._thread
+        record = self._per_thread.record
         record.sink = sink
         lanes = self._lanes
         total = 0
@@ -376,49 +386,55 @@ class KeyParallelTask(StreamTask):
         return total
 
     def _run_grab(self, grab: Grab, record: _ThreadRecord, deadline: float) -> int:
-        results: list[LaneResult] = []
+        done: list[int] = []
+        to_retry: list[int] = []
         failure: TaskFailedError | None = None
-        started = time.monotonic()
+        monotonic = time.monotonic
+        started = monotonic()
+        lanes = self._lanes
+        failures_of = lanes.failures
+        single_topic = self._single_queue.topic if self._single_queue is not None else None
+        process_one = self._process_one
         try:
-            for lane, entries in grab.lanes:
-                if results and time.monotonic() >= deadline:
-                    break  # the lanes not started go back untouched
-                done = 0
-                retry = False
-                failures = lane.failures
-                for entry in entries:
+            for key, messages in grab.lanes:
+                count = 0
+                failures = failures_of.get(key, 0) if failures_of else 0
+                for message in messages:
                     try:
-                        ok = self._process_entry(record, entry, failures)
+                        ok = process_one(record, message, single_topic, failures)
                     except TaskFailedError as exc:
                         failure = exc
                         break
                     if not ok:
-                        retry = True
+                        to_retry.append(len(done))
                         break
-                    done += 1
+                    count += 1
                     failures = 0
-                    if time.monotonic() >= deadline:
-                        break  # the rest of the lane goes back to it
-                results.append(LaneResult(done, retry))
-                if failure is not None:
+                    if monotonic() >= deadline:
+                        break  # the rest of the lane, and the lanes after it, go back
+                done.append(count)
+                if failure is not None or count < len(messages) or monotonic() >= deadline:
                     break
         finally:
             # The grab's output goes before its keys are released (rule 2).
             self._hand_over_now(record)
-            elapsed = time.monotonic() - started
-            completed = self._lanes.complete(grab, results, self._retry, elapsed)
+            elapsed = monotonic() - started
+            completed = lanes.complete(grab, done, self._retry, elapsed, to_retry)
             self._busy_s += elapsed  # racy sum: a status figure only
         if failure is not None:
             self._failed = True
             raise failure
         return completed
 
-    def _process_entry(self, record: _ThreadRecord, entry: Entry, failures: int) -> bool:
+    def _process_one(
+        self, record: _ThreadRecord, message: Message, topic: str | None, failures: int
+    ) -> bool:
         """Process one record; False when it failed and is to be retried."""
-        message = entry.message
-        topic = entry.topic
-        offset = entry.offset
-        timestamp = entry.timestamp
+        if topic is None:
+            topic = message.topic()
+            assert topic is not None
+        offset: int = message.offset()  # type: ignore[assignment]  # never None when consumed
+        timestamp = message.timestamp()[1]
         record.topic = topic
         record.offset = offset
         record.timestamp = timestamp
@@ -428,7 +444,7 @@ class KeyParallelTask(StreamTask):
                 message.key(),
                 message.value(),
                 timestamp,
-                message.headers(),
+                message.headers(),  # type: ignore[arg-type]  # consumed: a list of pairs
                 topic,
                 self.partition,
                 offset,
@@ -511,34 +527,20 @@ class KeyParallelTask(StreamTask):
             return len(single.records)
         return sum(len(q.records) for q in self._queue_list)
 
-    def _pull(self, limit: int) -> Iterable[tuple[bytes | None, Entry]]:
+    def _pull(self, limit: int) -> list[Message]:
         """Up to `limit` records from the input queues, in the order one thread
         would process them (oldest head first across topics)."""
-        pulled: list[tuple[bytes | None, Entry]] = []
         single = self._single_queue
         if single is not None:
             records = single.records
-            topic = single.topic
-            for _ in range(min(limit, len(records))):
-                message = records.popleft()
-                pulled.append(
-                    (
-                        message.key(),
-                        Entry(message, topic, message.offset(), message.timestamp()[1]),  # type: ignore[arg-type]
-                    )
-                )
-            return pulled
+            popleft = records.popleft
+            return [popleft() for _ in range(min(limit, len(records)))]
+        pulled: list[Message] = []
         while len(pulled) < limit:
             queue = self._next_queue()
             if queue is None:
                 break
-            message = queue.records.popleft()
-            pulled.append(
-                (
-                    message.key(),
-                    Entry(message, queue.topic, message.offset(), message.timestamp()[1]),  # type: ignore[arg-type]
-                )
-            )
+            pulled.append(queue.records.popleft())
         return pulled
 
 

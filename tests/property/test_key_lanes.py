@@ -12,16 +12,36 @@ every record completes exactly once when nothing fails.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from runtime.processing.key_lanes import Entry, Grab, KeyLanes, LaneResult, RetryPolicy
+from runtime.processing.key_lanes import Grab, KeyLanes, RetryPolicy
 
 TOPIC = "in"
 KEYS = [b"a", b"b", b"c", b"d", None]  # None: records without a key share a lane
+
+
+class FakeRecord:
+    """A consumed record as the bookkeeping reads it."""
+
+    __slots__ = ("_key", "_offset", "_timestamp")
+
+    def __init__(self, key: bytes | None, offset: int, timestamp: int) -> None:
+        self._key, self._offset, self._timestamp = key, offset, timestamp
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def offset(self) -> int:
+        return self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, self._timestamp)
+
+    def topic(self) -> str:
+        return TOPIC
 
 
 class Clock:
@@ -38,7 +58,7 @@ class KeyLanesMachine(RuleBasedStateMachine):
         self.clock = Clock()
         self.retry = RetryPolicy(attempts=2, backoff_ms=10, max_backoff_ms=40)
         self.lanes = KeyLanes([TOPIC], window=10, threads_per_task=3, clock=self.clock)
-        self.queue: deque[tuple[bytes | None, Entry]] = deque()
+        self.queue: deque[FakeRecord] = deque()
         self.next_offset = 0
         self.key_of: dict[int, bytes | None] = {}
         self.timestamp_of: dict[int, int] = {}
@@ -60,9 +80,9 @@ class KeyLanesMachine(RuleBasedStateMachine):
             timestamp = 1000 + offset * 10 - jitter  # not monotonic in offset order
             self.key_of[offset] = key
             self.timestamp_of[offset] = timestamp
-            self.queue.append((key, Entry(object(), TOPIC, offset, timestamp)))
+            self.queue.append(FakeRecord(key, offset, timestamp))
 
-    def pull(self, limit: int) -> Iterable[tuple[bytes | None, Entry]]:
+    def pull(self, limit: int) -> list[FakeRecord]:
         pulled = []
         while self.queue and len(pulled) < limit:
             pulled.append(self.queue.popleft())
@@ -98,17 +118,14 @@ class KeyLanesMachine(RuleBasedStateMachine):
             return
         assert grab.lanes, "an empty grab"
         busy = {
-            lane.key
-            for other in self.threads.values()
-            if other is not None
-            for lane, _ in other.lanes
+            key for other in self.threads.values() if other is not None for key, _ in other.lanes
         }
-        for lane, entries in grab.lanes:
-            assert lane.key not in busy, f"key {lane.key!r} taken by two threads"
-            assert entries, "a lane taken without records"
-            offsets = [e.offset for e in entries]
+        for key, records in grab.lanes:
+            assert key not in busy, f"key {key!r} taken by two threads"
+            assert records, "a lane taken without records"
+            offsets = [r.offset() for r in records]
             assert offsets == sorted(offsets)
-            assert all(self.key_of[o] == lane.key for o in offsets)
+            assert all(self.key_of[o] == key for o in offsets)
         self.threads[name] = grab
 
     @precondition(lambda self: any(g is not None for g in self.threads.values()))
@@ -120,20 +137,28 @@ class KeyLanesMachine(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(busy))
         grab = self.threads[name]
         assert grab is not None
-        results = []
-        for lane, entries in grab.lanes:
-            done = data.draw(st.integers(0, len(entries)))
+        done: list[int] = []
+        to_retry: list[int] = []
+        for index, (key, records) in enumerate(grab.lanes):
+            count = data.draw(st.integers(0, len(records)))
             retry = (
-                done < len(entries)
-                and lane.failures < self.retry.attempts
+                count < len(records)
+                and self.lanes.failures_of(key) < self.retry.attempts
                 and data.draw(st.booleans())
             )
-            results.append(LaneResult(done, retry))
-            for entry in entries[:done]:
-                self.completions[entry.offset] = self.completions.get(entry.offset, 0) + 1
-                self.completed_by_key.setdefault(lane.key, []).append(entry.offset)
-        self.lanes.complete(grab, results, self.retry)
+            done.append(count)
+            if retry:
+                to_retry.append(index)
+            for record in records[:count]:
+                offset = record.offset()
+                self.completions[offset] = self.completions.get(offset, 0) + 1
+                self.completed_by_key.setdefault(key, []).append(offset)
+        self.lanes.complete(grab, done, self.retry, 0.0, to_retry)
         self.threads[name] = None
+        if self.lanes.exclusive_wanted and all(g is None for g in self.threads.values()):
+            # The last grab to finish runs the punctuation that waited for it.
+            assert self.lanes.begin_exclusive()
+            self.lanes.end_exclusive()
         if leave and len(self.threads) > 1:
             del self.threads[name]  # thread removal: after its batch, as the pool does
 
@@ -216,11 +241,12 @@ class KeyLanesMachine(RuleBasedStateMachine):
                     break
                 self.clock.now += 1.0  # retries come due
                 continue
-            for lane, entries in grab.lanes:
-                for entry in entries:
-                    self.completions[entry.offset] = self.completions.get(entry.offset, 0) + 1
-                    self.completed_by_key.setdefault(lane.key, []).append(entry.offset)
-            self.lanes.complete(grab, [LaneResult(len(e)) for _l, e in grab.lanes], self.retry)
+            for key, records in grab.lanes:
+                for record in records:
+                    offset = record.offset()
+                    self.completions[offset] = self.completions.get(offset, 0) + 1
+                    self.completed_by_key.setdefault(key, []).append(offset)
+            self.lanes.complete(grab, [len(r) for _k, r in grab.lanes], self.retry)
         self.keys_complete_in_offset_order_once()
         assert sorted(self.completions) == sorted(self.key_of), "a record never completed"
         if self.key_of:
