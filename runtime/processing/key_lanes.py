@@ -238,7 +238,8 @@ class KeyLanes:
             ready = self._ready
             if not ready:
                 return None
-            fair_share = -(-self.ready_records // self.threads_per_task)
+            # Share the ready records with the threads taking grabs now.
+            fair_share = -(-self.ready_records // (self.active_grabs + 1))
             budget = max(1, min(MAX_GRAB, fair_share, int(GRAB_TARGET_S / self.record_s)))
             pending = self._pending
             blocked = self._blocked

@@ -347,8 +347,19 @@ class TaskManager:
         starving_served = 0.0
         threshold = now - self._starvation_s
         last_served = self._last_served
+        # A key-parallel task other threads hold is joined only when no task
+        # is free: sharing pays where records wait on I/O, and costs where
+        # they are CPU-bound and other tasks have work.
+        shared: StreamTask | None = None
+        shared_buffered = 0
+        sharers = self._sharers
         for task_id, task in self._tasks.items():
             if not self._schedulable(task_id):
+                continue
+            if sharers.get(task_id):
+                buffered = task.buffered
+                if buffered > shared_buffered:
+                    shared, shared_buffered = task, buffered
                 continue
             buffered = task.buffered
             if buffered == 0:
@@ -374,4 +385,6 @@ class TaskManager:
                     best, best_head = task, head
         if starving is not None:
             return starving, next_due
+        if best is None:
+            return shared, next_due
         return best, next_due
