@@ -280,7 +280,8 @@ class App:
         if stop_processing:
             # Key-parallel tasks finish their in-flight records first, so the
             # final commit (its exactly-once barrier) covers all they took.
-            self._task_manager.finish_in_flight(timeout / 2)
+            if self._pool.names():  # only threads can finish them
+                self._task_manager.finish_in_flight(timeout / 2)
             self._pool.stop_all(timeout=max(0.0, deadline - time.monotonic()))
             if self._polling is not None:
                 self._polling.request_stop(commit=True)

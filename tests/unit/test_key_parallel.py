@@ -501,3 +501,27 @@ def test_a_cache_eviction_of_another_key_keeps_that_keys_output_in_order(
     for key, counts in by_key.items():
         assert counts == sorted(counts), f"{key!r}: {counts}"
         assert counts[-1] == 25
+
+
+def test_status_rows_and_the_tasks_table_show_key_parallel_figures() -> None:
+    from runtime.admin.client import format_tasks
+    from runtime.status import AppStatus, TaskStatus
+
+    shared = TaskStatus(
+        "0_0", "RUNNING", "t-1,t-2", ("in-0",), buffered=3, processed=10, skipped=0,
+        dead_lettered=0, key_parallel=True, threads_per_task=8, in_flight=40,
+        watermark_lag=12, parallelism=5.25, retried=2,
+    )  # fmt: skip
+    plain = TaskStatus("1_0", "RUNNING", None, ("other-0",), 0, 1, 0, 0)
+    status = AppStatus("a", "c", "i", "RUNNING", None, "at_least_once", None, (), (shared, plain))
+    again = AppStatus.from_dict(status.to_dict())
+    assert again.tasks == status.tasks
+    lines = format_tasks(status.to_dict()["tasks"]).splitlines()
+    assert lines[0].split() == [
+        "TASK", "STATE", "OWNER", "BUFFERED", "LAG", "PROCESSED", "IN_FLIGHT", "WM_LAG",
+        "PARALLEL", "PARTITIONS",
+    ]  # fmt: skip
+    assert lines[1].split()[6:] == ["40", "12", "5.2/8", "in-0"]
+    assert lines[2].split()[6:] == ["-", "-", "-", "other-0"]
+    # Without key-parallel tasks the table is unchanged.
+    assert "IN_FLIGHT" not in format_tasks([status.to_dict()["tasks"][1]])
