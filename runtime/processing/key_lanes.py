@@ -56,6 +56,10 @@ MAX_GRAB = 64
 GRAB_TARGET_S = 0.001
 # Until measured, records are assumed this slow (one-lane grabs).
 _INITIAL_RECORD_S = 0.001
+# Records faster than this on average (CPU-bound work, which the GIL does not
+# run in parallel anyway) are taken in chunks while nothing else is in
+# flight: no lanes, one thread, the cost of the default mode.
+CHUNK_BELOW_S = 0.0001
 # Most records one `take` moves from the input queues into lanes (bounds how
 # long one thread holds the lanes' lock while dispatching).
 MAX_DISPATCH = 512
@@ -124,15 +128,19 @@ Key = bytes | None
 
 class Grab:
     """What one `take` handed to one thread: whole lanes, each (key, its records
-    in offset order)."""
+    in offset order); or a `chunk`: records straight from the input queue, in
+    offset order, whatever their keys (see `KeyLanes.take`)."""
 
-    __slots__ = ("lanes",)
+    __slots__ = ("lanes", "chunk")
 
-    def __init__(self) -> None:
+    def __init__(self, chunk: list[Any] | None = None) -> None:
         self.lanes: list[tuple[Key, list[Any]]] = []
+        self.chunk = chunk
 
     @property
     def records(self) -> int:
+        if self.chunk is not None:
+            return len(self.chunk)
         return sum(len(records) for _key, records in self.lanes)
 
 
@@ -185,6 +193,7 @@ class KeyLanes:
         self.dispatch_held = False
         self.exclusive_wanted = False
         self._exclusive_running = False
+        self._chunk_active = False
         # Moving average of the time per completed record (sizes grabs).
         self.record_s = _INITIAL_RECORD_S
 
@@ -198,7 +207,7 @@ class KeyLanes:
         backoff = self._backoff
         if backoff and backoff[0][0] <= now:
             count += 1
-        if undispatched and not self.dispatch_held:
+        if undispatched and not self.dispatch_held and not self._chunk_active:
             count += min(undispatched, max(0, self.window - self.in_flight))
         return count
 
@@ -231,7 +240,18 @@ class KeyLanes:
             backoff = self._backoff
             if backoff and backoff[0][0] <= self._clock():
                 self._end_backoffs()
-            if undispatched and not self.dispatch_held:
+            if self._chunk_active:
+                return None  # the chunk's keys are unknown: nothing else runs beside it
+            fast = (
+                self.record_s < CHUNK_BELOW_S
+                and self._single_topic is not None
+                and not self.dispatch_held
+            )
+            if fast and undispatched and not self.in_flight and not self.active_grabs:
+                return self._take_chunk(pull)
+            # Fast records: let the lanes drain (chunks follow) unless nothing
+            # in them is ready (keys busy or backing off).
+            if undispatched and not self.dispatch_held and not (fast and self._ready):
                 room = self.window - self.in_flight
                 if room > 0:
                     self._dispatch(pull(min(room, MAX_DISPATCH)))
@@ -255,6 +275,50 @@ class KeyLanes:
             self.ready_records -= taken
             self.active_grabs += 1
             return grab
+
+    def _take_chunk(self, pull: Pull) -> Grab | None:
+        """Nothing in flight and records are fast: the next records straight
+        from the input queue, in offset order, as one grab (under the lock)."""
+        records = pull(min(MAX_GRAB, self.window, max(1, int(GRAB_TARGET_S / self.record_s))))
+        if not records:
+            return None
+        count = len(records)
+        self.in_flight += count
+        self.dispatched_total += count
+        self.active_grabs += 1
+        self._chunk_active = True
+        return Grab(records)
+
+    def _complete_chunk(
+        self, chunk: list[Any], done: int, retry: RetryPolicy, retrying: bool
+    ) -> int:
+        """A chunk is the whole in-flight set: its done prefix is the watermark's
+        next step; the rest goes into lanes (the first record's key into
+        backoff when it is to be retried). Under the lock."""
+        self._chunk_active = False
+        if done:
+            stream_time = self.stream_time
+            for record in chunk[:done]:
+                timestamp = record.timestamp()[1]
+                if timestamp > stream_time:
+                    stream_time = timestamp
+            self.stream_time = stream_time
+            assert self._single_topic is not None
+            self.done_offsets[self._single_topic] = chunk[done - 1].offset()
+            self.failures.clear()
+        rest = chunk[done:]
+        if rest:
+            self.in_flight -= len(rest)
+            self.dispatched_total -= len(rest)
+            if retrying:
+                key = rest[0].key()
+                self.failures[key] = attempt = self.failures.get(key, 0) + 1
+                self._blocked[key] = _BACKOFF
+                self._backoff_seq += 1
+                due = self._clock() + retry.delay_s(attempt)
+                heapq.heappush(self._backoff, (due, self._backoff_seq, key))
+            self._dispatch(rest)
+        return done
 
     def _end_backoffs(self) -> None:
         now = self._clock()
@@ -308,6 +372,14 @@ class KeyLanes:
         """
         with self._lock:
             retrying = set(to_retry)
+            if grab.chunk is not None:
+                count = done[0] if done else 0
+                completed = self._complete_chunk(grab.chunk, count, retry, 0 in retrying)
+                self._note_time(busy_s, completed + len(retrying))
+                self.in_flight -= completed
+                self.completed_total += completed
+                self.active_grabs -= 1
+                return completed
             pending = self._pending
             blocked = self._blocked
             unadvanced = self._unadvanced
@@ -349,9 +421,7 @@ class KeyLanes:
                     ready.append(key)
                     ready_added += len(waiting)
             self.ready_records += ready_added
-            attempted = completed + len(retrying)
-            if attempted and busy_s > 0.0:
-                self.record_s = 0.8 * self.record_s + 0.2 * max(busy_s / attempted, 1e-7)
+            self._note_time(busy_s, completed + len(retrying))
             self.in_flight -= completed
             self.completed_total += completed
             self.completed_beyond += completed
@@ -359,6 +429,10 @@ class KeyLanes:
                 self._advance()
             self.active_grabs -= 1
             return completed
+
+    def _note_time(self, busy_s: float, attempted: int) -> None:
+        if attempted and busy_s > 0.0:
+            self.record_s = 0.8 * self.record_s + 0.2 * max(busy_s / attempted, 1e-7)
 
     def _advance(self) -> None:
         """Move the watermark over the completed head of the dispatch order.

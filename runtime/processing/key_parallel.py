@@ -396,6 +396,22 @@ class KeyParallelTask(StreamTask):
         single_topic = self._single_queue.topic if self._single_queue is not None else None
         process_one = self._process_one
         try:
+            if grab.chunk is not None:
+                # Fast records, nothing else in flight: in offset order, one thread.
+                count = 0
+                for message in grab.chunk:
+                    try:
+                        ok = process_one(record, message, single_topic, 0)
+                    except TaskFailedError as exc:
+                        failure = exc
+                        break
+                    if not ok:
+                        to_retry.append(0)
+                        break
+                    count += 1
+                    if count & 15 == 0 and monotonic() >= deadline:
+                        break
+                done.append(count)
             for key, messages in grab.lanes:
                 count = 0
                 failures = failures_of.get(key, 0) if failures_of else 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -116,7 +116,17 @@ class KeyLanesMachine(RuleBasedStateMachine):
         assert self.lanes.in_flight <= self.lanes.window
         if grab is None:
             return
-        assert grab.lanes, "an empty grab"
+        assert grab.lanes or grab.chunk, "an empty grab"
+        event("chunk" if grab.chunk is not None else "lanes")
+        if grab.chunk is not None:
+            # A chunk: records straight from the input, only when nothing else
+            # was in flight; nothing else is taken beside it.
+            assert all(other is None for other in self.threads.values())
+            offsets = [r.offset() for r in grab.chunk]
+            assert offsets == sorted(offsets)
+            assert not self.lanes.pending_keys()
+            self.threads[name] = grab
+            return
         busy = {
             key for other in self.threads.values() if other is not None for key, _ in other.lanes
         }
@@ -139,6 +149,15 @@ class KeyLanesMachine(RuleBasedStateMachine):
         assert grab is not None
         done: list[int] = []
         to_retry: list[int] = []
+        if grab.chunk is not None:
+            count = data.draw(st.integers(0, len(grab.chunk)))
+            done.append(count)
+            if count < len(grab.chunk) and data.draw(st.booleans()):
+                to_retry.append(0)
+            for record in grab.chunk[:count]:
+                offset = record.offset()
+                self.completions[offset] = self.completions.get(offset, 0) + 1
+                self.completed_by_key.setdefault(record.key(), []).append(offset)
         for index, (key, records) in enumerate(grab.lanes):
             count = data.draw(st.integers(0, len(records)))
             retry = (
@@ -161,6 +180,11 @@ class KeyLanesMachine(RuleBasedStateMachine):
             self.lanes.end_exclusive()
         if leave and len(self.threads) > 1:
             del self.threads[name]  # thread removal: after its batch, as the pool does
+
+    @rule(fast=st.booleans())
+    def records_get_faster_or_slower(self, fast: bool) -> None:
+        """The measured time per record: below CHUNK_BELOW_S, chunks are taken."""
+        self.lanes.record_s = 1e-6 if fast else 1e-3
 
     @rule(seconds=st.sampled_from([0.005, 0.02, 0.1]))
     def time_passes(self, seconds: float) -> None:
@@ -241,12 +265,18 @@ class KeyLanesMachine(RuleBasedStateMachine):
                     break
                 self.clock.now += 1.0  # retries come due
                 continue
-            for key, records in grab.lanes:
+            taken = list(grab.lanes)
+            if grab.chunk is not None:
+                taken = [(r.key(), [r]) for r in grab.chunk]
+            for key, records in taken:
                 for record in records:
                     offset = record.offset()
                     self.completions[offset] = self.completions.get(offset, 0) + 1
                     self.completed_by_key.setdefault(key, []).append(offset)
-            self.lanes.complete(grab, [len(r) for _k, r in grab.lanes], self.retry)
+            if grab.chunk is not None:
+                self.lanes.complete(grab, [len(grab.chunk)], self.retry)
+            else:
+                self.lanes.complete(grab, [len(r) for _k, r in grab.lanes], self.retry)
         self.keys_complete_in_offset_order_once()
         assert sorted(self.completions) == sorted(self.key_of), "a record never completed"
         if self.key_of:
