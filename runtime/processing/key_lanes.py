@@ -60,6 +60,11 @@ _INITIAL_RECORD_S = 0.001
 # run in parallel anyway) are taken in chunks while nothing else is in
 # flight: no lanes, one thread, the cost of the default mode.
 CHUNK_BELOW_S = 0.0001
+# A chunk takes about this long (at most MAX_CHUNK records): one thread works
+# the task meanwhile, so chunks amortise their hand-over and locks as the
+# default mode's batches do.
+CHUNK_TARGET_S = 0.01
+MAX_CHUNK = 2048
 # Most records one `take` moves from the input queues into lanes (bounds how
 # long one thread holds the lanes' lock while dispatching).
 MAX_DISPATCH = 512
@@ -279,7 +284,7 @@ class KeyLanes:
     def _take_chunk(self, pull: Pull) -> Grab | None:
         """Nothing in flight and records are fast: the next records straight
         from the input queue, in offset order, as one grab (under the lock)."""
-        records = pull(min(MAX_GRAB, self.window, max(1, int(GRAB_TARGET_S / self.record_s))))
+        records = pull(min(MAX_CHUNK, self.window, max(1, int(CHUNK_TARGET_S / self.record_s))))
         if not records:
             return None
         count = len(records)
