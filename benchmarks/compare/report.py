@@ -402,8 +402,8 @@ _WHY = [
     "(rule 1), so the hot partition (80% of the records) bounds both models: the best "
     "possible throughput ratio is 1.11x at 2 threads, 1.04x at 4, 1.00x at 1 and 8. Dynamic "
     "scheduling shows in when the cold partitions' records are through (the line above); "
-    "lifting the hot partition's bound needs key-parallel processing inside a task, which "
-    "is not built yet.",
+    "lifting the hot partition's bound needs key-parallel processing inside a task "
+    "(`num.threads.per.task`: model keypar, its own section when it ran).",
     "- **Restore 2x.** The runtime keeps up with the offered rate at every thread count while "
     "the restore runs; the baseline falls behind only where a thread that restores also owns "
     "processing tasks (1 thread: everything stops; 2: half; 4: a quarter; 8: none), so the "
