@@ -12,25 +12,36 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 
-def write(out_dir: str, name: str, result: dict[str, Any]) -> list[str]:
+def write_files(
+    out_dir: str,
+    name: str,
+    result: dict[str, Any],
+    render: Callable[[dict[str, Any]], str],
+    draw: Callable[[], list[str]],
+) -> list[str]:
+    """``<out>/<name>.json`` (everything) and ``.md`` (``render(result)``), then
+    whatever ``draw()`` plots; the paths written. Shared by every benchmark's report."""
     os.makedirs(out_dir, exist_ok=True)
-    paths = []
     json_path = os.path.join(out_dir, f"{name}.json")
     with open(json_path, "w") as f:
-        json.dump(result, f, indent=2, default=str)
+        json.dump(result, f, indent=1, default=str)
         f.write("\n")
-    paths.append(json_path)
     md_path = os.path.join(out_dir, f"{name}.md")
     with open(md_path, "w") as f:
-        f.write(markdown(result))
-    paths.append(md_path)
-    png = plot(out_dir, name, result)
-    if png:
-        paths.append(png)
-    return paths
+        f.write(render(result))
+    return [json_path, md_path, *draw()]
+
+
+def write(out_dir: str, name: str, result: dict[str, Any]) -> list[str]:
+    def draw() -> list[str]:
+        png = plot(out_dir, name, result)
+        return [png] if png else []
+
+    return write_files(out_dir, name, result, markdown, draw)
 
 
 def _rate(s: dict[str, float] | None) -> str:

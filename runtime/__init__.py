@@ -13,6 +13,7 @@ from runtime.app import (
     ExceptionHandlerResponse,
     IllegalStateError,
 )
+from runtime.collector.static_partitioner import VirtualPartitioner
 from runtime.config import ConfigError, StreamsConfig, load_config
 from runtime.polling.topics import TopicError
 from runtime.processing.queries import StoreUnavailableError
@@ -62,6 +63,7 @@ __all__ = [
     "TopicError",
     "Topology",
     "TopologyError",
+    "VirtualPartitioner",
     "load_config",
     "serdes",
 ]

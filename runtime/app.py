@@ -36,6 +36,9 @@ from runtime.startup_checks import check_startup
 from runtime.state.cache import CacheBudget
 from runtime.state.cleanup import CleanupThread
 from runtime.state.placement import ShutdownRequest, status_topic_name
+from runtime.state.remote.capture import SnapshotCapture
+from runtime.state.remote.manager import RemoteState
+from runtime.state.remote.settings import RemoteSettings
 from runtime.state.restoration import RestorationThread
 from runtime.status import AppStatus, RestoreProgress, TaskStatus, ThreadStatus
 from runtime.topology.serdes import serde_from_name
@@ -142,6 +145,7 @@ class App:
         self.failed_threads = 0
         self._layout: TopicLayout | None = None
         self._started_at: float | None = None
+        self._capture: SnapshotCapture | None = None  # remote state, polling thread side
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -201,14 +205,32 @@ class App:
                 partition_counts=self._layout.partitions,
                 state_dir=config.state_dir,
                 cache_budget=CacheBudget(config.cache_max_bytes),
+                static_partitioner=config.static_partitioner,
                 key_parallel=key_parallel_settings(config),
             )
+            if config.static_partitioner is not None:
+                for sink, topic in self.topology.partitioned_sinks():
+                    log.warning(
+                        "sink_partitioner_ignored",
+                        sink=sink,
+                        topic=topic,
+                        reason="static.partitioner is set: it partitions every sink",
+                    )
             # The state manager's thread; it also reads the status topic, so
             # even a stateless app has one (its consumer is the third client).
+            # Remote state (state.remote.url): snapshots are taken at commits
+            # and uploaded/downloaded by the restoration thread.
+            remote_settings = RemoteSettings.from_config(config)
+            remote = (
+                RemoteState(remote_settings, config.state_dir, self.instance_id)
+                if remote_settings is not None and has_state
+                else None
+            )
             self._restoration = RestorationThread(
                 f"{config.client_id}-RestorationThread",
                 restore_consumer_config(config),
                 status_topic,
+                remote=remote,
             )
             self._polling = PollingThread(
                 config,
@@ -226,6 +248,9 @@ class App:
                 self._restoration,
                 self.instance_id,
             )
+            if remote is not None:
+                self._capture = remote.capture(self._restoration.add_upload)
+                self._polling.committer.after_commit = self._capture.after_commit
             if has_state:
                 self._cleanup = CleanupThread(
                     f"{config.client_id}-CleanupThread",
@@ -546,6 +571,17 @@ class App:
 
     # --- observability -----------------------------------------------------------
 
+    def _remote_state_figures(self) -> dict[str, Any] | None:
+        restoration = self._restoration
+        if restoration is None or restoration.remote is None:
+            return None
+        figures = restoration.remote.stats.as_dict()
+        capture = self._capture
+        if capture is not None:
+            figures["captures"] = capture.captured
+            figures["capture_seconds"] = round(capture.capture_seconds, 3)
+        return figures
+
     def status(self) -> AppStatus:
         """A typed snapshot for metrics, the autoscaler, the admin socket, the
         demo and tests (any thread; see runtime.status)."""
@@ -617,6 +653,8 @@ class App:
             failed_threads=self.failed_threads,
             failure=repr(self._failure) if self._failure else None,
             restored=restoration.restored_total if restoration else 0,
+            restores=dict(restoration.restores) if restoration else {},
+            remote_state=self._remote_state_figures(),
             standbys=dict(restoration.standby_positions) if restoration else {},
             processed=sum(t.processed_count for t in live_tasks),
             skipped=sum(t.skipped_count for t in live_tasks),
@@ -650,4 +688,9 @@ class App:
             startup_phase=polling.startup.phase,
             waiting_for=polling.startup.waiting_for,
             startup_phase_since=polling.startup.phase_since,
+            partitions=dict(sorted(self._layout.partitions.items())) if self._layout else {},
+            partition_expansions=polling.expansion.expansions,
+            tasks_created_by_expansion=polling.tasks.created_by_expansion,
+            held_partitions=[f"{t}-{p}" for t, p in sorted(polling.tasks.held)],
+            expansion_waiting_for=polling.expansion.waiting_for,
         )

@@ -5,7 +5,8 @@ the admin loop (`runtime.admin.daemon.run_daemon`): signals in gunicorn's shape
 (SIGTERM/SIGINT close the app gracefully, SIGTTIN adds a processing thread,
 SIGTTOU removes one), the admin socket and the metrics endpoint. Exit codes:
 0 clean shutdown, 1 the app failed, 2 bad input (config, topology, topics).
-`topics create` makes a topology's missing source and sink topics.
+`topics create` makes a topology's missing source and sink topics; `expand`
+grows an input topic and everything downstream of it (partition expansion).
 `admin` talks to a running daemon over its socket (`runtime.admin.client`).
 `audit` and `backfill` are Spark jobs (`runtime.spark`): exit 0 on success,
 1 on a mismatch or a failed job, 2 on bad input (including no Java).
@@ -157,6 +158,48 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
         print(f"{verb}  {topic.name.ljust(width)}  {topic.partitions} partition{plural}")
     if not topics:
         print("the topology reads and writes no topics of its own")
+    return EXIT_OK
+
+
+def cmd_expand(args: argparse.Namespace) -> int:
+    """Grow an input topic and everything downstream of it, downstream first."""
+    loaded = load_config_and_topology(args, log_level="warning")
+    if isinstance(loaded, int):
+        return loaded
+    config, topology = loaded
+    from runtime.config import ConfigError
+    from runtime.polling.cluster import StartupAdmin
+    from runtime.polling.expand_command import expand_topic
+    from runtime.polling.topics import TopicError
+    from runtime.startup_checks import check_client_properties
+
+    if config.static_partitioner is None and not args.force:
+        print(
+            f"streams-runtime expand: static.partitioner is not set for {config.application_id!r}: "
+            "its running instances would stop when the topic grows (Kafka's default "
+            "partitioner moves keys away from their state). Set static.partitioner (here and "
+            "in the app's config), or pass --force and repartition the app offline.",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    try:
+        check_client_properties(config)
+        admin = StartupAdmin(config)
+        admin.wait_for_cluster()
+        topics = expand_topic(
+            admin.client, topology, config.application_id, args.topic, args.partitions
+        )
+    except (ConfigError, TopicError) as exc:
+        print(f"streams-runtime expand: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("streams-runtime expand: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    width = max((len(t.name) for t in topics), default=0)
+    for topic in topics:
+        verb = "expanded " if topic.grown else "unchanged"
+        counts = f"{topic.before} -> {topic.after}" if topic.grown else f"{topic.after}"
+        print(f"{verb}  {topic.name.ljust(width)}  {counts}  ({topic.role})")
     return EXIT_OK
 
 
@@ -443,6 +486,36 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", metavar="key=value", help="a configuration value (repeatable)"
     )
     create.set_defaults(func=cmd_topics_create)
+
+    expand = sub.add_parser(
+        "expand",
+        help="grow an input topic and everything downstream of it (partition expansion)",
+        description=(
+            "Grow TOPIC, an input topic of MODULE:ATTR, to N partitions, and before it, "
+            "downstream first: the output topics written downstream of it, the app's internal "
+            "topics (application.id from --config/--set) and the topics co-partitioned with "
+            "it. Topics that have N already are left alone, so it may be run again. A running "
+            "app with static.partitioner follows the expansion live; without one it stops, "
+            "so this refuses unless --force."
+        ),
+    )
+    expand.add_argument(
+        "target", metavar="MODULE:ATTR", help="a Topology or a function returning one"
+    )
+    expand.add_argument("topic", metavar="TOPIC", help="the input topic to grow")
+    expand.add_argument(
+        "--partitions", type=_positive_int, metavar="N", required=True, help="the new count"
+    )
+    expand.add_argument(
+        "--force",
+        action="store_true",
+        help="expand even without static.partitioner (the app must then be repartitioned offline)",
+    )
+    expand.add_argument("--config", metavar="app.toml", help="TOML configuration file")
+    expand.add_argument(
+        "--set", action="append", metavar="key=value", help="a configuration value (repeatable)"
+    )
+    expand.set_defaults(func=cmd_expand)
 
     broker = sub.add_parser(
         "broker",

@@ -25,6 +25,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
+from runtime.collector.static_partitioner import (
+    check_static_partitioner,
+    static_partitioner_from_name,
+)
 from runtime.config_values import (
     JAVA_INT_MAX,
     JAVA_LONG_MAX,
@@ -35,9 +39,11 @@ from runtime.config_values import (
     THREADS_CEILING,
     check_bootstrap_servers,
     check_host,
+    check_http_url,
     check_name,
     check_no_controls,
     check_path,
+    check_remote_url,
     check_socket_path,
     clamp_wait_s,
     close_match,
@@ -106,7 +112,7 @@ class _Required:
 
 REQUIRED: Any = _Required()
 
-Kind = Literal["str", "int", "bool", "enum", "serde"]
+Kind = Literal["str", "int", "bool", "enum", "serde", "partitioner"]
 Default = Any  # a plain value, REQUIRED, or Callable[[Mapping[str, Any]], Any]
 
 # ASCII digits only: Python's int() also takes "５" and "1_000", which no other
@@ -165,6 +171,10 @@ class ConfigKey:
             return "one of " + ", ".join(repr(c) for c in self.choices)
         if self.kind == "serde":
             return f"a serde: one of {sorted(BUILTIN)} or 'module:attr'"
+        if self.kind == "partitioner":
+            return (
+                "'module:attr' naming an object with static_partition(topic, key, num_partitions)"
+            )
         if self.pattern is not None:
             return f"a string matching {self.pattern}"
         return "a non-empty string"
@@ -184,6 +194,8 @@ class ConfigKey:
             return self._parse_enum(value)
         if self.kind == "serde":
             return self._parse_serde(value)
+        if self.kind == "partitioner":
+            return self._parse_partitioner(value)
         return self._parse_str(value)
 
     def _bad(self, value: Any, hint: str = "") -> _Invalid:
@@ -255,6 +267,27 @@ class ConfigKey:
             return value
         raise self._bad(value)
 
+    def _parse_partitioner(self, value: Any) -> Any:
+        """`module:attr` (imported; a class is made with no arguments) or, from
+        code, the object itself."""
+        if isinstance(value, str):
+            if len(value) > MAX_SERDE_CHARS:
+                raise self._bad(value)
+            try:
+                return static_partitioner_from_name(value)
+            except ValueError as exc:
+                raise _Invalid(str(exc)) from None
+            except (Exception, SystemExit) as exc:  # the user's module failed
+                raise _Invalid(
+                    f"cannot resolve {show_value(value)}: {type(exc).__name__}: {exc}"
+                ) from None
+        if isinstance(value, (int, float, bytes, list, dict, type)) or value is None:
+            raise self._bad(value)
+        try:
+            return check_static_partitioner(value, show_value(value))
+        except ValueError as exc:
+            raise _Invalid(str(exc)) from None
+
     def _parse_str(self, value: Any) -> str:
         if not isinstance(value, str) or not value.strip():
             raise self._bad(value)
@@ -279,6 +312,8 @@ class ConfigKey:
             return "one of " + ", ".join(f"`{c}`" for c in self.choices)
         if self.kind == "serde":
             return "serde: " + ", ".join(f"`{n}`" for n in BUILTIN) + " or `module:attr`"
+        if self.kind == "partitioner":
+            return "`module:attr` or unset"
         text = "string"
         if self.pattern is not None:
             text += f" matching `{self.pattern}`"
@@ -388,10 +423,17 @@ class StreamsConfig:
     replication_factor: int = setting("replication.factor", "int", -1, "Replication factor of topics the runtime creates; -1: the broker's default.", min=1, max=32767, also=(-1,))
     topics_create_missing: bool = setting("topics.create.missing", "bool", False, "Create the topology's missing source and sink topics at start-up, with `topics.create.partitions` partitions (a topic co-partitioned with an existing one gets its count) and `replication.factor`, as `streams-runtime topics create` does. Off: a missing topic stops start-up (exit 2). Internal topics are always created.")
     topics_create_partitions: int = setting("topics.create.partitions", "int", 1, "Partitions of the source and sink topics `topics.create.missing` and `streams-runtime topics create` make (the command's `--partitions` wins); the number of tasks, so of processing threads that can work at once, per subtopology.", min=1, max=JAVA_INT_MAX)
+    static_partitioner: Any = setting("static.partitioner", "partitioner", None, "Static partitioner of every sink and repartition topic: an object (or a class made with no arguments) with `static_partition(topic, key, num_partitions) -> int`, which must keep each key on its partition for good, and optionally `on_partition_expansion(old_count, new_count)` (run once per expansion, on one instance). Keys then never move, and the app follows partition increases of its input topics live. Ready-made: name an instance of `runtime.VirtualPartitioner` (see Partition expansion in the README). A partitioner given to one `to()`/`repartition()` is then ignored, with a warning at start-up. Unset: Kafka's default partitioner, and a partition increase of an input topic stops the app.", nullable=True)
+    partition_check_interval_ms: int = setting("partition.check.interval.ms", "int", 5000, f"How often (ms) the polling thread reads the partition counts of the app's topics (one DescribeTopics request, without blocking the loop); the main consumer's metadata refresh follows the same interval unless `consumer.topic.metadata.refresh.interval.ms` is set. Bounds how late a partition increase is noticed. {_WAIT_DOC}", min=100, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS)
     log_level: LogLevel = setting("log.level", "enum", "info", "Log level of the runtime.", choices=_LOG_LEVELS)
     cache_max_bytes: int = setting("cache.max.bytes", "int", 10485760, "Bytes of store cache shared by ALL tasks and threads of the process (adding threads does not add cache); 0 turns caching off.", min=0, max=JAVA_LONG_MAX)
     num_standby_replicas: int = setting("num.standby.replicas", "int", 0, "Warm copies of each stateful task kept on other instances, for fast fail-over.", min=0, max=JAVA_INT_MAX)
     state_cleanup_delay_ms: int = setting("state.cleanup.delay.ms", "int", 600000, "How long (ms) a task's state directory may stay unused here before it is deleted.", min=0, max=JAVA_LONG_MAX)
+    state_remote_url: str | None = setting("state.remote.url", "str", None, "Remote state: `s3://bucket/prefix` where snapshots of each task's RocksDB stores go (needs the `remote` extra, boto3). Credentials and region come from the usual AWS variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`, `AWS_PROFILE`, ...). Unset: off.", nullable=True, max_length=1024, check=check_remote_url)
+    state_remote_endpoint: str | None = setting("state.remote.endpoint", "str", None, "Endpoint URL of an S3-compatible server (`http://host:port`; path-style addressing); unset: AWS S3.", nullable=True, max_length=1024, check=check_http_url)
+    state_remote_checkpoint_interval_ms: int = setting("state.remote.checkpoint.interval.ms", "int", 300000, "How often (ms) each task's stores are snapshotted to `state.remote.url` (at the first commit after the interval; a task whose stores did not change is skipped).", min=1000, max=JAVA_LONG_MAX)
+    state_remote_snapshots_retained: int = setting("state.remote.snapshots.retained", "int", 3, "Snapshots kept per task; older ones, and files no kept snapshot uses, are deleted after each upload.", min=1, max=1000)
+    state_remote_snapshot_max_age_ms: int = setting("state.remote.snapshot.max.age.ms", "int", 43200000, "A snapshot older than this (ms) is not restored from. Keep it below the changelogs' `delete.retention.ms` (Kafka's default: 1 day): a compacted changelog may have dropped the tombstones of keys deleted after an older snapshot.", min=1000, max=JAVA_LONG_MAX)
     shutdown_timeout_ms: int = setting("shutdown.timeout.ms", "int", 30000, f"How long (ms) a graceful shutdown may take, final commit included. {_WAIT_DOC}", min=0, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS)
     admin_socket: str | None = setting("admin.socket", "str", None, "Path of the admin Unix socket (`streams-runtime admin`); unset: no socket. At most 107 bytes as an absolute path.", nullable=True, check=check_socket_path)
     admin_socket_max_connections: int = setting("admin.socket.max.connections", "int", 32, "Admin socket clients connected at once; one more is told it is busy and closed (each holds a file descriptor).", min=1, max=4096)
@@ -473,6 +515,9 @@ class StreamsConfig:
             value = getattr(self, spec.attr)
             if spec.kind == "serde":
                 value = _serde_name(value, self.raw.get(spec.name))
+            elif spec.kind == "partitioner" and value is not None:
+                given = self.raw.get(spec.name)
+                value = given if isinstance(given, str) else repr(value)
             out[spec.name] = value
         for prefix, attr in _PASSTHROUGH_ATTRS:
             for prop, value in getattr(self, attr).items():

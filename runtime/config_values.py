@@ -183,3 +183,54 @@ def check_path(value: str) -> None:
 
 
 MAX_SERDE_CHARS = 1000
+
+
+# S3's bucket naming rules (3-63 characters: lower-case letters, digits, dots,
+# hyphens; a letter or digit at each end).
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", re.ASCII)
+
+
+def parse_remote_url(value: str) -> tuple[str, str]:
+    """`s3://bucket/prefix` -> (bucket, prefix without slashes at its ends).
+
+    The prefix may be empty; its parts must not be empty, "." or "..".
+    Raises `Invalid`.
+    """
+    check_no_controls(value)
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme.lower() != "s3":
+        raise Invalid(f"expected s3://bucket/prefix, got {show_value(value)}")
+    bucket, _, prefix = rest.partition("/")
+    if not _BUCKET.fullmatch(bucket):
+        raise Invalid(
+            f"{show_value(bucket)} is not an S3 bucket name (3-63 characters: a-z, 0-9, "
+            "'.', '-', starting and ending with a letter or digit)"
+        )
+    prefix = prefix.strip("/")
+    if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
+        raise Invalid(f"the prefix {show_value(prefix)} has an empty, '.' or '..' part")
+    return bucket, prefix
+
+
+def check_remote_url(value: str) -> None:
+    parse_remote_url(value)
+
+
+def check_http_url(value: str) -> None:
+    """An endpoint URL: http(s)://host[:port][/path]."""
+    check_no_controls(value)
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        raise Invalid(f"expected http://host:port or https://host:port, got {show_value(value)}")
+    hostport = rest.split("/", 1)[0]
+    if not hostport:
+        raise Invalid(f"no host in {show_value(value)}")
+    host, port = hostport, ""
+    if hostport.startswith("["):
+        host, _, tail = hostport[1:].partition("]")
+        port = tail[1:] if tail.startswith(":") else ""
+    elif ":" in hostport:
+        host, _, port = hostport.rpartition(":")
+    check_host(host)
+    if port:
+        check_port(port, show_value(hostport))

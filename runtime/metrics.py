@@ -97,6 +97,22 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "gauge",
         "Changelog records a restoring task still has to apply.",
     ),
+    "streams_task_restore_seconds": (
+        "gauge",
+        "Duration of a task's last restore, labelled with its source (changelog or snapshot+tail).",
+    ),
+    "streams_remote_snapshots_uploaded": ("counter", "Remote state snapshots uploaded."),
+    "streams_remote_snapshot_failures": ("counter", "Remote state snapshot uploads that failed."),
+    "streams_remote_uploaded_bytes": ("counter", "Bytes of snapshot files uploaded."),
+    "streams_remote_downloaded_bytes": ("counter", "Bytes of snapshot files downloaded."),
+    "streams_remote_snapshot_restore_failures": (
+        "counter",
+        "Restores that found no usable snapshot, or a store that failed to install.",
+    ),
+    "streams_task_last_snapshot_timestamp_seconds": (
+        "gauge",
+        "Wall-clock time the newest uploaded snapshot of each task was taken.",
+    ),
     "streams_dropped_records": ("counter", "Records a node dropped on purpose, by reason."),
     "streams_last_commit_timestamp_seconds": (
         "gauge",
@@ -134,6 +150,27 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "Processing threads that failed with an uncaught error.",
     ),
     "streams_broker_unreachable": ("gauge", "1 while the brokers are unreachable, else 0."),
+    "streams_topic_partitions": (
+        "gauge",
+        "Partition count in force per topic of the app (grows with a followed expansion).",
+    ),
+    "streams_partition_expansions": (
+        "counter",
+        "Partition expansions of input topics this instance followed.",
+    ),
+    "streams_tasks_created_by_expansion": (
+        "counter",
+        "Tasks created here for partition numbers the app did not have at start-up.",
+    ),
+    "streams_held_partitions": (
+        "gauge",
+        "Assigned partitions held back from becoming tasks (expansion not followed yet, "
+        "or co-partitioned partitions not all here).",
+    ),
+    "streams_partition_expansion_waiting": (
+        "gauge",
+        "1 while an expansion waits (co-partitioned topics differ, internal topics growing).",
+    ),
     "streams_process_batch_seconds": (
         "summary",
         "Time processing threads spent per task batch (count and sum, per thread).",
@@ -165,6 +202,26 @@ def _gauge(name: str, value: Any = None, labels: list[str] | None = None) -> Gau
     if labels is not None:
         return GaugeMetricFamily(name, FAMILIES[name][1], labels=labels)
     return GaugeMetricFamily(name, FAMILIES[name][1], value=float(value or 0))
+
+
+def _remote_state_metrics(status: Any) -> Any:
+    restore_seconds = _gauge("streams_task_restore_seconds", labels=["task", "source"])
+    for task_id, restore in sorted(status.restores.items()):
+        restore_seconds.add_metric([task_id, str(restore["source"])], float(restore["seconds"]))
+    yield restore_seconds
+    # Zero when remote state is off: every family is always exposed.
+    remote = status.remote_state or {"last_snapshot": {}}
+    yield _counter("streams_remote_snapshots_uploaded", remote.get("snapshots_uploaded", 0))
+    yield _counter("streams_remote_snapshot_failures", remote.get("snapshot_failures", 0))
+    yield _counter("streams_remote_uploaded_bytes", remote.get("bytes_uploaded", 0))
+    yield _counter("streams_remote_downloaded_bytes", remote.get("bytes_downloaded", 0))
+    yield _counter(
+        "streams_remote_snapshot_restore_failures", remote.get("snapshot_restore_failures", 0)
+    )
+    last = _gauge("streams_task_last_snapshot_timestamp_seconds", labels=["task"])
+    for task_id, snapshot in sorted(remote["last_snapshot"].items()):
+        last.add_metric([task_id], float(snapshot["created"]))
+    yield last
 
 
 class AppCollector(Collector):
@@ -219,6 +276,7 @@ class AppCollector(Collector):
             if task.restore is not None and task.restore.remaining >= 0:
                 remaining.add_metric([task.id], float(task.restore.remaining))
         yield remaining
+        yield from _remote_state_metrics(status)
         dropped = CounterMetricFamily(
             "streams_dropped_records", FAMILIES["streams_dropped_records"][1], labels=["reason"]
         )
@@ -250,6 +308,16 @@ class AppCollector(Collector):
         yield _gauge("streams_processing_threads_alive", alive)
         yield _counter("streams_failed_processing_threads", status.failed_threads)
         yield _gauge("streams_broker_unreachable", 1 if status.broker_down_since is not None else 0)
+
+        partitions = _gauge("streams_topic_partitions", labels=["topic"])
+        for topic, count in status.partitions.items():
+            partitions.add_metric([topic], float(count))
+        yield partitions
+        yield _counter("streams_partition_expansions", status.partition_expansions)
+        yield _counter("streams_tasks_created_by_expansion", status.tasks_created_by_expansion)
+        yield _gauge("streams_held_partitions", len(status.held_partitions))
+        waiting = 1 if status.expansion_waiting_for is not None else 0
+        yield _gauge("streams_partition_expansion_waiting", waiting)
 
         batches = SummaryMetricFamily(
             "streams_process_batch_seconds",

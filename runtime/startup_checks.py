@@ -1,4 +1,5 @@
-"""Start-up checks of the config that need the machine: state.dir and client properties.
+"""Start-up checks of the config that need the machine: state.dir, client
+properties, and the remote state bucket.
 
 `StreamsConfig` validates each value on its own, without touching the file
 system or librdkafka. What only the machine can answer is checked here, before
@@ -6,7 +7,10 @@ anything starts (`App.start` calls `check_startup` first): whether `state.dir`
 can be created and written, and whether librdkafka takes the pass-through
 properties (`consumer.*`, `producer.*`, `restore.consumer.*`, `admin.*`).
 Each failure is a `ConfigError` naming the key, so `streams-runtime run` exits 2
-with a message instead of failing after the group join.
+with a message instead of failing after the group join. With `state.remote.url`
+set, the bucket must answer a HEAD request (and boto3 must be installed): a
+wrong bucket, wrong credentials or an unreachable endpoint stop start-up here
+rather than every snapshot failing later.
 
 The clients are built from the same functions the runtime uses
 (`runtime.polling.clients`) with `bootstrap.servers` emptied, so librdkafka
@@ -36,7 +40,7 @@ from runtime.polling.clients import (
     restore_consumer_config,
 )
 
-__all__ = ["check_client_properties", "check_startup", "check_state_dir"]
+__all__ = ["check_client_properties", "check_remote_state", "check_startup", "check_state_dir"]
 
 # librdkafka names the property in quotes or backticks: `No such configuration
 # property: "foo"`, `Invalid value for configuration property "x"`, "`acks`
@@ -57,6 +61,24 @@ def check_startup(config: StreamsConfig, *, uses_state_dir: bool) -> None:
     if uses_state_dir:
         check_state_dir(config.state_dir)
     check_client_properties(config)
+    if config.state_remote_url:
+        check_remote_state(config)
+
+
+def check_remote_state(config: StreamsConfig) -> None:
+    """boto3 is installed and the bucket of `state.remote.url` answers."""
+    from runtime.state.remote.objects import ObjectStore, RemoteStoreError
+    from runtime.state.remote.settings import RemoteSettings
+
+    settings = RemoteSettings.from_config(config)
+    assert settings is not None
+    try:
+        ObjectStore(settings, connect_timeout=5.0, read_timeout=10.0).check_bucket()
+    except RemoteStoreError as exc:
+        key = "state.remote.url"
+        if config.state_remote_endpoint and exc.code in ("", "EndpointConnectionError"):
+            key = "state.remote.endpoint"
+        raise ConfigError(key, f"remote state unusable: {exc}") from None
 
 
 def check_state_dir(path: str) -> None:

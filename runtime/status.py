@@ -97,6 +97,18 @@ class AppStatus:
     failure: str | None = None
     restored: int = 0  # changelog records restored since start
     standbys: dict[str, dict[str, int]] = field(default_factory=dict)
+    # task id -> its last restore: "source" ("changelog" or "snapshot+tail"),
+    # "seconds", "records" (changelog records replayed), "snapshot" (id or
+    # None), "downloaded_bytes".
+    restores: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Remote state figures (runtime.state.remote.stats), None when off:
+    # snapshots_uploaded, snapshot_failures, bytes_uploaded, files_uploaded,
+    # files_reused, bytes_downloaded, snapshot_restores,
+    # snapshot_restore_failures, captures and capture_seconds (checkpoints
+    # taken at commits, and the time they held the commit), and last_snapshot
+    # (task id -> "snapshot", "created", "offsets", "bytes", "uploaded_bytes",
+    # "seconds").
+    remote_state: dict[str, Any] | None = None
     dropped: dict[str, int] = field(default_factory=dict)  # records dropped, by reason
     # Start-up (runtime.polling.startup): joining_group, awaiting_assignment,
     # restoring, then processing; `waiting_for` says what in words (None once
@@ -104,6 +116,16 @@ class AppStatus:
     startup_phase: str | None = None
     waiting_for: str | None = None
     startup_phase_since: float | None = None
+    # Partition expansion (runtime.polling.expansion): the partition counts
+    # in force per topic of the app, expansions followed, tasks created for
+    # partitions the app did not have at start-up, assigned partitions held
+    # back from becoming tasks ("<topic>-<partition>"), and what an expansion
+    # waits for (co-partitioned topics that differ, internal topics growing).
+    partitions: dict[str, int] = field(default_factory=dict)
+    partition_expansions: int = 0
+    tasks_created_by_expansion: int = 0
+    held_partitions: list[str] = field(default_factory=list)
+    expansion_waiting_for: str | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AppStatus:

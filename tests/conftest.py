@@ -1,5 +1,5 @@
 """Shared pytest fixtures: the session's broker (real Kafka by default), a failover cluster,
-hypothesis profiles.
+the S3-compatible server of the remote state tests (S3Proxy), hypothesis profiles.
 
 Which broker: Apache Kafka (``runtime.brokers.KafkaBroker``, one KRaft node) unless
 ``STREAMS_TEST_BROKER=tansu`` selects the Tansu development broker. Kafka is the
@@ -22,6 +22,7 @@ import pytest
 from hypothesis import settings
 
 from runtime.brokers import Broker, KafkaCluster, kafka_available, make_broker
+from runtime.brokers.s3proxy import S3Proxy
 
 settings.register_profile("ci", deadline=None, max_examples=100)
 settings.register_profile("dev", deadline=None, max_examples=25)
@@ -111,3 +112,33 @@ def kafka_cluster(_session_kafka_cluster: KafkaCluster) -> Iterator[KafkaCluster
             cluster.resume(node)
         else:
             cluster.restart(node)
+
+
+def _started_s3proxy() -> S3Proxy:
+    # Like the Kafka broker, it needs Java 17+ and Maven (or the cached jars): a machine
+    # without them fails these tests loudly rather than skipping them.
+    return S3Proxy().start(_BROKER_START_TIMEOUT_S)
+
+
+@pytest.fixture(scope="session")
+def s3proxy() -> Iterator[S3Proxy]:
+    """The session's S3-compatible server (S3Proxy, file-system backend) on loopback.
+
+    Started on first use (about 6 s: a JVM); tests isolate themselves with a bucket each
+    (``s3_bucket``). A real server, never a mock: boto3 talks HTTP to it.
+    """
+    server = _started_s3proxy()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def fresh_s3proxy() -> Iterator[S3Proxy]:
+    """An S3Proxy for this test alone (to freeze with SIGSTOP), stopped after."""
+    server = _started_s3proxy()
+    try:
+        yield server
+    finally:
+        server.stop()

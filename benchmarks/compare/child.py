@@ -31,40 +31,10 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import Any, TextIO
+from typing import Any
 
+from benchmarks.compare.child_protocol import Commands, Events
 from benchmarks.compare.workloads import build_topology
-
-
-class _Events:
-    def __init__(self, fd: int) -> None:
-        self._out: TextIO = os.fdopen(fd, "w", buffering=1)
-        self._lock = threading.Lock()
-
-    def emit(self, kind: str, **data: Any) -> None:
-        line = json.dumps({"event": kind, "t": time.monotonic(), **data}, default=str)
-        with self._lock:
-            self._out.write(line + "\n")
-            self._out.flush()
-
-
-class _Commands(threading.Thread):
-    """Reads ``go`` / ``stop`` from stdin."""
-
-    def __init__(self) -> None:
-        super().__init__(name="bench-commands", daemon=True)
-        self.go = threading.Event()
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        for line in sys.stdin:
-            command = line.strip()
-            if command == "go":
-                self.go.set()
-            elif command == "stop":
-                self.stop.set()
-        self.go.set()
-        self.stop.set()
 
 
 def _gated_restoration_class() -> Any:
@@ -221,7 +191,7 @@ class _Model:
         return bool(self.app.close(timeout))
 
 
-def run(spec: dict[str, Any], events: _Events) -> dict[str, Any]:
+def run(spec: dict[str, Any], events: Events) -> dict[str, Any]:
     if spec.get("echo"):
         from benchmarks.compare import echo
 
@@ -238,7 +208,7 @@ def run(spec: dict[str, Any], events: _Events) -> dict[str, Any]:
         # Key-parallel: up to this many threads share one task (0: all of them).
         config["num.threads.per.task"] = int(spec.get("threads_per_task") or spec["threads"])
     topology = build_topology(spec["topology"], spec["input_topic"], spec["output_topic"])
-    commands = _Commands()
+    commands = Commands()
     commands.start()
     model = _Model(spec, topology, config)
     settle_s = float(spec.get("settle_s", 0.5))
@@ -322,7 +292,7 @@ def run(spec: dict[str, Any], events: _Events) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     spec: dict[str, Any] = json.loads(argv[0])
-    events = _Events(int(spec["event_fd"]))
+    events = Events(int(spec["event_fd"]))
     switch_interval = os.environ.get("BENCH_SWITCH_INTERVAL")
     if switch_interval:
         sys.setswitchinterval(float(switch_interval))

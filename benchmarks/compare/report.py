@@ -9,11 +9,12 @@ repeat). ``write`` puts ``<name>.json``, ``<name>.md`` and
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
 from typing import Any
+
+from benchmarks.report import write_files
 
 FIGURES = {
     "records_per_s": "records/s",
@@ -450,21 +451,9 @@ def _method(result: dict[str, Any]) -> list[str]:
 
 
 def write(out_dir: str, name: str, result: dict[str, Any]) -> list[str]:
-    os.makedirs(out_dir, exist_ok=True)
     if "summary" not in result:
         result["summary"] = summarize(result)
-    paths = []
-    json_path = os.path.join(out_dir, f"{name}.json")
-    with open(json_path, "w") as f:
-        json.dump(result, f, indent=1, default=str)
-        f.write("\n")
-    paths.append(json_path)
-    md_path = os.path.join(out_dir, f"{name}.md")
-    with open(md_path, "w") as f:
-        f.write(markdown(result))
-    paths.append(md_path)
-    paths += plot(out_dir, name, result)
-    return paths
+    return write_files(out_dir, name, result, markdown, lambda: plot(out_dir, name, result))
 
 
 def plot(out_dir: str, name: str, result: dict[str, Any]) -> list[str]:

@@ -41,38 +41,9 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import Any, TextIO
+from typing import Any
 
-
-class _Events:
-    def __init__(self, fd: int) -> None:
-        self._out: TextIO = os.fdopen(fd, "w", buffering=1)
-        self._lock = threading.Lock()
-
-    def emit(self, kind: str, **data: Any) -> None:
-        line = json.dumps({"event": kind, "t": time.monotonic(), **data}, default=str)
-        with self._lock:
-            self._out.write(line + "\n")
-            self._out.flush()
-
-
-class _Commands(threading.Thread):
-    """Reads ``go`` / ``stop`` from stdin; end of input means both."""
-
-    def __init__(self) -> None:
-        super().__init__(name="bench-commands", daemon=True)
-        self.go = threading.Event()
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        for line in sys.stdin:
-            command = line.strip()
-            if command == "go":
-                self.go.set()
-            elif command == "stop":
-                self.stop.set()
-        self.go.set()
-        self.stop.set()
+from benchmarks.compare.child_protocol import Commands, Events
 
 
 class _Gate:
@@ -148,7 +119,7 @@ def build(app: Any, spec: dict[str, Any], gate: _Gate) -> None:
     sdf.to_topic(sink)
 
 
-def run(spec: dict[str, Any], events: _Events) -> dict[str, Any]:
+def run(spec: dict[str, Any], events: Events) -> dict[str, Any]:
     from quixstreams import Application
 
     if int(spec["threads"]) != 1:
@@ -159,7 +130,7 @@ def run(spec: dict[str, Any], events: _Events) -> dict[str, Any]:
     ready_timeout = float(spec.get("ready_timeout_s", 120))
     config = dict(spec.get("config") or {})
     state_dir = tempfile.mkdtemp(prefix="bench-peers-quix-state-")
-    commands = _Commands()
+    commands = Commands()
     commands.start()
     gate = _Gate(commands.go)
     app = Application(
@@ -247,7 +218,7 @@ def run(spec: dict[str, Any], events: _Events) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     spec: dict[str, Any] = json.loads(argv[0])
-    events = _Events(int(spec["event_fd"]))
+    events = Events(int(spec["event_fd"]))
     try:
         result = run(spec, events)
     except BaseException as exc:  # noqa: BLE001 - reported to the harness

@@ -16,11 +16,11 @@ against every peer and the targets' verdicts:
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 from benchmarks.compare.report import _med, _range, _ratio, _ratio_of, summarize
+from benchmarks.report import write_files
 
 __all__ = ["headline", "markdown", "plot", "ratios", "summarize", "write"]
 
@@ -372,22 +372,10 @@ _CAVEATS = [
 
 
 def write(out_dir: str, name: str, result: dict[str, Any]) -> list[str]:
-    os.makedirs(out_dir, exist_ok=True)
     if "summary" not in result:
         result["summary"] = summarize(result)
     result["ratios"] = ratios(result)
-    paths = []
-    json_path = os.path.join(out_dir, f"{name}.json")
-    with open(json_path, "w") as f:
-        json.dump(result, f, indent=1, default=str)
-        f.write("\n")
-    paths.append(json_path)
-    md_path = os.path.join(out_dir, f"{name}.md")
-    with open(md_path, "w") as f:
-        f.write(markdown(result))
-    paths.append(md_path)
-    paths += plot(out_dir, name, result)
-    return paths
+    return write_files(out_dir, name, result, markdown, lambda: plot(out_dir, name, result))
 
 
 def plot(out_dir: str, name: str, result: dict[str, Any]) -> list[str]:

@@ -301,6 +301,20 @@ def format_status(status: Mapping[str, Any], now: float | None = None) -> str:
                 else str(waiting),
             ),
         )
+    expansion = status.get("expansion_waiting_for")
+    if expansion:
+        lines.insert(1, ("expansion", f"waiting: {expansion}"))
+    held = status.get("held_partitions") or []
+    if held:
+        lines.append(("held", f"{len(held)} partitions not tasks yet: {', '.join(held[:8])}"))
+    if status.get("partition_expansions"):
+        lines.append(
+            (
+                "expansions",
+                f"{status['partition_expansions']} followed, "
+                f"{status.get('tasks_created_by_expansion', 0)} tasks created by them",
+            )
+        )
     if status.get("failed_threads"):
         lines.append(("failed threads", status["failed_threads"]))
     if status.get("failure"):

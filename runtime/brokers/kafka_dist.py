@@ -12,7 +12,12 @@ those as configuration keys.) A file lock (``kafka-<version>.lock`` beside the d
 serialises concurrent fetches (two test sessions starting at once); the jars are copied into a
 temporary directory and renamed into place, so a reader never sees a half-filled ``libs``.
 
-Threads: :func:`ensure_kafka` may be called from any thread and any process at the same time.
+The same mechanism fetches other Java servers the tests and benchmarks run (S3Proxy, the
+S3-compatible server of the remote state tests, see ``runtime/brokers/s3proxy.py``):
+:func:`ensure_maven_jars` resolves any set of Maven artifacts into ``<cache>/<name>-<version>``.
+
+Threads: :func:`ensure_kafka` and :func:`ensure_maven_jars` may be called from any thread and any
+process at the same time.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +41,7 @@ __all__ = [
     "KafkaDist",
     "cache_root",
     "ensure_kafka",
+    "ensure_maven_jars",
     "find_java",
 ]
 
@@ -152,12 +158,17 @@ def ensure_kafka(version: str = KAFKA_VERSION) -> KafkaDist:
     missing or fails (the message carries Maven's output).
     """
     java = find_java()
-    home = cache_root() / f"kafka-{version}"
-    if not (home / _COMPLETE_MARKER).exists():
-        home.parent.mkdir(parents=True, exist_ok=True)
-        with _file_lock(home.parent / f"kafka-{version}.lock"):
-            if not (home / _COMPLETE_MARKER).exists():  # another process may have won
-                _fetch(version, home)
+    home = ensure_maven_jars(
+        "kafka",
+        version,
+        [
+            ("org.apache.kafka", "kafka_2.13", version),
+            ("org.apache.logging.log4j", "log4j-slf4j-impl", LOG4J_VERSION),
+        ],
+        {"log4j2.properties": _LOG4J2_PROPERTIES},
+        label=f"Apache Kafka {version}",
+        hint="; or run on the Tansu broker instead (STREAMS_TEST_BROKER=tansu / --kind tansu)",
+    )
     jars = tuple(sorted((home / "libs").glob("*.jar")))
     if not any(jar.name.startswith("kafka_2.13-") for jar in jars):
         raise BrokerUnavailable(
@@ -166,6 +177,31 @@ def ensure_kafka(version: str = KAFKA_VERSION) -> KafkaDist:
     return KafkaDist(
         version=version, java=java, home=home, jars=jars, log4j_config=home / "log4j2.properties"
     )
+
+
+def ensure_maven_jars(
+    name: str,
+    version: str,
+    dependencies: Sequence[tuple[str, str, str]],
+    files: Mapping[str, str],
+    *,
+    label: str,
+    hint: str = "",
+) -> Path:
+    """``<cache>/<name>-<version>``, holding ``libs/`` (the runtime dependency closure of
+    ``dependencies``, each ``(groupId, artifactId, version)``) and ``files`` (name -> text);
+    fetched with Maven first if not cached. ``label`` names the thing in messages, ``hint``
+    is appended to the "Maven is missing" one.
+
+    Raises BrokerUnavailable when Maven is missing or fails.
+    """
+    home = cache_root() / f"{name}-{version}"
+    if not (home / _COMPLETE_MARKER).exists():
+        home.parent.mkdir(parents=True, exist_ok=True)
+        with _file_lock(home.parent / f"{name}-{version}.lock"):
+            if not (home / _COMPLETE_MARKER).exists():  # another process may have won
+                _fetch(name, version, home, dependencies, files, label, hint)
+    return home
 
 
 @contextlib.contextmanager
@@ -178,8 +214,16 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _fetch(version: str, home: Path) -> None:
-    """Resolve kafka_2.13 ``version`` and a log4j binding with Maven into ``home``.
+def _fetch(
+    name: str,
+    version: str,
+    home: Path,
+    dependencies: Sequence[tuple[str, str, str]],
+    files: Mapping[str, str],
+    label: str,
+    hint: str,
+) -> None:
+    """Resolve ``dependencies`` with Maven into ``home``, and write ``files`` beside them.
 
     Called with the fetch lock held. Everything is built in a sibling temp directory and
     renamed to ``home`` at the end, so an interrupted fetch leaves no half-filled cache.
@@ -187,15 +231,15 @@ def _fetch(version: str, home: Path) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise BrokerUnavailable(
-            f"Apache Kafka {version} is not cached in {home} and Maven (mvn) is not installed "
-            "to fetch it (Debian/Ubuntu: apt-get install maven); or run on the Tansu broker "
-            "instead (STREAMS_TEST_BROKER=tansu / --kind tansu)"
+            f"{label} is not cached in {home} and Maven (mvn) is not installed "
+            f"to fetch it (Debian/Ubuntu: apt-get install maven){hint}"
         )
-    log.warning("fetching Apache Kafka %s with Maven into %s (first start only)", version, home)
-    staging = Path(tempfile.mkdtemp(prefix=f".kafka-{version}-", dir=home.parent))
+    log.warning("fetching %s with Maven into %s (first start only)", label, home)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-{version}-", dir=home.parent))
     try:
-        (staging / "pom.xml").write_text(_pom(version))
-        (staging / "log4j2.properties").write_text(_LOG4J2_PROPERTIES)
+        (staging / "pom.xml").write_text(_pom(name, version, dependencies))
+        for file_name, text in files.items():
+            (staging / file_name).write_text(text)
         argv = [
             mvn,
             "-q",
@@ -212,12 +256,12 @@ def _fetch(version: str, home: Path) -> None:
             )
         except subprocess.TimeoutExpired:
             raise BrokerUnavailable(
-                f"Maven did not fetch Apache Kafka {version} within {_FETCH_TIMEOUT_S:.0f} s"
+                f"Maven did not fetch {label} within {_FETCH_TIMEOUT_S:.0f} s"
             ) from None
         if result.returncode != 0:
             output = (result.stdout + result.stderr)[-3000:]
             raise BrokerUnavailable(
-                f"Maven could not fetch Apache Kafka {version} (exit {result.returncode}): "
+                f"Maven could not fetch {label} (exit {result.returncode}): "
                 f"{' '.join(argv)}\n{output}"
             )
         (staging / _COMPLETE_MARKER).write_text(version + "\n")
@@ -228,26 +272,25 @@ def _fetch(version: str, home: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _pom(version: str) -> str:
+def _pom(name: str, version: str, dependencies: Sequence[tuple[str, str, str]]) -> str:
+    entries = "".join(
+        f"""
+    <dependency>
+      <groupId>{group}</groupId>
+      <artifactId>{artifact}</artifactId>
+      <version>{artifact_version}</version>
+    </dependency>"""
+        for group, artifact, artifact_version in dependencies
+    )
     return f"""<?xml version="1.0" encoding="UTF-8"?>
-<!-- Generated by streams-runtime (runtime/brokers/kafka_dist.py) to fetch the broker's jars. -->
+<!-- Generated by streams-runtime (runtime/brokers/kafka_dist.py) to fetch {name}'s jars. -->
 <project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
   <groupId>local.streams-runtime</groupId>
-  <artifactId>kafka-broker-jars</artifactId>
+  <artifactId>{name}-jars</artifactId>
   <version>{version}</version>
   <packaging>pom</packaging>
-  <dependencies>
-    <dependency>
-      <groupId>org.apache.kafka</groupId>
-      <artifactId>kafka_2.13</artifactId>
-      <version>{version}</version>
-    </dependency>
-    <dependency>
-      <groupId>org.apache.logging.log4j</groupId>
-      <artifactId>log4j-slf4j-impl</artifactId>
-      <version>{LOG4J_VERSION}</version>
-    </dependency>
+  <dependencies>{entries}
   </dependencies>
 </project>
 """

@@ -14,6 +14,14 @@ Which partitions are assigned is decided elsewhere (the group's assignor
 through the rebalance callbacks today); this class only turns "these
 partitions are mine / no longer mine" into task events.
 
+An assigned partition is *held* (no task, paused, its records dropped) while
+it cannot become a task safely: its number is beyond the partition count the
+runtime accepted for its topic (a partition expansion not yet followed, see
+`runtime.polling.expansion`), or its subtopology joins co-partitioned topics
+and the same-numbered partition of another of them is not assigned here.
+`release_held` turns held partitions into tasks, from their committed
+offsets, once that changed.
+
 Used by the polling thread only; `close`, `rewind` and `rewind_all` need every
 task locked (`Committer.tasks_locked`).
 """
@@ -88,6 +96,13 @@ class ActiveTasks:
         self._restoring: set[str] = set()
         # Counts of tasks closed here, so totals survive rebalances.
         self.closed_totals = {"processed": 0, "skipped": 0, "dead_lettered": 0}
+        # Assigned partitions that are not tasks (yet), and those of them
+        # still to pause (they are assigned only after the callback returns).
+        self.held: set[tuple[str, int]] = set()
+        self._to_pause: set[tuple[str, int]] = set()
+        # Tasks created for partition numbers the app did not have at start-up.
+        self.created_by_expansion = 0
+        self._initial_tasks = {sub: layout.task_partitions(sub) for sub in layout.sources}
 
     # --- views ------------------------------------------------------------------
 
@@ -137,9 +152,12 @@ class ActiveTasks:
     # --- lifecycle ----------------------------------------------------------------
 
     def create(self, partitions: list[TopicPartition]) -> int:
-        """Create the tasks of newly assigned partitions; how many were new."""
+        """Create the tasks of newly assigned partitions; how many were new.
+
+        Partitions that cannot be tasks yet are held instead (module docstring).
+        """
         created = 0
-        for tp in partitions:
+        for tp in self._hold_back(partitions):
             sub_id = self._layout.subtopology_of.get(tp.topic)
             if sub_id is None:
                 continue
@@ -156,6 +174,8 @@ class ActiveTasks:
                 task = make_task(self._subtopologies[sub_id], tp.partition, topics, self._settings)
                 self._tasks[task_id] = task
                 created += 1
+                if tp.partition >= self._initial_tasks.get(sub_id, 0):
+                    self.created_by_expansion += 1
                 if task.changelog_partitions:
                     self._restoring.add(task_id)
                     self._restoration.add_task(task)
@@ -165,6 +185,65 @@ class ActiveTasks:
                     log.info("task_created", task_id=task_id)
             self._buffers.register(task.queues[tp.topic])
         return created
+
+    def _hold_back(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """`partitions` that can become tasks now; the others join `held`."""
+        layout = self._layout
+        if self.held:  # forget held partitions revoked since
+            assigned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+            self.held &= assigned
+            self._to_pause &= assigned
+        new = {(tp.topic, tp.partition) for tp in partitions}
+        present = new | self.held | set(self._buffers.partitions())
+        ready = []
+        for tp in partitions:
+            sub_id = layout.subtopology_of.get(tp.topic)
+            if sub_id is not None and not self._can_be_task(sub_id, tp, present):
+                self.held.add((tp.topic, tp.partition))
+                self._to_pause.add((tp.topic, tp.partition))
+                log.info("partition_held", topic=tp.topic, partition=tp.partition)
+            else:
+                ready.append(tp)
+        return ready
+
+    def _can_be_task(self, sub_id: int, tp: TopicPartition, present: set[tuple[str, int]]) -> bool:
+        counts = self._layout.partitions
+        if tp.partition >= counts[tp.topic]:
+            return False  # an expansion the runtime has not followed (yet)
+        siblings = self._layout.sources[sub_id]
+        return all((t, tp.partition) in present for t in siblings if tp.partition < counts[t])
+
+    def pause_held(self) -> None:
+        """Pause held partitions assigned since the last call (loop turn)."""
+        if self._to_pause:
+            assigned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+            to_pause = [TopicPartition(t, p) for t, p in sorted(self._to_pause & assigned)]
+            self._to_pause.clear()
+            if to_pause:
+                self._consumer.pause(to_pause)
+
+    def release_held(self) -> int:
+        """Create the tasks of held partitions that can be tasks now (after an
+        accepted expansion, or once co-partitioned siblings are assigned here);
+        they start from their committed offsets. Returns how many were created."""
+        if not self.held:
+            return 0
+        assigned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+        self.held &= assigned
+        self._to_pause &= assigned
+        present = self.held | set(self._buffers.partitions())
+        ready = [
+            TopicPartition(t, p)
+            for t, p in sorted(self.held)
+            if self._can_be_task(self._layout.subtopology_of[t], TopicPartition(t, p), present)
+        ]
+        if not ready:
+            return 0
+        self.held -= {(tp.topic, tp.partition) for tp in ready}
+        self._to_pause -= {(tp.topic, tp.partition) for tp in ready}
+        # Records fetched while held were dropped: start again from the commit.
+        self._seek_to_committed(ready)
+        return self.create(ready)
 
     def take_restored(self) -> None:
         """Give the tasks the restoration thread finished to the task manager."""
@@ -208,6 +287,8 @@ class ActiveTasks:
             except Exception as exc:
                 log.warning("task_close_failed", task_id=task_id, error=str(exc))
         self._buffers.clear()
+        self.held.clear()
+        self._to_pause.clear()
 
     def rewind(self, task_id: str) -> bool:
         """Close a task and start it again from its committed offsets.

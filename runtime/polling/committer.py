@@ -23,7 +23,8 @@ A commit, in order:
    then the input offsets are committed;
 5. post-commit: each task writes its store batches to disk and a checkpoint
    naming the changelog offsets the delivery reports acknowledged
-   (`StreamTask.post_commit`).
+   (`StreamTask.post_commit`); then `after_commit(tasks)`, if set (remote
+   state takes its snapshots there: runtime.state.remote.capture).
 
 On a failed transaction the committer returns the failure
 (`CommitResult.aborted`) and does nothing else: the coordinator decides what
@@ -140,6 +141,9 @@ class Committer:
         # Set by a barrier that was not reached: the commit in the same
         # `tasks_locked` block aborts instead (exactly_once_v2).
         self._barrier_broken: str | None = None
+        # Called after every task's post_commit, tasks still locked; set once
+        # before the polling thread starts. Must not raise.
+        self.after_commit: Callable[[Sequence[CommittableTask]], None] | None = None
 
     @contextmanager
     def tasks_locked(self, barrier: Sequence[Any] = ()) -> Iterator[None]:
@@ -260,6 +264,8 @@ class Committer:
         positions = self._output.take_changelog_positions()
         for task in tasks:
             task.post_commit(positions, offsets_committed)
+        if self.after_commit is not None and offsets_committed:
+            self.after_commit(tasks)
         if offsets and offsets_committed:
             self.commits_total += 1
             self.last_commit_wall_time = time.time()

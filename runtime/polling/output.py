@@ -91,7 +91,7 @@ class OutputChannel:
             config.dead_letter_queue_topic,
             int(settings.get("message.max.bytes", 1_000_000)),
             config.exactly_once,
-            lambda: self.producer,
+            send=self._produce,
         )
         # changelog (topic, partition) -> next offset after the last
         # acknowledged record since the last take.
@@ -159,7 +159,7 @@ class OutputChannel:
                 except BufferError:
                     # The producer's queue is full (a slow or absent broker):
                     # serve delivery reports until there is room.
-                    producer.poll(0.1)
+                    self._serve_reports(lambda: producer.poll(0.1))
                 except KafkaException as exc:
                     if self.transactions is not None and breaks_producer(exc.args[0]):
                         # Fenced or fatally failed: nothing more can be
@@ -186,7 +186,25 @@ class OutputChannel:
 
     def serve(self) -> None:
         """Serve delivery reports without blocking."""
-        self.producer.poll(0)
+        producer = self.producer
+        self._serve_reports(lambda: producer.poll(0))
+
+    def _serve_reports(self, call: Callable[[], int]) -> int:
+        """`poll()`/`flush()`: what they return, or 0 once the producer broke.
+
+        confluent-kafka raises a fatal producer error (a fence under
+        exactly_once_v2) from whichever call serves callbacks instead of
+        passing it to `error_cb`. Under EOS it is noted like any other fence:
+        the next commit aborts and the producer is replaced. Otherwise it
+        stops the polling thread (rule 3).
+        """
+        try:
+            return call()
+        except KafkaException as exc:
+            if self.transactions is None or not breaks_producer(exc.args[0]):
+                raise
+            self.transactions.note_broken(exc.args[0])
+            return 0
 
     def flush(self, abort_requested: Callable[[], bool]) -> None:
         """Wait until every produced record is acknowledged (or failed).
@@ -197,8 +215,10 @@ class OutputChannel:
         producer = self.producer
         waited_since = time.monotonic()
         while True:
-            remaining = producer.flush(1.0)
+            remaining = self._serve_reports(lambda: producer.flush(1.0))
             if remaining == 0:
+                # Under EOS a broken producer ends the wait too: the commit
+                # that follows aborts instead.
                 return
             if time.monotonic() - waited_since > _FLUSH_STALL_S:
                 self._on_stall(remaining)

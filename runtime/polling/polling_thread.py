@@ -11,7 +11,8 @@ The work itself lives in helpers this thread owns, one idea each:
 `output.OutputChannel` (the producer, collector drain, delivery reports),
 `committer.Committer` (the commit protocol), `active_tasks.ActiveTasks` (task
 create/close/rewind), `placement.TaskPlacement` (status, standbys, shutdown
-requests) and `lag.LagTracker`. This class decides what happens when: on a
+requests), `expansion.PartitionExpansion` (partition increases) and
+`lag.LagTracker`. This class decides what happens when: on a
 failed transaction it rewinds every task; on any other failure it stops
 without committing.
 """
@@ -23,15 +24,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from runtime.collector.collector import RecordCollector
 from runtime.config import StreamsConfig
 from runtime.logging import get_logger
 from runtime.polling.active_tasks import ActiveTasks
 from runtime.polling.broker_health import BrokerHealth
-from runtime.polling.clients import consume_until, consumer_config, fetch_resumed_now
+from runtime.polling.clients import (
+    assignment_strategy,
+    consume_until,
+    consumer_config,
+    fetch_resumed_now,
+    log_consume_error,
+)
 from runtime.polling.committer import CommitResult, Committer
+from runtime.polling.expansion import PartitionExpansion
 from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.lag import LagTracker
 from runtime.polling.output import OutputChannel
@@ -106,11 +114,7 @@ class PollingThread(threading.Thread):
         # joined and closing need not wait for a LeaveGroup (_close_clients).
         self.joined = False
 
-        multi_source = any(len(s.sources) > 1 for s in topology.subtopologies)
-        # Co-partitioned inputs must land on the same member: range does that
-        # for topics with equal partition counts; otherwise cooperative-sticky
-        # avoids stop-the-world rebalances.
-        self.assignment_strategy = "range" if multi_source else "cooperative-sticky"
+        self.assignment_strategy = assignment_strategy(topology)
         consumer_settings = consumer_config(
             config, self.assignment_strategy, {"error_cb": self.health.on_client_error}
         )
@@ -153,6 +157,7 @@ class PollingThread(threading.Thread):
             release_standby=self.placement.release_standby,
         )
         self.lag_tracker = LagTracker(self._consumer, self._buffers, self._processed_offset)
+        self.expansion = PartitionExpansion(config, topology, layout, self.tasks, self.output)
 
     # --- requests from other threads ------------------------------------------
 
@@ -217,6 +222,7 @@ class PollingThread(threading.Thread):
         self.recover_broken_producer()
         self.check_failures()
         self.maybe_commit()
+        self.expansion.tick()
         now = time.monotonic()
         if now - self._last_status >= _STATUS_INTERVAL_S:
             self._last_status = now
@@ -251,7 +257,7 @@ class PollingThread(threading.Thread):
 
     def route_records(self, records: list[Message]) -> None:
         """Append consumed records to their task's input queue; pause full ones."""
-        routed, to_pause = self._buffers.route(records, self._on_consume_error)
+        routed, to_pause = self._buffers.route(records, log_consume_error)
         self.consumed_total += routed
         if routed:
             self.health.note_ok()
@@ -421,27 +427,14 @@ class PollingThread(threading.Thread):
         except BaseException as exc:
             self._fail_in_callback(exc)
 
-    def _on_fatal_client_error(self, exc: KafkaException) -> None:
+    def _on_fatal_client_error(self, exc: BaseException) -> None:
         self.fatal_error = exc
         self._abort = True
         self._stop_event.set()
 
     def _fail_in_callback(self, exc: BaseException) -> None:
         log.error("rebalance_callback_failed", error=f"{type(exc).__name__}: {exc}")
-        self.fatal_error = exc
-        self._abort = True
-        self._stop_event.set()
-
-    # --- client callbacks (on this thread, from poll/consume/flush) ----------------
-
-    def _on_consume_error(self, message: Message) -> None:
-        error = message.error()
-        assert error is not None
-        if error.code() == KafkaError._PARTITION_EOF:
-            return
-        if error.fatal():
-            raise KafkaException(error)
-        log.warning("consume_error", error=error.str())
+        self._on_fatal_client_error(exc)
 
     # --- shutdown ---------------------------------------------------------------
 
@@ -465,20 +458,13 @@ class PollingThread(threading.Thread):
     def _drop_consumer_unjoined(self) -> None:
         """Stop during start-up without waiting for the group.
 
-        `close()` on a consumer whose JoinGroup is in flight waits for the
-        broker's answer before it can leave: seconds (a new group on Kafka
-        waits `group.initial.rebalance.delay.ms`; Tansu about half the session
-        timeout), measured 2.5-5 s here, for a group this instance never got
-        into. Dropping the last references destroys the handle at once
-        (confluent-kafka then skips the consumer close). The cost: the broker
-        may keep the half-joined member until its session times out, which a
-        restart within `session.timeout.ms` can wait for. Nothing was assigned,
-        so nothing is lost either way.
+        `close()` while a JoinGroup is in flight waits for the broker's answer
+        (2.5-5 s measured: Kafka's `group.initial.rebalance.delay.ms`, Tansu's
+        half session timeout). Dropping every reference destroys the handle at
+        once; the broker may keep the half-joined member until its session
+        times out. Nothing was assigned, so nothing is lost.
         """
         log.info("consumer_dropped_before_joining", reason="the group was never joined")
-        consumer = self._consumer
-        del consumer
-        # Every holder of the consumer lets go; nothing uses it after this.
         for holder in (self, self.committer, self.tasks, self.lag_tracker):
             holder._consumer = None  # type: ignore[assignment]
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from runtime.collector.collector import OutputRecord
 from runtime.logging import get_logger
@@ -102,6 +102,11 @@ def record_size(key: bytes | None, value: bytes | None, headers: Headers | None)
     return size
 
 
+def _was_truncated(headers: Headers | None) -> bool:
+    """Whether a dead-letter record was cut to fit already (a second refusal is final)."""
+    return any(name == HEADER_TRUNCATED for name, _ in headers or ())
+
+
 def origin_of(record: OutputRecord) -> str:
     """'topic[partition]@offset' of the input record that produced `record`."""
     source_topic, source_partition, source_offset = record[6], record[7], record[8]
@@ -140,7 +145,7 @@ class OutputErrors:
         dead_letter_topic: str | None,
         max_record_bytes: int,
         exactly_once: bool,
-        producer: Callable[[], Producer],
+        send: Callable[[list[OutputRecord]], object],
     ) -> None:
         if handler == DEAD_LETTER_QUEUE and dead_letter_topic is None:
             raise ValueError("the dead_letter_queue handler needs a dead-letter topic")
@@ -148,7 +153,8 @@ class OutputErrors:
         self.dead_letter_topic = dead_letter_topic
         self.max_record_bytes = max_record_bytes
         self._exactly_once = exactly_once
-        self._producer = producer
+        # The output channel's produce loop: a refusal comes back here.
+        self._send = send
         self.counts = ProductionCounts()
         self._failure: ProductionFailed | None = None
 
@@ -207,7 +213,10 @@ class OutputErrors:
             -1,
         )
         if topic == self.dead_letter_topic:
-            self._send_truncated(record, error)
+            if _was_truncated(headers):
+                self._failure = self._failure or self._failed(error, topic, partition, origin)
+            else:
+                self._send_truncated(record, error)
             return
         self._skip(error, topic, partition, origin)
         if self.handler == DEAD_LETTER_QUEUE:
@@ -267,11 +276,17 @@ class OutputErrors:
             origin_offset,
         )
         self.counts.dead_lettered += 1
-        self.produce(dead)
+        self._send([dead])
 
     def _send_truncated(self, record: OutputRecord, error: KafkaError) -> None:
-        """Cut a dead-letter record's value (then key) until it fits, and send it."""
+        """Cut a dead-letter record's value (then key) until it fits, and send it.
+
+        A record that was cut already and is refused again cannot be kept: that
+        stops the app (nothing past the last commit is committed).
+        """
         topic, partition, key, value, timestamp, headers = record[:6]
+        if _was_truncated(headers):
+            raise self._failed(error, topic, partition, origin_of(record))
         original = record_size(key, value, headers)
         # The stack trace is the one header that can go without losing what
         # failed or where the record came from.
@@ -292,49 +307,4 @@ class OutputErrors:
             original_bytes=original,
             error=error.str(),
         )
-        self.produce(
-            (
-                topic,
-                partition,
-                key,
-                value,
-                timestamp,
-                kept_headers,
-                record[6],
-                record[7],
-                record[8],
-            ),
-            truncated=True,
-        )
-
-    def produce(self, record: OutputRecord, truncated: bool = False) -> None:
-        """Produce one record (a dead-letter one), serving the queue when it is full."""
-        topic, partition, key, value, timestamp, headers = record[:6]
-        producer = self._producer()
-        while True:
-            try:
-                if partition >= 0:
-                    producer.produce(
-                        topic,
-                        value,
-                        key,
-                        partition=partition,
-                        timestamp=timestamp if timestamp > 0 else 0,
-                        headers=headers,  # type: ignore[arg-type]
-                    )
-                else:
-                    producer.produce(
-                        topic,
-                        value,
-                        key,
-                        timestamp=timestamp if timestamp > 0 else 0,
-                        headers=headers,  # type: ignore[arg-type]
-                    )
-                return
-            except BufferError:
-                producer.poll(0.1)
-            except KafkaException as exc:
-                if truncated:
-                    raise self._failed(exc.args[0], topic, partition, origin_of(record)) from exc
-                self.on_produce_error(record, exc)
-                return
+        self._send([(topic, partition, key, value, timestamp, kept_headers, *record[6:])])

@@ -33,6 +33,11 @@ MISSING_TOPICS_HINT = (
     "create them with `streams-runtime topics create MODULE:ATTR --partitions N` "
     "(same --config/--set as run), or start with topics.create.missing=true"
 )
+GROWN_INPUT_HINT = (
+    "if an input topic grew while the app was stopped: with static.partitioner set, "
+    "`streams-runtime expand MODULE:ATTR TOPIC --partitions N` grows the internal topics "
+    "to match (keys never move); without one, reset the application and repartition offline"
+)
 
 
 def user_topics(topology: Topology) -> list[str]:
@@ -265,6 +270,8 @@ def resolve_topics(
     if problems:
         if any(p.endswith("does not exist") and "internal" not in p for p in problems):
             problems.append(MISSING_TOPICS_HINT)
+        if any("partitions, the" in p for p in problems):
+            problems.append(GROWN_INPUT_HINT)
         raise TopicError("; ".join(problems))
 
     if to_create:

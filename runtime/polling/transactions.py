@@ -8,14 +8,26 @@ of an older group generation cannot commit. Used by the polling thread only.
 The transactional.id is stable per instance: it is kept in the state
 directory, so an instance restarted on the same state fences its own zombie
 (`init_transactions` aborts what the dead process left open).
+
+The calls that wait on a coordinator (`send_offsets_to_transaction`,
+`commit_transaction`, `abort_transaction`) run on a short-lived helper thread
+with a hard deadline: librdkafka can block in `send_offsets_to_transaction`
+far past its timeout when the group coordinator moved to another broker
+(confluentinc/librdkafka#5456 and #5511: the coordinator lookup is never
+retried; seen here for 160 s when one node coordinating both the transaction
+and the group was killed). A call past its deadline leaves its producer stuck;
+it is abandoned (kept referenced until the call returns) and replaced by a new
+one with the same transactional.id, which fences it and aborts its transaction.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +72,42 @@ class TransactionFailed(Exception):
 _BROKEN_CODES = (KafkaError._FENCED, KafkaError._FATAL)
 
 
+# How long past its own timeout a coordinator call may block before its
+# producer is abandoned as stuck (see the module docstring).
+_STUCK_GRACE_S = 5.0
+
+
+class ProducerStuck(KafkaException):
+    """A transactional call did not return by its deadline; the producer is abandoned."""
+
+
+def call_with_deadline(name: str, call: Callable[[], None], deadline_s: float) -> None:
+    """Run `call` on a helper thread; raise ProducerStuck if it is still running
+    after `deadline_s` (it then keeps running, and keeps its producer alive)."""
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, name=f"txn-{name}", daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    if worker.is_alive():
+        raise ProducerStuck(
+            KafkaError(
+                KafkaError._TIMED_OUT,
+                f"{name} did not return within {deadline_s:.0f} s "
+                "(librdkafka#5456: a moved coordinator is not looked up again); "
+                "the producer is replaced",
+            )
+        )
+    if outcome:
+        raise outcome[0]
+
+
 def breaks_producer(error: KafkaError) -> bool:
     """Whether `error` leaves a transactional producer unusable (fenced, fatal)."""
     return bool(error.fatal()) or error.code() in _BROKEN_CODES
@@ -75,15 +123,22 @@ class Transactions:
     not to wait for the commit interval).
     """
 
-    def __init__(self, make_producer: Callable[[], Producer], timeout_s: float) -> None:
+    def __init__(
+        self,
+        make_producer: Callable[[], Producer],
+        timeout_s: float,
+        stuck_grace_s: float = _STUCK_GRACE_S,
+    ) -> None:
         self._make_producer = make_producer
         self._timeout_s = timeout_s
+        self._stuck_grace_s = stuck_grace_s
         self.producer = self._new_producer()
         self.open = False
         self.committed = 0
         self.aborted = 0
         self.broken: KafkaError | None = None
         """The fatal error that made the current producer unusable, if any."""
+        self._stuck = False  # a call on the current producer overran its deadline
 
     @property
     def timeout_s(self) -> float:
@@ -135,7 +190,15 @@ class Transactions:
             raise self.abort(self.broken)
         try:
             if offsets:
-                self.producer.send_offsets_to_transaction(offsets, group_metadata, self._timeout_s)
+                self._bounded(
+                    "send_offsets_to_transaction",
+                    partial(
+                        self.producer.send_offsets_to_transaction,
+                        offsets,
+                        group_metadata,
+                        self._timeout_s,
+                    ),
+                )
             self._commit_with_retries()
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
@@ -148,14 +211,20 @@ class Transactions:
         deadline = time.monotonic() + self._timeout_s * 3
         while True:
             try:
-                self.producer.commit_transaction(self._timeout_s)
+                self._bounded(
+                    "commit_transaction", partial(self.producer.commit_transaction, self._timeout_s)
+                )
                 return
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
                 # A retriable error (a timeout while the broker is slow or
                 # paused) leaves the commit's outcome to a retry, which the
                 # client makes idempotent.
-                if error.retriable() and time.monotonic() < deadline:
+                if (
+                    error.retriable()
+                    and not isinstance(exc, ProducerStuck)
+                    and time.monotonic() < deadline
+                ):
                     log.warning("transaction_commit_retry", error=error.str())
                     continue
                 raise
@@ -168,7 +237,9 @@ class Transactions:
             try:
                 if self.broken is not None or breaks_producer(error):
                     raise KafkaException(error)
-                self.producer.abort_transaction(self._timeout_s)
+                self._bounded(
+                    "abort_transaction", partial(self.producer.abort_transaction, self._timeout_s)
+                )
             except KafkaException as exc:
                 log.warning("transaction_abort_failed", error=str(exc))
                 self._replace_producer()
@@ -177,11 +248,24 @@ class Transactions:
         self.aborted += 1
         return TransactionFailed(error, recreated)
 
+    def _bounded(self, name: str, call: Callable[[], None]) -> None:
+        """A coordinator call with a hard deadline; a stuck producer is marked
+        broken so that the abort replaces it instead of calling it again."""
+        try:
+            call_with_deadline(name, call, self._timeout_s + self._stuck_grace_s)
+        except ProducerStuck as exc:
+            self._stuck = True
+            self.note_broken(exc.args[0])
+            raise
+
     def _replace_producer(self) -> None:
-        """A fatal producer error (fenced, epoch bumped after a timeout):
+        """A fatal producer error (fenced, epoch bumped after a timeout, stuck):
         start over with a new producer, which fences the old one."""
-        with contextlib.suppress(Exception):  # the old producer is unusable anyway
-            self.producer.flush(0)
+        if not self._stuck:
+            with contextlib.suppress(Exception):  # the old producer is unusable anyway
+                self.producer.flush(0)
+        # A stuck producer stays referenced by its call's thread until it returns.
+        self._stuck = False
         self.producer = self._new_producer()
         # Errors the old producer reported (served by the flush above) are about it.
         self.broken = None

@@ -119,6 +119,7 @@ class TaskSettings:
         partition_counts: dict[str, int],
         state_dir: str,
         cache_budget: CacheBudget | None,
+        static_partitioner: Any = None,
         key_parallel: KeyParallelSettings | None = None,
     ) -> None:
         self.application_id = application_id
@@ -128,6 +129,8 @@ class TaskSettings:
         self.partition_counts = partition_counts
         self.state_dir = state_dir
         self.cache_budget = cache_budget
+        # `static.partitioner` (partition expansion): sinks use it when set.
+        self.static_partitioner = static_partitioner
         # None: every task is a plain StreamTask (today's path, exactly).
         self.key_parallel = key_parallel
 
@@ -227,6 +230,10 @@ class StreamTask:
     @property
     def default_value_serde(self) -> Any:
         return self._settings.default_value_serde
+
+    @property
+    def static_partitioner(self) -> Any:
+        return self._settings.static_partitioner
 
     def send(
         self,

@@ -176,6 +176,25 @@ class LayeredStore:
             self.changelog.update_changelog_offset(next_offset)
         return count
 
+    @property
+    def rocksdb(self) -> RocksDBKeyValueStore | None:
+        """The inner RocksDB store, or None for an in-memory one."""
+        return self.base if isinstance(self.base, RocksDBKeyValueStore) else None
+
+    def install_snapshot(self, directory: str | os.PathLike[str], position: int) -> None:
+        """Replace the inner RocksDB by a downloaded snapshot (a RocksDB
+        checkpoint) that reflects the changelog up to `position`; restoration
+        then replays the changelog from there. Raises if it does not open (the
+        store is then empty and its position unknown)."""
+        base = self.rocksdb
+        if base is None or self.changelog is None:
+            raise TypeError(f"store {self.name!r} is not a change-logged RocksDB store")
+        self.changelog.changelog_offset = None
+        base.replace_with(directory)
+        if isinstance(self.store, WindowStore):
+            self.store.restored()
+        self.changelog.update_changelog_offset(position)
+
     def sync(self) -> None:
         """Make restored writes durable (commits are synced already)."""
         if isinstance(self.base, RocksDBKeyValueStore):

@@ -12,6 +12,15 @@ The end of a changelog is learnt from the fetch path (`enable.partition.eof`),
 not from ListOffsets: the development broker answers ListOffsets(latest)
 wrongly for multi-record batches, and a fetch's high watermark is what a
 read_committed consumer can actually reach.
+
+Remote state (`state.remote.url`, runtime.state.remote): this thread, and no
+other, talks to the object store. A task or standby without usable local
+state (a RocksDB store with no checkpointed position) first downloads the
+newest usable snapshot, one bounded step per loop turn, and then replays only
+the changelog after the snapshot's offsets; when no snapshot is usable it
+replays the whole changelog, as without remote state. Snapshots captured by
+the polling thread at commits arrive as upload actions and are uploaded one
+bounded step per loop turn.
 """
 
 from __future__ import annotations
@@ -30,6 +39,10 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from runtime.logging import get_logger
 from runtime.state.builders import LayeredStore
 from runtime.state.placement import SHUTDOWN_REQUEST_KEY, InstanceStatus, ShutdownRequest
+from runtime.state.remote.capture import UploadJob, snapshot_stores
+from runtime.state.remote.download import SnapshotDownload, SnapshotUnusable
+from runtime.state.remote.manager import RemoteState
+from runtime.state.remote.objects import RemoteStoreError
 from runtime.state.standby import StandbyTask
 
 log = get_logger("runtime.restoration")
@@ -85,11 +98,19 @@ class _RemoveStandby:
 
 
 @dataclass(frozen=True)
+class _Upload:
+    job: UploadJob
+
+
+@dataclass(frozen=True)
 class _Wake:
     """Only wakes the loop (a stop request)."""
 
 
-_Action = _AddTask | _RemoveTask | _AddStandby | _RemoveStandby | _Wake
+_Action = _AddTask | _RemoveTask | _AddStandby | _RemoveStandby | _Upload | _Wake
+
+SOURCE_CHANGELOG = "changelog"
+SOURCE_SNAPSHOT = "snapshot+tail"
 
 
 @dataclass
@@ -144,6 +165,18 @@ class _Restoring:
     store_of: dict[TopicPartitionKey, Any]
     started: float = field(default_factory=time.monotonic)
     restored: int = 0
+    source: str = SOURCE_CHANGELOG
+    snapshot: str | None = None
+    downloaded_bytes: int = 0
+
+
+@dataclass
+class _Fetching:
+    """A task or standby downloading a snapshot before its changelog tail."""
+
+    owner: Any  # RestorableTask or StandbyTask
+    standby: bool
+    download: SnapshotDownload
 
 
 class RestorationThread(threading.Thread):
@@ -155,9 +188,16 @@ class RestorationThread(threading.Thread):
         consumer_settings: dict[str, Any],
         status_topic: str | None = None,
         batch_size: int = 5000,
+        remote: RemoteState | None = None,
     ):
         super().__init__(name=name, daemon=True)
         self._status_topic = status_topic
+        self.remote = remote
+        # Tasks and standbys downloading a snapshot, by task id.
+        self._fetching: dict[str, _Fetching] = {}
+        # task id -> how its last restore went ("source", "seconds", "records",
+        # "snapshot", "downloaded_bytes"); replaced whole, read racily.
+        self.restores: dict[str, dict[str, Any]] = {}
         # Standbys: task id -> standby; changelog partition -> standby id.
         self._standbys: dict[str, StandbyTask] = {}
         self._standby_of: dict[TopicPartitionKey, str] = {}
@@ -218,6 +258,10 @@ class RestorationThread(threading.Thread):
         self._actions.put(_RemoveStandby(task_id, future))
         return future
 
+    def add_upload(self, job: UploadJob) -> None:
+        """Upload a captured snapshot (polling thread, from the commit)."""
+        self._actions.put(_Upload(job))
+
     def standby_ids(self) -> list[str]:
         return sorted(self._standbys)
 
@@ -237,18 +281,28 @@ class RestorationThread(threading.Thread):
                 self._consumer.incremental_assign(
                     [TopicPartition(self._status_topic, 0, OFFSET_BEGINNING)]
                 )
+            if self.remote is not None:
+                self.remote.clean_staging()
             while not self._stop_event.is_set():
-                busy = bool(self._restoring or self._standbys or self._status_topic)
+                remote_work = self._remote_busy()
+                busy = bool(self._restoring or self._standbys or self._status_topic or remote_work)
                 self._handle_actions(block=not busy)
                 if busy:
-                    self.restore_once()
+                    self.restore_once(0.0 if remote_work else 0.1)
                     self._maybe_checkpoint_standbys()
-            for task_id in list(self._standbys):
+                    self._step_remote()
+            for task_id in list(self._standbys) + [
+                t for t, f in self._fetching.items() if f.standby
+            ]:
                 self._drop_standby(task_id)
         except BaseException as exc:  # noqa: BLE001 - reported via fatal_error
             self.fatal_error = exc
             log.error("restoration_thread_failed", error=f"{type(exc).__name__}: {exc}")
         finally:
+            if self.remote is not None:
+                self.remote.uploader.close()
+            for fetching in self._fetching.values():
+                fetching.download.abandon()
             try:
                 self._consumer.close()
             except Exception as exc:
@@ -269,12 +323,23 @@ class RestorationThread(threading.Thread):
                 action.done.set_result(self._drop_standby(action.task_id))
             elif isinstance(action, _RemoveTask):
                 action.done.set_result(self._stop_restoring(action.task_id))
+            elif isinstance(action, _Upload) and self.remote is not None:
+                self.remote.uploader.submit(action.job)
             try:
                 action = self._actions.get_nowait()
             except queue.Empty:
                 return
 
     def _start(self, task: RestorableTask) -> None:
+        if not self._fetch_snapshot(task, standby=False):
+            self._start_changelog(task)
+
+    def _start_changelog(
+        self,
+        task: RestorableTask,
+        started: float | None = None,
+        download: SnapshotDownload | None = None,
+    ) -> None:
         partitions = []
         store_of = {}
         for store in task.stores.values():
@@ -287,7 +352,14 @@ class RestorationThread(threading.Thread):
                 TopicPartition(tp[0], tp[1], start if start is not None else OFFSET_BEGINNING)
             )
             self._by_partition[tp] = task.id
-        self._restoring[task.id] = _Restoring(task, set(store_of), store_of)
+        state = _Restoring(task, set(store_of), store_of)
+        if started is not None:
+            state.started = started
+        if download is not None:
+            state.source = SOURCE_SNAPSHOT
+            state.snapshot = download.snapshot_id
+            state.downloaded_bytes = download.downloaded_bytes
+        self._restoring[task.id] = state
         self.progress[task.id] = {"restored": 0, "remaining": -1, "rate": 0.0}
         self._consumer.incremental_assign(partitions)
         log.info(
@@ -299,6 +371,13 @@ class RestorationThread(threading.Thread):
         )
 
     def _stop_restoring(self, task_id: str) -> bool:
+        fetching = self._fetching.get(task_id)
+        if fetching is not None and not fetching.standby:
+            del self._fetching[task_id]
+            fetching.download.abandon()
+            self.progress.pop(task_id, None)
+            log.info("task_restore_cancelled", task_id=task_id)
+            return True
         state = self._restoring.pop(task_id, None)
         self.progress.pop(task_id, None)
         if state is None:
@@ -312,6 +391,10 @@ class RestorationThread(threading.Thread):
         return True
 
     def _start_standby(self, standby: StandbyTask) -> None:
+        if not self._fetch_snapshot(standby, standby=True):
+            self._start_standby_changelog(standby)
+
+    def _start_standby_changelog(self, standby: StandbyTask) -> None:
         partitions = []
         for store in standby.stores.values():
             if store.changelog_topic is None:
@@ -329,6 +412,16 @@ class RestorationThread(threading.Thread):
         log.info("standby_started", task_id=standby.id)
 
     def _drop_standby(self, task_id: str) -> bool:
+        fetching = self._fetching.get(task_id)
+        if fetching is not None and fetching.standby:
+            del self._fetching[task_id]
+            fetching.download.abandon()
+            try:
+                fetching.owner.close()
+            except Exception as exc:
+                log.warning("standby_close_failed", task_id=task_id, error=str(exc))
+            log.info("standby_stopped", task_id=task_id, applied=0)
+            return True
         standby = self._standbys.pop(task_id, None)
         if standby is None:
             return False
@@ -372,8 +465,8 @@ class RestorationThread(threading.Thread):
             statuses[instance] = status
         self.statuses = statuses
 
-    def restore_once(self) -> None:
-        messages = self._consumer.consume(self._batch_size, 0.1)
+    def restore_once(self, timeout: float = 0.1) -> None:
+        messages = self._consumer.consume(self._batch_size, timeout)
         batch = sort_changelog_messages(messages, self._status_topic, self._apply_status)
         next_offsets, reached_end = batch.next_offsets, batch.reached_end
         for tp, records in batch.records.items():
@@ -429,11 +522,23 @@ class RestorationThread(threading.Thread):
         del self._restoring[task_id]
         self.progress.pop(task_id, None)
         elapsed = time.monotonic() - state.started
+        self.restores = {
+            **self.restores,
+            task_id: {
+                "source": state.source,
+                "seconds": round(elapsed, 3),
+                "records": state.restored,
+                "snapshot": state.snapshot,
+                "downloaded_bytes": state.downloaded_bytes,
+            },
+        }
         log.info(
             "task_restored",
             task_id=task_id,
             records=state.restored,
             seconds=round(elapsed, 3),
+            source=state.source,
+            snapshot=state.snapshot,
         )
         state.task.restored_records = state.restored
         self._restored.put(state.task)
@@ -457,3 +562,82 @@ class RestorationThread(threading.Thread):
                 "remaining": remaining,
                 "rate": round(state.restored / elapsed, 1),
             }
+
+    # --- remote state ---------------------------------------------------------------
+
+    def _remote_busy(self) -> bool:
+        return bool(self._fetching) or (self.remote is not None and self.remote.uploader.busy)
+
+    def _step_remote(self) -> None:
+        """One bounded step of snapshot work: a download first (a task waits for
+        it), else an upload."""
+        if self._fetching:
+            task_id = next(iter(self._fetching))
+            self._step_fetch(task_id, self._fetching[task_id])
+        elif self.remote is not None:
+            self.remote.uploader.step()
+
+    def _fetch_snapshot(self, owner: Any, standby: bool) -> bool:
+        """Start downloading a snapshot for a task (or standby) that has no
+        usable local state; False when it restores from the changelog alone."""
+        remote = self.remote
+        if remote is None:
+            return False
+        stores = snapshot_stores(owner)
+        if not stores or all(
+            owner.restore_from.get((store.changelog_topic, owner.partition)) is not None
+            for store in stores.values()
+        ):
+            return False  # nothing a snapshot would restore, or local state to use
+        try:
+            download = remote.find_snapshot(owner.id, stores, self._watermarks)
+        except RemoteStoreError as exc:
+            log.warning("remote_snapshot_list_failed", task_id=owner.id, error=str(exc))
+            return False
+        if download is None:
+            log.info("remote_snapshot_none", task_id=owner.id)
+            return False
+        self._fetching[owner.id] = _Fetching(owner, standby, download)
+        if not standby:
+            self.progress[owner.id] = {"restored": 0, "remaining": -1, "rate": 0.0}
+        return True
+
+    def _step_fetch(self, task_id: str, fetching: _Fetching) -> None:
+        download = fetching.download
+        try:
+            done = download.step()
+        except SnapshotUnusable as exc:
+            assert self.remote is not None
+            self.remote.stats.snapshot_restore_failures += 1
+            log.warning("remote_snapshot_fallback_to_changelog", task_id=task_id, reason=str(exc))
+            del self._fetching[task_id]
+            self._continue_after_fetch(fetching, None)
+            return
+        if not done:
+            return
+        del self._fetching[task_id]
+        positions = download.install()
+        owner = fetching.owner
+        for tp, position in positions.items():
+            owner.restore_from[tp] = position
+        log.info(
+            "remote_snapshot_installed",
+            task_id=task_id,
+            snapshot=download.snapshot_id,
+            bytes=download.downloaded_bytes,
+            seconds=round(time.monotonic() - download.started, 3),
+            positions={f"{t}-{p}": o for (t, p), o in positions.items()},
+        )
+        self._continue_after_fetch(fetching, download if positions else None)
+
+    def _continue_after_fetch(self, fetching: _Fetching, download: SnapshotDownload | None) -> None:
+        if fetching.standby:
+            self._start_standby_changelog(fetching.owner)
+        else:
+            self._start_changelog(fetching.owner, fetching.download.started, download)
+
+    def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        low, high = self._consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=10.0, cached=False
+        )
+        return int(low), int(high)

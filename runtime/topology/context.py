@@ -29,7 +29,13 @@ class Cancellable(Protocol):
 
 
 class TaskContext(Protocol):
-    """What a node of a task's graph may ask of the task that runs it."""
+    """What a node of a task's graph may ask of the task that runs it.
+
+    Optional member, read with getattr by sinks (contexts that never
+    partition need not have it): `static_partitioner`, the app's
+    `static.partitioner` or None; when set, sinks partition every keyed
+    record with its `static_partition(topic, key, num_partitions)`.
+    """
 
     @property
     def task_id(self) -> str: ...

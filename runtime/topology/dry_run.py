@@ -94,6 +94,8 @@ class _DryRunContext:
         self.application_id = application_id
         self.default_key_serde = default_key_serde
         self.default_value_serde = default_value_serde
+        # Sinks partition nothing in a dry run: the serdes are what is tried.
+        self.static_partitioner = None
         self._partitions = partitions
         self.record_timestamp = 0
         self.stream_time = -1

@@ -381,7 +381,9 @@ class SinkNode(Node):
     `topic` is the name as written (relative for internal topics); the full
     name is resolved at `init`. `partitioner(key, value, num_partitions)` gets
     the deserialized key and value, as Kafka's StreamPartitioner, and returns a
-    partition or None for default partitioning.
+    partition or None for default partitioning. The app's static partitioner,
+    when configured, replaces it for every keyed record (null keys go
+    round-robin): `static_partition(topic, key, num_partitions)`.
     """
 
     __slots__ = (
@@ -396,6 +398,7 @@ class SinkNode(Node):
         "_value_ser",
         "_send",
         "_partition_count",
+        "_static",
         "_resolved",
     )
 
@@ -425,6 +428,7 @@ class SinkNode(Node):
         self._value_ser: Callable[[Any], bytes | None] = _not_initialized
         self._send: Callable[..., None] = _not_initialized
         self._partition_count: Callable[[str], int] = _not_initialized
+        self._static: Callable[[str, Any, int], int] | None = None
 
     def add_child(self, child: Node) -> None:
         raise ValueError(f"sink {self.name!r} cannot have children")
@@ -438,12 +442,17 @@ class SinkNode(Node):
         self._value_ser = value.serialize
         self._send = ctx.send
         self._partition_count = ctx.partition_count
+        static = getattr(ctx, "static_partitioner", None)  # optional (see TaskContext)
+        self._static = static.static_partition if static is not None else None
 
     def process(self, record: Record) -> None:
         key = record.key
         value = record.value
         partition = None
-        if self.partitioner is not None:
+        if self._static is not None:
+            if key is not None:
+                partition = self._static_partition(key)
+        elif self.partitioner is not None:
             num_partitions = self._partition_count(self.full_topic)
             partition = self.partitioner(key, value, num_partitions)
             if partition is not None and not 0 <= partition < num_partitions:
@@ -463,6 +472,25 @@ class SinkNode(Node):
         self._send(
             self.full_topic, key_bytes, value_bytes, record.timestamp, record.headers, partition
         )
+
+    def _static_partition(self, key: Any) -> int:
+        """The static partitioner's partition for `key`, checked: a key must
+        always have one (None would fall back to hashing, which moves keys)."""
+        assert self._static is not None
+        num_partitions = self._partition_count(self.full_topic)
+        partition = self._static(self.full_topic, key, num_partitions)
+        if (
+            isinstance(partition, bool)
+            or not isinstance(partition, int)
+            or not 0 <= partition < num_partitions
+        ):
+            raise ValueError(
+                f"sink {self.name!r}: static partitioner returned {partition!r} for topic "
+                f"{self.full_topic!r} with {num_partitions} partitions (expected 0 to "
+                f"{num_partitions - 1}; expand this topic first if the key belongs to a "
+                "new partition)"
+            )
+        return partition
 
     def _serialization_error(self, part: str, obj: Any, exc: Exception) -> SerializationError:
         """One line: where, which serde (and where it came from), what it got, the fix."""

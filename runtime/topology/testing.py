@@ -87,6 +87,7 @@ class RecordingTaskContext:
     application_id: str = "app"
     default_key_serde: Any = serdes.BYTES
     default_value_serde: Any = serdes.BYTES
+    static_partitioner: Any = None
     partitions: dict[str, int] = field(default_factory=dict)
     stores: dict[str, Any] = field(default_factory=dict)
     sent: list[Sent] = field(default_factory=list)

@@ -276,6 +276,17 @@ class Topology:
         topics = (t for s in self._subtopologies for t in (*s.sources, *s.sinks) if t.internal)
         return list(dict.fromkeys(topics))
 
+    def partitioned_sinks(self) -> list[tuple[str, str]]:
+        """`(sink node, topic as written)` of the sinks given their own
+        partitioner (`to(partitioner=...)`, `repartition(partitioner=...)`),
+        which a configured static partitioner overrides."""
+        return [
+            (d.name, d.topics[0])
+            for sub in self._subtopologies
+            for d in sub._defs
+            if d.kind is NodeKind.SINK and d.params.get("partitioner") is not None
+        ]
+
     def store_specs(self) -> list[StoreSpec]:
         """Every store the runtime builds, each once (see `Subtopology.store_specs`)."""
         return [d.spec for _, d in self._store_owner.values()]

@@ -306,11 +306,6 @@ def test_failed_transaction_is_aborted_rewound_and_recovered(
         app.close(30)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open: in some runs a KafkaException(_FENCED) still escapes the polling thread "
-    "after the producer was marked broken (3 of 6 runs, 2026-11-23); not yet located",
-)
 def test_fenced_producer_is_aborted_rewound_and_recreated(
     bootstrap: str, on_kafka: bool, tmp_path: Path
 ) -> None:

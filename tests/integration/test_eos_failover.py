@@ -1,14 +1,17 @@
 """exactly_once_v2 through broker failures in a three-node Kafka cluster.
 
-The input partition's leader and the transaction coordinator of the daemon's
-transactional.id are SIGKILLed mid-run and restarted; a producer feeds input
-throughout. A read_committed reader must see every input sequence number once
+The input partition's leader, the transaction coordinator of the daemon's
+transactional.id and then its group coordinator are SIGKILLed mid-run and
+restarted (when one node held both coordinator roles, librdkafka's
+send_offsets_to_transaction hung for minutes: see
+runtime/polling/transactions.py); a producer feeds input throughout. A read_committed reader must see every input sequence number once
 and the counts must be the true counts. Kafka only (the `kafka_cluster` fixture
 skips on a Tansu run).
 """
 
 from __future__ import annotations
 
+import faulthandler
 from pathlib import Path
 
 import pytest
@@ -51,16 +54,15 @@ def commits_after(app: App, done: int, more: int, timeout: float, what: str) -> 
         assert app.state not in (AppState.ERROR, AppState.PENDING_ERROR), repr(app.failure)
         return bool(app.status()["transactions_committed"] >= done + more)
 
-    wait_until(ok, timeout, interval=0.1, message=f"no transaction committed {what}")
+    try:
+        wait_until(ok, timeout, interval=0.1, message=f"no transaction committed {what}")
+    except AssertionError:
+        # Where each thread sits when commits stopped (the open stall's diagnosis).
+        faulthandler.dump_traceback(all_threads=True)
+        raise
     return int(app.status()["transactions_committed"])
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open bug: when the killed node coordinates both the app's transaction and its "
-    "group, the polling thread was seen to stop making progress (2 of 6 runs, 2026-11-23); "
-    "passes when the roles sit on different nodes",
-)
 def test_input_leader_and_transaction_coordinator_killed_and_restarted(
     kafka_cluster: KafkaCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -53,6 +53,13 @@ FULL_STATUS = AppStatus(
     lag={"my-topic-0": 4}, total_lag=4, broker_down_since=1_700_000_001.0,
     transactions_committed=3, transactions_aborted=1, restored=10,
     dropped={"late": 2},
+    partitions={"my-topic": 8, "out": 8}, partition_expansions=1, tasks_created_by_expansion=4,
+    held_partitions=["my-topic-7"], expansion_waiting_for="internal topics growing",
+    restores={"0_0": {"source": "snapshot+tail", "seconds": 1.5, "records": 20,
+                      "snapshot": "0000000000001-0123abcd", "downloaded_bytes": 100}},
+    remote_state={"snapshots_uploaded": 2, "snapshot_failures": 0, "bytes_uploaded": 300,
+                  "bytes_downloaded": 100, "snapshot_restore_failures": 0,
+                  "last_snapshot": {"0_0": {"created": 1_700_000_002.0}}},
 )  # fmt: skip
 
 
@@ -98,6 +105,12 @@ def test_collector_exports_every_name() -> None:
     assert threads_max == {"0_0": 1, "0_1": 4, "1_0": 1}
     assert got["streams_process_batch_seconds_count"][0].value == 4
     assert got["streams_poison_records_total"][0].value == 1  # dead-lettered counts as skipped
+    counts = {s.labels["topic"]: s.value for s in got["streams_topic_partitions"]}
+    assert counts == {"my-topic": 8, "out": 8}
+    assert got["streams_partition_expansions_total"][0].value == 1
+    assert got["streams_tasks_created_by_expansion_total"][0].value == 4
+    assert got["streams_held_partitions"][0].value == 1
+    assert got["streams_partition_expansion_waiting"][0].value == 1
 
 
 def test_endpoints_follow_app_state() -> None:

@@ -105,6 +105,8 @@ def assert_typed_and_in_range(spec: ConfigKey, value: Any) -> None:
         assert value in spec.choices
     elif spec.kind == "serde":
         assert isinstance(value, Serde)
+    elif spec.kind == "partitioner":
+        assert callable(value.static_partition)
     else:
         assert type(value) is str and value.strip() and "\x00" not in value
         assert len(value) <= spec.max_length
@@ -156,7 +158,8 @@ def test_every_key_validates_or_names_itself(key: str) -> None:
 
 
 def test_the_fuzz_covers_every_key_kind() -> None:
-    assert {spec.kind for spec in KEYS.values()} == {"str", "int", "bool", "enum", "serde"}
+    kinds = {spec.kind for spec in KEYS.values()}
+    assert kinds == {"str", "int", "bool", "enum", "serde", "partitioner"}
 
 
 @pytest.mark.parametrize("prefix", PASSTHROUGH_PREFIXES)

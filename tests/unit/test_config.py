@@ -217,6 +217,18 @@ BAD_VALUES = [
     ("admin.socket.max.connections", 0),
     ("admin.socket.max.buffered.bytes", 1023),
     ("admin.socket.idle.timeout.ms", 0),
+    ("static.partitioner", "json:dumps"),
+    ("partition.check.interval.ms", 99),
+    ("state.remote.url", "http://bucket/prefix"),
+    ("state.remote.url", "s3://Bad_Bucket/x"),
+    ("state.remote.url", "s3://bucket/a//b"),
+    ("state.remote.url", "s3://bucket/../x"),
+    ("state.remote.endpoint", "127.0.0.1:9000"),
+    ("state.remote.endpoint", "http://:9000"),
+    ("state.remote.endpoint", "http://host:99999"),
+    ("state.remote.checkpoint.interval.ms", 999),
+    ("state.remote.snapshots.retained", 0),
+    ("state.remote.snapshot.max.age.ms", "soon"),
 ]
 
 
@@ -582,12 +594,16 @@ INT_RANGES = {
     "metrics.port": lambda n: 0 <= n <= 65535,
     "processing.threads.min": lambda n: 0 <= n <= 64,
     "processing.threads.max": lambda n: 1 <= n <= 64,
+    "partition.check.interval.ms": lambda n: 100 <= n <= LONG,
+    "state.remote.checkpoint.interval.ms": lambda n: 1000 <= n <= LONG,
+    "state.remote.snapshots.retained": lambda n: 1 <= n <= 1000,
+    "state.remote.snapshot.max.age.ms": lambda n: 1000 <= n <= LONG,
 }
 # Durations the runtime waits for: accepted up to Kafka's "infinite", stored clamped.
 CLAMPED = {
     "commit.interval.ms", "task.timeslice.ms", "poll.ms", "shutdown.timeout.ms",
-    "admin.socket.idle.timeout.ms", "processing.retry.backoff.ms",
-    "processing.retry.backoff.max.ms",
+    "admin.socket.idle.timeout.ms", "partition.check.interval.ms",
+    "processing.retry.backoff.ms", "processing.retry.backoff.max.ms",
 }  # fmt: skip
 
 
@@ -614,3 +630,19 @@ def test_int_key_accepts_exactly_its_range(key: str, n: int, as_text: bool) -> N
         with pytest.raises(ConfigError) as info:
             build({key: value})
         assert info.value.key == key
+
+
+def test_remote_state_keys_parse() -> None:
+    config = build(
+        {
+            "state.remote.url": "s3://my-bucket/some/prefix/",
+            "state.remote.endpoint": "http://127.0.0.1:9000",
+            "state.remote.checkpoint.interval.ms": 60000,
+        }
+    )
+    assert config.state_remote_url == "s3://my-bucket/some/prefix/"
+    assert config.state_remote_endpoint == "http://127.0.0.1:9000"
+    assert config.state_remote_checkpoint_interval_ms == 60000
+    assert config.state_remote_snapshots_retained == 3
+    off = build({})
+    assert off.state_remote_url is None and off.state_remote_endpoint is None

@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-HEAVY = ("pyspark", "pyarrow", "pandas", "matplotlib", "pytest", "hypothesis")
+HEAVY = ("pyspark", "pyarrow", "pandas", "matplotlib", "pytest", "hypothesis", "boto3", "botocore")
 
 
 def _names(requirements: list[str]) -> set[str]:
@@ -23,6 +23,8 @@ def test_the_runtime_alone_needs_none_of_the_extras() -> None:
     extras = project["optional-dependencies"]
     assert "streams-runtime[spark]" in extras["dev"]  # ./dev test brings PySpark
     assert {"pyspark", "pyarrow", "pandas"} <= _names(extras["spark"])
+    assert "streams-runtime[remote]" in extras["dev"]  # and the remote state tests boto3
+    assert _names(extras["remote"]) == {"boto3"}
 
 
 def test_demo_and_cli_import_without_the_extras() -> None:

@@ -78,7 +78,7 @@ def settings(
         PARTITIONS,
         str(state_dir),
         CacheBudget(1 << 20),
-        KeyParallelSettings(threads_per_task, retry or RetryPolicy(), window),
+        key_parallel=KeyParallelSettings(threads_per_task, retry or RetryPolicy(), window),
     )
 
 

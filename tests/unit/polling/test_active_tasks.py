@@ -75,6 +75,14 @@ class FakeConsumer:
         self._committed = committed
         self.seeks: list[tuple[str, int, int]] = []
         self.resumed: list[tuple[str, int]] = []
+        self.paused: list[tuple[str, int]] = []
+        self.assigned: set[tuple[str, int]] = set()
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(t, p) for t, p in sorted(self.assigned)]
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.paused += [(tp.topic, tp.partition) for tp in partitions]
 
     def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
         return [
@@ -133,6 +141,7 @@ def parts(tmp_path: Path) -> dict[str, Any]:
         "consumer": consumer,
         "buffers": buffers,
         "released": released,
+        "layout": layout,
     }
     tasks.close_all_dirty()
 
@@ -221,3 +230,83 @@ def test_closed_tasks_keep_their_counts(parts: dict[str, Any]) -> None:
     task.skipped_count = 2
     tasks.close_all_dirty()
     assert tasks.closed_totals == {"processed": 12, "skipped": 2, "dead_lettered": 0}
+
+
+def assign(parts: dict[str, Any], *pairs: tuple[str, int]) -> int:
+    """As the rebalance callback does: create, then the consumer has them."""
+    created = parts["tasks"].create(tps(*pairs))
+    parts["consumer"].assigned |= set(pairs)
+    return int(created)
+
+
+def test_partitions_beyond_the_accepted_count_are_held_until_it_grows(
+    parts: dict[str, Any],
+) -> None:
+    tasks: ActiveTasks = parts["tasks"]
+    assert assign(parts, ("words", 0), ("words", 1), ("words", 2), ("words", 3)) == 2
+    assert tasks.ids() == {"0_0", "0_1"}
+    assert tasks.held == {("words", 2), ("words", 3)}
+    assert ("words", 2) not in parts["buffers"], "a held partition's records are dropped"
+    tasks.pause_held()
+    assert parts["consumer"].paused == [("words", 2), ("words", 3)]
+    assert tasks.release_held() == 0, "nothing changed yet"
+
+    parts["consumer"].assigned.discard(("words", 3))  # revoked meanwhile
+    tasks.release_held()
+    assert tasks.held == {("words", 2)}
+
+    parts["layout"].partitions["words"] = 4  # the expansion is accepted
+    assert tasks.release_held() == 1
+    assert tasks.ids() == {"0_0", "0_1", "0_2"} and not tasks.held
+    assert parts["consumer"].seeks == [("words", 2, OFFSET_BEGINNING)], "from the commit"
+    assert ("words", 2) in parts["consumer"].resumed
+    assert tasks.created_by_expansion == 1
+
+
+def test_close_all_dirty_forgets_held_partitions(parts: dict[str, Any]) -> None:
+    tasks: ActiveTasks = parts["tasks"]
+    assign(parts, ("words", 5))
+    assert tasks.held == {("words", 5)}
+    tasks.close_all_dirty()
+    assert not tasks.held
+
+
+def test_a_join_task_waits_until_its_co_partitioned_partitions_are_both_here(
+    tmp_path: Path,
+) -> None:
+    builder = StreamsBuilder()
+    table = builder.table("t", key_serde=serdes.STRING, value_serde=serdes.STRING)
+    builder.stream("s", key_serde=serdes.STRING, value_serde=serdes.STRING).join(
+        table, lambda v, w: v
+    ).to("out")
+    topo = builder.build()
+    (sub,) = topo.subtopologies
+    layout = TopicLayout(
+        sources={0: [s.name for s in sub.sources]},
+        partitions={"s": 2, "t": 2, "out": 2}
+        | {f"{APP}-{store.name}-changelog": 2 for store in sub.store_specs},
+        subtopology_of={"s": 0, "t": 0},
+        changelogs={f"{APP}-{store.name}-changelog": 0 for store in sub.store_specs},
+    )
+    settings = TaskSettings(
+        APP, serdes.BYTES, serdes.BYTES, ErrorPolicy("log_and_fail", "log_and_fail", None),
+        layout.partitions, str(tmp_path), CacheBudget(1 << 20),
+    )  # fmt: skip
+    consumer = FakeConsumer({})
+    tasks = ActiveTasks(
+        topo, layout, settings, InputBuffers(100), FakeRunner(), FakeRestorer(),
+        FakeOutput(), consumer, release_standby=lambda task_id: None,  # type: ignore[arg-type]
+    )  # fmt: skip
+    try:
+        # An assignor that splits the join's partitions (counts differed for a while).
+        tasks.create(tps(("s", 0), ("t", 0), ("s", 1)))
+        consumer.assigned |= {("s", 0), ("t", 0), ("s", 1)}
+        assert tasks.ids() == {"0_0"} and tasks.held == {("s", 1)}
+        tasks.create(tps(("t", 1)))  # a later, incremental assignment brings its sibling
+        consumer.assigned.add(("t", 1))
+        assert tasks.release_held() == 0  # 0_1 exists already (made for t-1)
+        assert tasks.ids() == {"0_0", "0_1"} and not tasks.held
+        task = tasks.get("0_1")
+        assert task is not None and set(task.queues) == {"s", "t"}
+    finally:
+        tasks.close_all_dirty()

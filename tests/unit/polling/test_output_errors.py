@@ -20,18 +20,30 @@ LIMIT = 10_000
 
 
 class FakeProducer:
-    """Refuses records over LIMIT bytes as librdkafka does; keeps the rest."""
+    """The output channel's produce loop over a producer that refuses records
+    over LIMIT bytes as librdkafka does: a refusal goes back to the handler."""
 
     def __init__(self) -> None:
         self.sent: list[dict[str, Any]] = []
+        self.errors: OutputErrors | None = None
 
-    def produce(self, topic: str, value: bytes | None, key: bytes | None, **kw: Any) -> None:
-        if record_size(key, value, kw.get("headers")) > LIMIT:
-            raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
-        self.sent.append({"topic": topic, "key": key, "value": value, **kw})
-
-    def poll(self, timeout: float) -> int:
-        return 0
+    def send(self, records: list[OutputRecord]) -> None:
+        assert self.errors is not None
+        for rec in records:
+            topic, partition, key, value, timestamp, headers = rec[:6]
+            if record_size(key, value, headers) > LIMIT:
+                self.errors.on_produce_error(rec, too_large())
+                continue
+            self.sent.append(
+                {
+                    "topic": topic,
+                    "key": key,
+                    "value": value,
+                    "partition": partition,
+                    "timestamp": timestamp,
+                    "headers": headers,
+                }
+            )
 
 
 def record(topic: str, value: bytes, headers: list | None = None) -> OutputRecord:
@@ -42,7 +54,8 @@ def errors(
     handler: str, dlq: str | None = "dlq", eos: bool = False
 ) -> tuple[OutputErrors, FakeProducer]:
     producer = FakeProducer()
-    return OutputErrors(handler, dlq, LIMIT, eos, lambda: producer), producer  # type: ignore[arg-type, return-value]
+    producer.errors = OutputErrors(handler, dlq, LIMIT, eos, producer.send)
+    return producer.errors, producer
 
 
 def too_large() -> KafkaException:
@@ -90,6 +103,20 @@ def test_a_too_large_dead_letter_record_is_cut_whatever_the_handler() -> None:
     assert record_size(sent["key"], sent["value"], sent["headers"]) <= LIMIT
 
 
+def test_a_cut_dead_letter_record_refused_again_stops_instead_of_looping() -> None:
+    handler, producer = errors("dead_letter_queue")
+    cut = record("dlq", b"v", [(HEADER_TRUNCATED, b"50000")])
+    with pytest.raises(ProductionFailed) as failed:
+        handler.on_produce_error(cut, too_large())
+    assert "dlq[0]" in str(failed.value)
+    handler.on_delivery_error(
+        KafkaError(KafkaError.MSG_SIZE_TOO_LARGE),
+        FakeMessage("dlq", b"v", [(HEADER_TRUNCATED, b"9")]),
+    )  # type: ignore[arg-type]
+    assert handler.take_failure() is not None
+    assert producer.sent == []
+
+
 def test_errors_that_are_not_about_one_record_always_stop() -> None:
     handler, _ = errors("log_and_continue")
     with pytest.raises(ProductionFailed):
@@ -99,8 +126,8 @@ def test_errors_that_are_not_about_one_record_always_stop() -> None:
 
 
 class FakeMessage:
-    def __init__(self, topic: str, value: bytes) -> None:
-        self._topic, self._value = topic, value
+    def __init__(self, topic: str, value: bytes, headers: list | None = None) -> None:
+        self._topic, self._value, self._headers = topic, value, headers
 
     def topic(self) -> str:
         return self._topic
@@ -117,8 +144,8 @@ class FakeMessage:
     def timestamp(self) -> tuple[int, int]:
         return (1, 5)
 
-    def headers(self) -> None:
-        return None
+    def headers(self) -> list | None:
+        return self._headers
 
 
 def test_delivery_refusal_under_at_least_once_follows_the_handler() -> None:

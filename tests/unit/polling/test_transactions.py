@@ -3,12 +3,20 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from runtime.polling.transactions import TransactionFailed, Transactions, breaks_producer
+from runtime.polling.output import OutputChannel
+from runtime.polling.transactions import (
+    TransactionFailed,
+    Transactions,
+    breaks_producer,
+    call_with_deadline,
+)
 
 FENCED = KafkaError(KafkaError._FENCED, "fenced by newer producer instance", fatal=True)
 
@@ -100,3 +108,72 @@ def test_a_fence_met_in_the_commit_itself_aborts_and_replaces() -> None:
     with pytest.raises(TransactionFailed) as failed:
         txn.commit([TopicPartition("in", 0, 1)], object())
     assert failed.value.recreated_producer and txn.producer is producers[1]
+
+
+def test_a_commit_stuck_past_its_deadline_abandons_and_replaces_the_producer() -> None:
+    """librdkafka#5456: send_offsets_to_transaction can block far past its timeout
+    when the group coordinator moved. The runtime gives up on that producer after
+    its deadline, never calls it again, and starts over with a new one."""
+    release = threading.Event()
+    producers: list[FakeProducer] = []
+
+    class StuckProducer(FakeProducer):
+        def send_offsets_to_transaction(self, *_args: Any) -> None:
+            self.calls.append("send_offsets")
+            release.wait(30)
+
+    def new() -> FakeProducer:
+        producers.append(StuckProducer() if not producers else FakeProducer())
+        return producers[-1]
+
+    transactions = Transactions(new, 0.1, stuck_grace_s=0.2)  # type: ignore[arg-type]
+    assert transactions.ensure_open()
+    started = time.monotonic()
+    try:
+        with pytest.raises(TransactionFailed) as failed:
+            transactions.commit([TopicPartition("in", 0, 5)], object())
+        waited = time.monotonic() - started
+        assert failed.value.recreated_producer
+        assert "did not return" in str(failed.value)
+        assert waited < 5, f"the stuck call held the commit for {waited:.1f} s"
+        stuck, fresh = producers
+        assert stuck.calls == ["init", "begin", "send_offsets"], "a stuck producer is not reused"
+        assert transactions.producer is fresh and fresh.calls == ["init"]
+        # The next transaction runs on the new producer.
+        assert transactions.ensure_open()
+        transactions.commit([TopicPartition("in", 0, 5)], object())
+        assert fresh.calls == ["init", "begin", "send_offsets", "commit"]
+    finally:
+        release.set()
+
+
+def test_call_with_deadline_returns_and_raises_like_the_call() -> None:
+    call_with_deadline("ok", lambda: None, 1.0)
+    with pytest.raises(KafkaException) as raised:
+        call_with_deadline("fenced", lambda: (_ for _ in ()).throw(KafkaException(FENCED)), 1.0)
+    assert raised.value.args[0].code() == KafkaError._FENCED
+
+
+def test_a_fatal_error_raised_by_poll_is_a_fence_under_exactly_once() -> None:
+    """confluent-kafka raises a fatal producer error from poll()/flush() instead of
+    calling error_cb (seen on Kafka: the fence escaped and stopped the app)."""
+    channel = OutputChannel.__new__(OutputChannel)
+    channel.transactions, _ = make()
+
+    def fenced_poll() -> int:
+        raise KafkaException(FENCED)
+
+    assert channel._serve_reports(fenced_poll) == 0
+    assert channel.transactions.broken is not None
+    assert channel.transactions.broken.code() == KafkaError._FENCED
+
+
+def test_a_fatal_error_raised_by_poll_stops_at_least_once() -> None:
+    channel = OutputChannel.__new__(OutputChannel)
+    channel.transactions = None
+
+    def fatal_poll() -> int:
+        raise KafkaException(FENCED)
+
+    with pytest.raises(KafkaException):
+        channel._serve_reports(fatal_poll)

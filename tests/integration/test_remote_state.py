@@ -1,0 +1,237 @@
+"""Remote state (issue 18): snapshots in a real S3-compatible server (S3Proxy on
+loopback) and restoration from them, against the session's Kafka.
+
+The truth of every test is the input itself: counts per key computed here and
+compared with the restored stores and the output topic.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime import App, StreamsBuilder, serdes
+from runtime.brokers.s3proxy import S3Proxy
+from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
+from tests.remote_helpers import RemoteBucket, local_checkpoint, remote_bucket, snapshot_offsets
+
+pytestmark = pytest.mark.integration
+
+# The issue's case is 1,000,000 keys; it runs in the benchmark (`./dev bench
+# remote-state`). Here a count that keeps the test well under a minute.
+KEYS = 40_000
+STORE = "counts"
+TASKS = ("0_0", "0_1")
+
+
+@pytest.fixture
+def bucket(s3proxy: S3Proxy, monkeypatch: pytest.MonkeyPatch) -> Any:
+    with remote_bucket(s3proxy, monkeypatch) as made:
+        yield made
+
+
+class CountApp:
+    """A per-key count over a 2-partition input, its topics, and the truth."""
+
+    def __init__(self, bootstrap: str, tmp_path: Path) -> None:
+        self.bootstrap = bootstrap
+        self.app_id = unique_name("remote")
+        self.source, self.sink = unique_name("in"), unique_name("out")
+        create_topic(bootstrap, self.source, 2)
+        create_topic(bootstrap, self.sink, 2)
+        self.truth: Counter[str] = Counter()
+        self.tmp_path = tmp_path
+
+    def feed(self, keys: list[str]) -> None:
+        produce(self.bootstrap, self.source, ((k, "x") for k in keys))
+        self.truth.update(keys)
+
+    def app(self, state_dir: Path, extra: dict[str, object]) -> App:
+        builder = StreamsBuilder()
+        (
+            builder.stream(self.source, key_serde=serdes.STRING, value_serde=serdes.STRING)
+            .group_by_key()
+            .count(store=STORE)
+            .to_stream()
+            .to(self.sink, value_serde=serdes.INT64)
+        )
+        config: dict[str, object] = {
+            "application.id": self.app_id,
+            "bootstrap.servers": self.bootstrap,
+            "processing.threads": 2,
+            "commit.interval.ms": 300,
+            "state.dir": str(state_dir),
+            "consumer.session.timeout.ms": 6000,
+            "consumer.heartbeat.interval.ms": 500,
+        }
+        config.update(extra)
+        return App(builder.build(), config)
+
+    def wait_processed(self, app: App, total: int, timeout: float = 60) -> None:
+        wait_until(
+            lambda: app.status().processed >= total,
+            timeout,
+            message=f"processed {app.status().processed} of {total}",
+        )
+
+    def check_counts(self, app: App) -> None:
+        """The store holds exactly the true counts (no key missing, none extra)."""
+        stored = dict(app.store(STORE, timeout=30).all())
+        assert len(stored) == len(self.truth), (len(stored), len(self.truth))
+        wrong = [(k, stored.get(k), n) for k, n in self.truth.items() if stored.get(k) != n]
+        assert not wrong, f"{len(wrong)} wrong counts, e.g. {wrong[:5]}"
+
+    def check_output(self) -> None:
+        """The newest count per key in the output topic is the true count."""
+        latest: dict[str, int] = {}
+        output = consume_all(self.bootstrap, self.sink, idle=1.0, timeout=120)
+        for m in sorted(output, key=lambda m: (m.partition, m.offset)):
+            latest[m.key.decode()] = serdes.INT64.deserialize(m.value)
+        assert latest == dict(self.truth)
+
+
+def wait_snapshots_cover_local_state(
+    app: App, bucket: RemoteBucket, counts: CountApp, state_dir: Path, timeout: float = 60
+) -> None:
+    """Until each task's newest snapshot names what its local checkpoint names (all
+    processed input is in a snapshot)."""
+
+    def covered() -> bool:
+        for task_id in TASKS:
+            manifests = bucket.manifests(counts.app_id, task_id)
+            local = local_checkpoint(state_dir, counts.app_id, task_id)
+            if not manifests or not local or snapshot_offsets(manifests[-1]) != local:
+                return False
+        return True
+
+    wait_until(covered, timeout, interval=0.3, message="snapshots never covered the state")
+
+
+def test_wiped_state_restores_from_snapshot_plus_tail(
+    bootstrap: str, tmp_path: Path, bucket: RemoteBucket
+) -> None:
+    counts = CountApp(bootstrap, tmp_path)
+    keys = [f"key-{i}" for i in range(KEYS)] + [f"key-{i}" for i in range(0, KEYS, 3)]
+    counts.feed(keys)
+    state = tmp_path / "state"
+    first = counts.app(state, bucket.config(interval_ms=1000))
+    first.start()
+    try:
+        counts.wait_processed(first, len(keys))
+        wait_snapshots_cover_local_state(first, bucket, counts, state)
+        remote = first.status().remote_state
+        assert remote is not None and remote["snapshots_uploaded"] >= 2
+        assert remote["bytes_uploaded"] > 0
+        assert set(remote["last_snapshot"]) == set(TASKS)
+    finally:
+        assert first.close(30)
+    snapshot_ends = {t: snapshot_offsets(bucket.manifests(counts.app_id, t)[-1]) for t in TASKS}
+
+    # The tail: processed on the same local state with remote state off, so the
+    # changelog moves past the snapshots and no newer snapshot is taken.
+    tail = [f"key-{i}" for i in range(0, KEYS, 7)] + [f"new-{i}" for i in range(500)]
+    counts.feed(tail)
+    second = counts.app(state, {})
+    second.start()
+    try:
+        counts.wait_processed(second, len(tail))
+    finally:
+        assert second.close(30)
+    changelog_ends = {t: local_checkpoint(state, counts.app_id, t) for t in TASKS}
+    tail_records = sum(
+        changelog_ends[t][tp] - snapshot_ends[t][tp] for t in TASKS for tp in snapshot_ends[t]
+    )
+    assert tail_records > 0
+
+    shutil.rmtree(state)  # the local state is gone: a new machine
+    third = counts.app(state, bucket.config(interval_ms=60_000))
+    third.start()
+    try:
+        wait_until(
+            lambda: (
+                set(third.status().restores) == set(TASKS)
+                and all(t.state == "RUNNING" for t in third.status().tasks)
+            ),
+            60,
+            message="restore did not finish",
+        )
+        restores = third.status().restores
+        for task_id in TASKS:
+            assert restores[task_id]["source"] == "snapshot+tail", restores
+            assert restores[task_id]["downloaded_bytes"] > 0
+        # Only the tail was replayed (compaction may have dropped some of it).
+        replayed = sum(r["records"] for r in restores.values())
+        assert 0 < replayed <= tail_records, (replayed, tail_records)
+        counts.check_counts(third)
+        # Processing goes on from the restored counts.
+        more = [f"key-{i}" for i in range(0, KEYS, 11)]
+        counts.feed(more)
+        counts.wait_processed(third, len(more))
+        counts.check_counts(third)
+        counts.check_output()
+        print(f"restores: {restores}")
+    finally:
+        assert third.close(30)
+
+
+def test_corrupt_or_truncated_snapshots_fall_back_and_old_ones_are_deleted(
+    bootstrap: str, tmp_path: Path, bucket: RemoteBucket
+) -> None:
+    """Retention keeps 2 snapshots per task and no file no snapshot names. Then,
+    with the local state wiped: task 0_0's files are all damaged (every snapshot
+    unusable: the changelog, from its beginning); task 0_1's newest manifest is
+    truncated (the older snapshot, plus a longer tail). Counts stay exact."""
+    counts = CountApp(bootstrap, tmp_path)
+    state = tmp_path / "state"
+    app = counts.app(state, bucket.config(interval_ms=1000, retained=2))
+    app.start()
+    try:
+        for round_ in range(3):  # three different states: three snapshots per task
+            batch = [f"key-{i}" for i in range(round_, 3000, round_ + 1)]
+            counts.feed(batch)
+            counts.wait_processed(app, sum(counts.truth.values()))
+            wait_snapshots_cover_local_state(app, bucket, counts, state)
+        uploaded = app.status().remote_state
+        assert uploaded is not None and uploaded["snapshots_uploaded"] >= 6
+    finally:
+        assert app.close(30)
+    for task_id in TASKS:
+        manifests = bucket.manifests(counts.app_id, task_id)
+        assert len(manifests) == 2, [m["snapshot_id"] for m in manifests]
+        named = {f[2] for m in manifests for s in m["stores"].values() for f in s["files"]}
+        prefix = f"snapshots/{counts.app_id}/{task_id}/objects/"
+        assert {k[len(prefix) :] for k in bucket.keys(prefix)} == named
+    older_0_1 = bucket.manifests(counts.app_id, "0_1")[0]["snapshot_id"]
+
+    for key in bucket.keys(f"snapshots/{counts.app_id}/0_0/objects/"):
+        path = bucket.object_path(key)
+        path.write_bytes(b"\xff" * path.stat().st_size)  # same size, other content
+    newest_0_1 = bucket.keys(f"snapshots/{counts.app_id}/0_1/manifests/")[-1]
+    manifest_path = bucket.object_path(newest_0_1)
+    manifest_path.write_bytes(manifest_path.read_bytes()[:100])
+
+    shutil.rmtree(state)
+    restored = counts.app(state, bucket.config(interval_ms=60_000))
+    restored.start()
+    try:
+        wait_until(
+            lambda: (
+                set(restored.status().restores) == set(TASKS)
+                and all(t.state == "RUNNING" for t in restored.status().tasks)
+            ),
+            60,
+            message="restore did not finish",
+        )
+        restores = restored.status().restores
+        assert restores["0_0"]["source"] == "changelog", restores
+        assert restores["0_1"]["source"] == "snapshot+tail", restores
+        assert restores["0_1"]["snapshot"] == older_0_1
+        remote = restored.status().remote_state
+        assert remote is not None and remote["snapshot_restore_failures"] >= 1
+        counts.check_counts(restored)
+    finally:
+        assert restored.close(30)
