@@ -14,6 +14,10 @@ its own, so that hypothesis can drive it through any interleaving:
 - grab: a processing thread takes whole lanes that are neither busy nor
   backing off (`take`); a lane is busy until its grab completes, so the
   records of one key are processed by one thread at a time, in offset order.
+  While records are fast (CPU-bound: the GIL runs one thread anyway) and
+  nothing else is in flight, a grab is a chunk straight from the input
+  queue instead, with no lanes and no other grab beside it: the default
+  mode's cost.
 - complete: the thread reports how many records of each lane it finished
   (`complete`); unfinished ones go back to the head of their lane, a failed
   record to be retried puts its lane in backoff (`RetryPolicy`).
