@@ -26,6 +26,8 @@ from runtime.polling.polling_thread import PollingThread, PollingThreadHooks
 from runtime.polling.serde_check import check_serdes_on_samples
 from runtime.polling.topics import TopicLayout, create_user_topics, resolve_topics
 from runtime.processing.errors import ErrorPolicy, TaskFailedError
+from runtime.processing.key_lanes import key_parallel_settings
+from runtime.processing.key_parallel import key_parallel_figures
 from runtime.processing.queries import StoreQuery, StoreUnavailableError
 from runtime.processing.task import TaskSettings
 from runtime.processing.task_manager import TaskManager
@@ -204,6 +206,7 @@ class App:
                 state_dir=config.state_dir,
                 cache_budget=CacheBudget(config.cache_max_bytes),
                 static_partitioner=config.static_partitioner,
+                key_parallel=key_parallel_settings(config),
             )
             if config.static_partitioner is not None:
                 for sink, topic in self.topology.partitioned_sinks():
@@ -300,6 +303,10 @@ class App:
                 stop_processing = False
         deadline = time.monotonic() + timeout
         if stop_processing:
+            # Key-parallel tasks finish their in-flight records first, so the
+            # final commit (its exactly-once barrier) covers all they took.
+            if self._pool.names():  # only threads can finish them
+                self._task_manager.finish_in_flight(timeout / 2)
             self._pool.stop_all(timeout=max(0.0, deadline - time.monotonic()))
             if self._polling is not None:
                 self._polling.request_stop(commit=True)
@@ -591,10 +598,11 @@ class App:
                 else ("PAUSED" if manager.is_paused(task.id) else "RUNNING"),
                 owner=owners.get(task.id),
                 partitions=tuple(f"{t}-{task.partition}" for t in task.queues),
-                buffered=task.buffered,
+                buffered=task.input_buffered,
                 processed=task.processed_count,
                 skipped=task.skipped_count,
                 dead_lettered=task.dead_lettered_count,
+                **key_parallel_figures(task),
             )
             for task in live_tasks
         ]

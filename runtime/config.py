@@ -407,6 +407,10 @@ class StreamsConfig:
     commit_interval_ms: int = setting("commit.interval.ms", "int", _commit_interval_default, f"How often (ms) to commit offsets or the transaction. {_WAIT_DOC}", min=0, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS, default_doc="`30000`; `100` with `exactly_once_v2`")
     buffered_records_per_partition: int = setting("buffered.records.per.partition", "int", 5000, "Input records buffered per partition before the partition is paused (it resumes at half). The pause follows the `consume()` batch that reached the bound, so one partition can hold up to this - 1 + `max.poll.records` records (500 and 1000: 1,499), and memory is bounded by that per assigned partition.", min=1, max=JAVA_INT_MAX)
     task_timeslice_ms: int = setting("task.timeslice.ms", "int", 100, f"How long (ms) a processing thread keeps one task before giving others a turn. {_WAIT_DOC}", min=1, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS)
+    num_threads_per_task: int = setting("num.threads.per.task", "int", 1, "Most processing threads that may work on one task (one partition) at once, on different keys: records of one key (its serialized bytes; records without a key form one key) are processed one at a time in offset order, other keys in parallel (key-parallel mode; see README). 1: one thread per task, the default code path.", min=1, max=THREADS_CEILING)
+    processing_retry_attempts: int = setting("processing.retry.attempts", "int", 0, "Times a record whose processing raised is tried again before `processing.exception.handler` decides; other keys of the partition flow on meanwhile, the record's key waits. Above 0 it puts tasks in key-parallel mode even with `num.threads.per.task` = 1.", min=0, max=JAVA_INT_MAX)
+    processing_retry_backoff_ms: int = setting("processing.retry.backoff.ms", "int", 100, f"Wait (ms) before the first retry of a failed record; doubled for each further one. {_WAIT_DOC}", min=0, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS)
+    processing_retry_backoff_max_ms: int = setting("processing.retry.backoff.max.ms", "int", 10000, f"Longest wait (ms) between two retries of a record. {_WAIT_DOC}", min=0, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS)
     max_poll_records: int = setting("max.poll.records", "int", 1000, "Records per `consume()` batch of the polling thread; at most 1000000 (confluent-kafka's limit for one batch).", min=1, max=1_000_000)
     poll_ms: int = setting("poll.ms", "int", 100, f"How long (ms) the polling thread blocks waiting for input. {_WAIT_DOC}", min=0, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS)
     state_dir: str = setting("state.dir", "str", _state_dir_default, "Directory for the state stores of all tasks (and the transactional id under `exactly_once_v2`); created if missing and checked for writing at start-up.", default_doc="`<tempdir>/streams-runtime`", check=check_path)
@@ -468,6 +472,11 @@ class StreamsConfig:
     @property
     def exactly_once(self) -> bool:
         return self.processing_guarantee == "exactly_once_v2"
+
+    @property
+    def key_parallel(self) -> bool:
+        """Tasks run key-parallel (runtime.processing.key_parallel)."""
+        return self.num_threads_per_task > 1 or self.processing_retry_attempts > 0
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> StreamsConfig:

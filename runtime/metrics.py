@@ -119,6 +119,26 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "Wall-clock time of the last successful commit (absent before the first).",
     ),
     "streams_task_buffered_records": ("gauge", "Input records buffered per task."),
+    "streams_task_in_flight_records": (
+        "gauge",
+        "Key-parallel tasks: records dispatched to key lanes and not yet completed.",
+    ),
+    "streams_task_watermark_lag_records": (
+        "gauge",
+        "Key-parallel tasks: records completed above the committable offset (the watermark).",
+    ),
+    "streams_task_parallelism": (
+        "gauge",
+        "Key-parallel tasks: threads busy on the task, averaged over about a second.",
+    ),
+    "streams_task_threads_max": (
+        "gauge",
+        "Most threads that may share a task (num.threads.per.task; 1 for one-thread tasks).",
+    ),
+    "streams_task_processing_retries": (
+        "counter",
+        "Key-parallel tasks: failed processing attempts retried (processing.retry.attempts).",
+    ),
     "streams_consumer_lag": (
         "gauge",
         "Records between the processed position and the end of each input partition.",
@@ -270,6 +290,7 @@ class AppCollector(Collector):
         for task in status.tasks:
             buffered.add_metric([task.id], float(task.buffered))
         yield buffered
+        yield from _key_parallel_families(status)
 
         lag = _gauge("streams_consumer_lag", labels=["topic", "partition"])
         for key, value in status.lag.items():
@@ -518,3 +539,25 @@ def start_metrics_server(
     `.close()` stops it. Raises OSError if the address cannot be bound.
     """
     return BackgroundMetricsServer(MetricsServer(app, host, port)).start()
+
+
+def _key_parallel_families(status: AppStatus) -> Iterator[Any]:
+    """Per-task figures of key-parallel mode (samples only for such tasks)."""
+    tasks = [t for t in status.tasks if t.key_parallel]
+    in_flight = _gauge("streams_task_in_flight_records", labels=["task"])
+    lag = _gauge("streams_task_watermark_lag_records", labels=["task"])
+    parallelism = _gauge("streams_task_parallelism", labels=["task"])
+    retries = CounterMetricFamily(
+        "streams_task_processing_retries",
+        FAMILIES["streams_task_processing_retries"][1],
+        labels=["task"],
+    )
+    for task in tasks:
+        in_flight.add_metric([task.id], float(task.in_flight))
+        lag.add_metric([task.id], float(task.watermark_lag))
+        parallelism.add_metric([task.id], task.parallelism)
+        retries.add_metric([task.id], float(task.retried))
+    threads = _gauge("streams_task_threads_max", labels=["task"])
+    for task in status.tasks:
+        threads.add_metric([task.id], float(task.threads_per_task))
+    yield from (in_flight, lag, parallelism, retries, threads)

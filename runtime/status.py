@@ -40,6 +40,16 @@ class TaskStatus:
     skipped: int
     dead_lettered: int
     restore: RestoreProgress | None = None
+    # Key-parallel mode (num.threads.per.task, processing.retry.*): the most
+    # threads that may share the task, records dispatched to key lanes and not
+    # yet completed, records completed above the watermark (reprocessed after
+    # a crash), threads busy on it on average over the last second, retries.
+    key_parallel: bool = False
+    threads_per_task: int = 1
+    in_flight: int = 0
+    watermark_lag: int = 0
+    parallelism: float = 0.0
+    retried: int = 0
 
 
 @dataclass(frozen=True)
@@ -146,6 +156,12 @@ class AppStatus:
                 skipped=int(t.get("skipped", 0)),
                 dead_lettered=int(t.get("dead_lettered", 0)),
                 restore=RestoreProgress(**t["restore"]) if t.get("restore") else None,
+                key_parallel=bool(t.get("key_parallel", False)),
+                threads_per_task=int(t.get("threads_per_task", 1)),
+                in_flight=int(t.get("in_flight", 0)),
+                watermark_lag=int(t.get("watermark_lag", 0)),
+                parallelism=float(t.get("parallelism", 0.0)),
+                retried=int(t.get("retried", 0)),
             )
             for t in data.get("tasks") or ()
         )

@@ -84,6 +84,9 @@ class _NothingToLock:
     def unlock_all_tasks(self) -> None:
         pass
 
+    def wait_for_change(self, timeout: float) -> None:
+        pass  # no barrier here: baseline tasks are never key-parallel
+
 
 class StreamThread(threading.Thread):
     """A classic stream thread. Create, ``start()``, ``request_stop()``, ``join()``."""

@@ -85,8 +85,12 @@ def _gated_restoration_class() -> Any:
     return GatedRestorationThread
 
 
+# Models that are `runtime.App` (keypar: with num.threads.per.task > 1).
+RUNTIME_MODELS = ("runtime", "keypar")
+
+
 class _Model:
-    """The two models behind one small interface."""
+    """The models behind one small interface."""
 
     def __init__(self, spec: dict[str, Any], topology: Any, config: dict[str, Any]) -> None:
         self.kind = spec["model"]
@@ -95,7 +99,7 @@ class _Model:
         self.gate_restore = bool(spec.get("gate_restore"))
         self.expected_tasks = {f"0_{p}" for p in range(self.partitions)}
         self._gated_cls: Any = None
-        if self.kind == "runtime":
+        if self.kind in RUNTIME_MODELS:
             from runtime import App
 
             if self.gate_restore:
@@ -115,7 +119,7 @@ class _Model:
 
     def on_restored(self, hook: Any) -> None:
         """``hook(task_id)`` the moment a restored task becomes processable."""
-        if self.kind == "runtime":
+        if self.kind in RUNTIME_MODELS:
             if self._gated_cls is not None:
                 self._gated_cls.on_restored = hook
         else:
@@ -125,7 +129,7 @@ class _Model:
         self.app.start()
 
     def release(self) -> None:
-        if self.kind == "runtime":
+        if self.kind in RUNTIME_MODELS:
             if self._gated_cls is not None:
                 for restoration in self._gated_cls.instances:
                     restoration.open_gate()
@@ -134,7 +138,7 @@ class _Model:
             self.app.release()
 
     def failure(self) -> str | None:
-        if self.kind == "runtime":
+        if self.kind in RUNTIME_MODELS:
             failure = self.app.failure
             if failure is None and str(self.app.state) in ("ERROR", "NOT_RUNNING"):
                 return f"app state {self.app.state}"
@@ -143,17 +147,17 @@ class _Model:
         return repr(failure) if failure is not None else None
 
     def task_states(self) -> dict[str, str]:
-        if self.kind == "runtime":
+        if self.kind in RUNTIME_MODELS:
             return {t.id: t.state for t in self.app.status().tasks}
         return dict(self.app.task_states())
 
     def task_processed(self) -> dict[str, int]:
-        if self.kind == "runtime":
+        if self.kind in RUNTIME_MODELS:
             return {t.id: t.processed for t in self.app.status().tasks}
         return dict(self.app.task_processed())
 
     def processed(self) -> int:
-        if self.kind == "runtime":
+        if self.kind in RUNTIME_MODELS:
             return self.app.status().processed
         return int(sum(t.processed_total for t in self.app.threads))
 
@@ -164,7 +168,7 @@ class _Model:
             return None
         if not self.gate_restore and any(s == "RESTORING" for s in states.values()):
             return None
-        if self.kind == "runtime":
+        if self.kind in RUNTIME_MODELS:
             if str(self.app.state) != "RUNNING":
                 return None
             return tuple(sorted(states.items()))
@@ -200,6 +204,9 @@ def run(spec: dict[str, Any], events: Events) -> dict[str, Any]:
         "state.dir": state_dir,
         **spec["config"],
     }
+    if spec["model"] == "keypar":
+        # Key-parallel: up to this many threads share one task (0: all of them).
+        config["num.threads.per.task"] = int(spec.get("threads_per_task") or spec["threads"])
     topology = build_topology(spec["topology"], spec["input_topic"], spec["output_topic"])
     commands = Commands()
     commands.start()

@@ -24,6 +24,10 @@ from typing import Any
 NAME = "compare"
 ALL_WORKLOADS = ("stateless", "stateful", "io", "skew", "restore")
 MODELS = ("runtime", "baseline")
+# Also runnable: workload io1 (the io topology, every record on partition 0)
+# and model keypar (the runtime with num.threads.per.task, --threads-per-task).
+EXTRA_WORKLOADS = ("io1",)
+EXTRA_MODELS = ("keypar",)
 
 # Same for both models; everything else is the runtime's defaults.
 # - commit.interval.ms=1000: as the stateless benchmark (the default is 30 s).
@@ -41,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workloads",
         default=",".join(ALL_WORKLOADS),
-        help=f"comma-separated subset of {','.join(ALL_WORKLOADS)} (default: all)",
+        help=f"comma-separated subset of {','.join(ALL_WORKLOADS + EXTRA_WORKLOADS)} "
+        f"(default: {','.join(ALL_WORKLOADS)}; io1: the io workload on one partition)",
     )
     parser.add_argument(
         "--threads",
@@ -50,7 +55,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "threads); default 1,2,4,8",
     )
     parser.add_argument("--repeats", type=int, default=3, help="rounds per workload (default 3)")
-    parser.add_argument("--models", default=",".join(MODELS), help="default runtime,baseline")
+    parser.add_argument(
+        "--models",
+        default=",".join(MODELS),
+        help="default runtime,baseline; keypar = the runtime in key-parallel mode "
+        "(num.threads.per.task, see --threads-per-task)",
+    )
+    parser.add_argument(
+        "--threads-per-task",
+        type=int,
+        default=0,
+        help="model keypar: num.threads.per.task (default 0: the run's thread count)",
+    )
     parser.add_argument("--partitions", type=int, default=8, help="input partitions (default 8)")
     parser.add_argument(
         "--records",
@@ -167,7 +183,14 @@ def main(args: argparse.Namespace) -> int:
     if args.quick:
         threads = [1, 4] if args.threads == "1,2,4,8" else threads
         repeats = 1
-        records = {"stateless": 50_000, "stateful": 50_000, "io": 2_000, "skew": 2_000, **records}
+        records = {
+            "stateless": 50_000,
+            "stateful": 50_000,
+            "io": 2_000,
+            "skew": 2_000,
+            "io1": 2_000,
+            **records,
+        }
         restore_records = min(restore_records, 200_000)
     suite = Suite(
         name=f"{NAME}-{args.tag}" if args.tag else NAME,
@@ -189,6 +212,7 @@ def main(args: argparse.Namespace) -> int:
         broker=args.broker,
         baseline_restore=args.baseline_restore,
         report=report,
+        threads_per_task=args.threads_per_task,
     )
     result = run_suite(suite)
     return 1 if any("error" in r and not r.get("discarded") for r in result["runs"]) else 0
@@ -228,6 +252,7 @@ class Suite:
     runs_model: Callable[[str, str, int], bool] = lambda _m, _w, _t: True
     extra: dict[str, Any] = field(default_factory=dict)
     tag: str = NAME
+    threads_per_task: int = 0
 
 
 def run_suite(suite: Suite) -> dict[str, Any]:
@@ -259,6 +284,7 @@ def run_suite(suite: Suite) -> dict[str, Any]:
         "config": suite.config,
         "baseline_restore": suite.baseline_restore,
         "echo_delay_ms": suite.echo_delay_ms,
+        "threads_per_task": suite.threads_per_task,
         "broker": suite.broker,
         "machine": machine_info(suite.broker),
         **suite.extra,
@@ -320,6 +346,7 @@ def run_suite(suite: Suite) -> dict[str, Any]:
                         echo_pid=echo_proc.pid if echo_proc else None,
                         restore_mode=suite.baseline_restore,
                         launch=suite.launch,
+                        threads_per_task=suite.threads_per_task,
                     )
                     for repeat in range(1, suite.repeats + 1):
                         for k, n_threads in enumerate(suite.threads):

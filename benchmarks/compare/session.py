@@ -357,6 +357,7 @@ class RunSettings:
     echo_pid: int | None = None
     restore_mode: str = "blocking"
     settle_s: float = 0.5
+    threads_per_task: int = 0  # model keypar: num.threads.per.task (0: = threads)
     extra: dict[str, Any] = field(default_factory=dict)
     # (model, spec) -> (argv of the child without the spec, the spec it gets): how a
     # model other than runtime/baseline runs (benchmarks.peers: a JVM, another
@@ -538,6 +539,7 @@ def run_one(
             "restore_task": "0_0" if wl.restore else None,
             "restore_mode": settings.restore_mode,
             "settle_s": settings.settle_s,
+            "threads_per_task": settings.threads_per_task,
             "echo": list(settings.echo) if settings.echo else None,
         }
         reader = Reader(session.bootstrap, output_topic, partitions, wl.output)

@@ -12,6 +12,8 @@ the same configuration.
 - ``io``: a map whose function calls the local echo server (about 1 ms per
   record, waiting with the GIL released); keys spread evenly.
 - ``skew``: the ``io`` topology with 80% of the records on partition 0 of 8.
+- ``io1``: the ``io`` topology with every record on partition 0 (one busy
+  task: the key-parallel scaling workload).
 - ``restore``: the ``stateful`` topology; the changelog partition of task 0_0
   holds ``--restore-records`` records (1,000,000 by default) when the run
   starts, so that task restores while records arrive for the other seven.
@@ -80,6 +82,12 @@ def _io_value(i: int) -> bytes:
 def _io_record(i: int, partitions: int) -> Record:
     key = f"dev-{i % 1000:04d}".encode()
     return key, _io_value(i), default_partition(key, partitions)
+
+
+def _io1_record(i: int, partitions: int) -> Record:
+    """The io workload's record, always on partition 0 (one hot task)."""
+    key, value, _partition = _io_record(i, partitions)
+    return key, value, 0
 
 
 def _skew_is_hot(i: int) -> bool:
@@ -188,6 +196,19 @@ WORKLOADS: dict[str, Workload] = {
             400.0,
             2.0,
             _io_record,
+            "echo",
+            echo=True,
+        ),
+        Workload(
+            "io1",
+            "I/O-bound on one partition (~1 ms per record)",
+            "the I/O-bound topology with every record on partition 0: one task, so "
+            "threads beyond one help only in key-parallel mode (1,000 keys)",
+            "count",
+            3_000,
+            400.0,
+            2.0,
+            _io1_record,
             "echo",
             echo=True,
         ),

@@ -168,21 +168,37 @@ def _age(wall_time: float | None, now: float) -> str:
 
 
 def format_tasks(tasks: Sequence[Mapping[str, Any]]) -> str:
+    """The task table; with key-parallel tasks (num.threads.per.task) also
+    IN_FLIGHT, WM_LAG (completed above the watermark) and PARALLEL (threads
+    busy on average / the most allowed)."""
     if not tasks:
         return "no tasks assigned"
-    rows = [
-        (
+    key_parallel = any(t.get("key_parallel") for t in tasks)
+    rows = []
+    for t in tasks:
+        row: tuple[Any, ...] = (
             t.get("id"),
             t.get("state"),
             t.get("owner"),
             t.get("buffered"),
             t.get("lag"),
             t.get("processed"),
-            ",".join(t.get("partitions", [])),
         )
-        for t in tasks
-    ]
-    return _table(("TASK", "STATE", "OWNER", "BUFFERED", "LAG", "PROCESSED", "PARTITIONS"), rows)
+        if key_parallel:
+            row += (
+                (t.get("in_flight"), t.get("watermark_lag"), _parallel(t))
+                if t.get("key_parallel")
+                else (None, None, None)
+            )
+        rows.append(row + (",".join(t.get("partitions", [])),))
+    header: tuple[str, ...] = ("TASK", "STATE", "OWNER", "BUFFERED", "LAG", "PROCESSED")
+    if key_parallel:
+        header += ("IN_FLIGHT", "WM_LAG", "PARALLEL")
+    return _table(header + ("PARTITIONS",), rows)
+
+
+def _parallel(task: Mapping[str, Any]) -> str:
+    return f"{float(task.get('parallelism') or 0.0):.1f}/{task.get('threads_per_task')}"
 
 
 def format_threads(result: Mapping[str, Any]) -> str:

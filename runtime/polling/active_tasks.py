@@ -38,6 +38,7 @@ from runtime.logging import get_logger
 from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.output import OutputChannel
 from runtime.polling.topics import TopicLayout
+from runtime.processing.key_parallel import make_task
 from runtime.processing.task import StreamTask, TaskSettings, task_id_of
 from runtime.topology.topology import Topology
 
@@ -170,7 +171,7 @@ class ActiveTasks:
                     for t in self._layout.sources[sub_id]
                     if tp.partition < self._layout.partitions[t]
                 ]
-                task = StreamTask(self._subtopologies[sub_id], tp.partition, topics, self._settings)
+                task = make_task(self._subtopologies[sub_id], tp.partition, topics, self._settings)
                 self._tasks[task_id] = task
                 created += 1
                 if tp.partition >= self._initial_tasks.get(sub_id, 0):

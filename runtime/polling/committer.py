@@ -2,6 +2,15 @@
 
 A commit, in order:
 
+0. barrier (exactly_once_v2, key-parallel tasks only): stop dispatching input
+   into key lanes and wait until every record in flight has completed, so
+   the transaction holds the output of exactly the records below the
+   offsets it commits (`tasks_locked(barrier=...)`). If that cannot happen
+   (a failed task, no thread left to finish them, too long for the
+   transaction timeout) the commit aborts and the caller rewinds every task;
+   under at_least_once there is no barrier: the offset committed is the
+   watermark (`KeyParallelTask.processed_offsets`), never past a record not
+   yet completed (rule 3);
 1. lock: stop scheduling and wait until no processing thread holds a task
    (`tasks_locked`, the caller's `with` block);
 2. prepare: each task hands over its output and emits its cached state
@@ -46,6 +55,10 @@ log = get_logger("runtime.commit")
 # before it logs that it is still waiting (it keeps waiting: a batch is
 # bounded by task.timeslice.ms unless user code hangs).
 _LOCK_WARN_AFTER_S = 5.0
+# The exactly-once barrier gives up when no in-flight record completed for
+# this long (and none waits for a retry): no processing thread is there to
+# finish them (all stopped, or none configured).
+_BARRIER_STALL_S = 2.0
 
 
 class CommittableTask(Protocol):
@@ -62,11 +75,39 @@ class CommittableTask(Protocol):
 
 
 class TaskLocks(Protocol):
-    """The task manager's side of the lock (step 1)."""
+    """The task manager's side of the lock (step 1) and of the barrier's wait."""
 
     def lock_all_tasks(self) -> Any: ...
 
     def unlock_all_tasks(self) -> None: ...
+
+    def wait_for_change(self, timeout: float) -> None: ...
+
+
+class BarrierTask(Protocol):
+    """What the barrier needs of a key-parallel task (`KeyParallelTask`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def completed_total(self) -> int: ...
+
+    @property
+    def backing_off(self) -> bool: ...
+
+    @property
+    def active_grabs(self) -> int: ...
+
+    @property
+    def failed(self) -> bool: ...
+
+    def hold_dispatch(self) -> None: ...
+
+    def resume_dispatch(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -96,16 +137,73 @@ class Committer:
         self.failures_total = 0
         self.last_commit_wall_time: float | None = None
         self.last_commit_duration_s = 0.0
+        self.barrier_aborts = 0
+        # Set by a barrier that was not reached: the commit in the same
+        # `tasks_locked` block aborts instead (exactly_once_v2).
+        self._barrier_broken: str | None = None
         # Called after every task's post_commit, tasks still locked; set once
         # before the polling thread starts. Must not raise.
         self.after_commit: Callable[[Sequence[CommittableTask]], None] | None = None
 
     @contextmanager
-    def tasks_locked(self) -> Iterator[None]:
-        """Step 1: stop scheduling and wait until no processing thread holds a task.
+    def tasks_locked(self, barrier: Sequence[Any] = ()) -> Iterator[None]:
+        """Steps 0 and 1: under exactly_once_v2, drain the in-flight records of
+        the key-parallel tasks among `barrier` (a commit's tasks; pass none to
+        abort or rewind); then stop scheduling and wait until no processing
+        thread holds a task.
 
-        Delivery reports are served meanwhile. Scheduling resumes on exit.
+        Delivery reports are served meanwhile. Scheduling and dispatch resume on exit.
         """
+        self._barrier_broken = None
+        held: list[BarrierTask] = []
+        if barrier and self._output.transactions is not None:
+            held = [t for t in barrier if getattr(t, "key_parallel", False)]
+        for task in held:
+            task.hold_dispatch()
+        try:
+            if held:
+                self._barrier_broken = self._await_barrier(held)
+            with self._locked():
+                yield
+        finally:
+            for task in held:
+                task.resume_dispatch()
+
+    def _await_barrier(self, tasks: list[BarrierTask]) -> str | None:
+        """Wait until no record is in flight in `tasks`; why not, if it gives up.
+
+        Gives up on a failed task with records in flight, after
+        `_BARRIER_STALL_S` without a completed record while no thread works on
+        them and none waits for a retry (no thread is left to finish them),
+        and after half the transaction timeout in any case. Output made
+        meanwhile is drained.
+        """
+        transactions = self._output.transactions
+        limit = transactions.timeout_s / 2 if transactions is not None else _BARRIER_STALL_S
+        started = last_progress = time.monotonic()
+        progress = -1
+        while True:
+            waiting = [t for t in tasks if t.in_flight]
+            if not waiting:
+                return None
+            if any(t.failed for t in waiting):
+                return "a task with records in flight failed"
+            now = time.monotonic()
+            completed = sum(t.completed_total for t in tasks)
+            if completed != progress:
+                progress, last_progress = completed, now
+            elif now - last_progress > _BARRIER_STALL_S and not any(
+                t.backing_off or t.active_grabs for t in waiting
+            ):
+                return "records in flight made no progress (no processing thread?)"
+            if now - started > limit:
+                return "records in flight outlasted half the transaction timeout"
+            self._output.drain()
+            self._output.serve()
+            self._locks.wait_for_change(0.005)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
         future = self._locks.lock_all_tasks()
         try:
             started = time.monotonic()
@@ -125,6 +223,15 @@ class Committer:
     def commit(self, tasks: Sequence[CommittableTask], reason: str) -> CommitResult:
         """Steps 2-5 for `tasks`; every task must be locked (`tasks_locked`)."""
         started = time.monotonic()
+        transactions = self._output.transactions
+        if self._barrier_broken is not None and transactions is not None:
+            # Output of records above a key-parallel task's watermark is in
+            # the transaction: committing would commit it without its offsets.
+            log.warning("commit_barrier_not_reached", reason=self._barrier_broken)
+            self._barrier_broken = None
+            self.barrier_aborts += 1
+            self.failures_total += 1
+            return CommitResult(False, aborted=transactions.abort())
         batches = [task.prepare_commit() for task in tasks]
         offsets = [
             TopicPartition(topic, batch.task.partition, offset)
@@ -135,7 +242,6 @@ class Committer:
             if batch.output:
                 self._output.hand_over(batch.output)
         self._output.drain()
-        transactions = self._output.transactions
         if transactions is not None:
             try:
                 transactions.commit(offsets, self._consumer.consumer_group_metadata())

@@ -321,7 +321,7 @@ class PollingThread(threading.Thread):
         transactions = self.output.transactions
         if not self.tasks and not (transactions is not None and transactions.open):
             return True
-        with self.committer.tasks_locked():
+        with self.committer.tasks_locked(barrier=self.tasks.processable()):  # key-parallel
             return self._commit_locked(reason)
 
     def _commit_locked(self, reason: str) -> bool:
@@ -398,7 +398,7 @@ class PollingThread(threading.Thread):
             log.info("partitions_revoked", partitions=len(partitions), tasks=affected)
             if not affected:
                 return
-            with self.committer.tasks_locked():
+            with self.committer.tasks_locked(barrier=self.tasks.processable()):  # key-parallel
                 if not self._abort:
                     self._commit_locked("revocation")
                 self.tasks.close([t for t in affected if self.tasks.get(t) is not None])

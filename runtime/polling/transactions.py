@@ -140,6 +140,11 @@ class Transactions:
         """The fatal error that made the current producer unusable, if any."""
         self._stuck = False  # a call on the current producer overran its deadline
 
+    @property
+    def timeout_s(self) -> float:
+        """The transaction timeout (s): an open transaction must end sooner."""
+        return self._timeout_s
+
     def note_broken(self, error: KafkaError) -> None:
         """The producer is fenced or failed fatally: abort and replace it next."""
         if self.broken is None:

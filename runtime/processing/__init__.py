@@ -2,5 +2,7 @@
 
 Processing threads lock one task at a time through the task manager, process
 its buffered records and release it; they never call a Kafka client. The
-polling thread adds/removes tasks and locks all of them for commits.
+polling thread adds/removes tasks and locks all of them for commits. In
+key-parallel mode (`key_parallel.py`, `key_lanes.py`) several threads share a
+task, each holding different keys.
 """

@@ -30,6 +30,7 @@ from runtime.processing.errors import (
     TaskFailedError,
     dead_letter_headers,
 )
+from runtime.processing.key_lanes import KeyParallelSettings
 from runtime.state.builders import LayeredStore, build_task_stores, task_directory
 from runtime.state.cache import CacheBudget
 from runtime.state.checkpoint import checkpoint_path, read_checkpoint, write_checkpoint
@@ -119,6 +120,7 @@ class TaskSettings:
         state_dir: str,
         cache_budget: CacheBudget | None,
         static_partitioner: Any = None,
+        key_parallel: KeyParallelSettings | None = None,
     ) -> None:
         self.application_id = application_id
         self.default_key_serde = default_key_serde
@@ -129,10 +131,20 @@ class TaskSettings:
         self.cache_budget = cache_budget
         # `static.partitioner` (partition expansion): sinks use it when set.
         self.static_partitioner = static_partitioner
+        # None: every task is a plain StreamTask (today's path, exactly).
+        self.key_parallel = key_parallel
 
 
 class StreamTask:
-    """One subtopology x partition number; implements the graph's TaskContext."""
+    """One subtopology x partition number; implements the graph's TaskContext.
+
+    Processed by one thread at a time (rule 1); `KeyParallelTask`
+    (runtime.processing.key_parallel) is the variant several threads share.
+    """
+
+    key_parallel = False
+    """Several threads may hold this task at once (the task manager asks)."""
+    threads_per_task = 1
 
     def __init__(
         self,
@@ -323,6 +335,11 @@ class StreamTask:
             return len(self._single_queue.records)
         return sum(len(q.records) for q in self._queue_list)
 
+    @property
+    def input_buffered(self) -> int:
+        """Records in the input queues (status; `buffered` is the scheduler's figure)."""
+        return self.buffered
+
     def head_timestamp(self) -> int:
         """Oldest head record's timestamp across the queues (-1 when empty)."""
         heads = [q.head_timestamp() for q in self._queue_list if q.records]
@@ -404,11 +421,22 @@ class StreamTask:
                 self._handle_error("processing", exc, message)
         self.processed_offsets[topic] = offset
 
+    def _record_origin(self) -> tuple[str, int]:
+        """(topic, offset) of the record being processed (error reports)."""
+        return self._record_topic, self._record_offset
+
+    def _set_record(self, topic: str, offset: int, timestamp: int) -> None:
+        """Make (topic, offset, timestamp) the current record (punctuations)."""
+        self._record_topic, self._record_offset = topic, offset
+        self._record_timestamp = timestamp
+
+    def _set_record_timestamp(self, timestamp: int) -> None:
+        self._record_timestamp = timestamp
+
     def _handle_error(self, stage: str, exc: Exception, message: Message | None) -> None:
         policy = self._settings.error_policy
         handler = policy.handler_for(stage)
-        topic = self._record_topic
-        offset = self._record_offset
+        topic, offset = self._record_origin()
         log.warning(
             f"{stage}_error",
             task_id=self.id,
@@ -457,11 +485,11 @@ class StreamTask:
                     continue
                 fire_at = now_ms
             punctuation.next_ms = fire_at + punctuation.interval_ms
-            self._record_timestamp = fire_at
+            self._set_record_timestamp(fire_at)
             try:
                 punctuation.callback(fire_at)
             except Exception as exc:
-                self._record_topic, self._record_offset = "<punctuation>", -1
+                self._set_record("<punctuation>", -1, fire_at)
                 self._handle_error("processing", exc, None)
         self._update_wall_deadline()
 

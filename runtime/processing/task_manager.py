@@ -17,6 +17,13 @@ thread-per-client model). So a task with records that has not been served for
 with input gets a turn within about (tasks / threads) time slices. A task with
 a wall-clock punctuation due is eligible with an empty buffer. A failed or
 paused task is never handed out.
+
+Key-parallel tasks (`task.key_parallel`, runtime.processing.key_parallel) are
+held shared: up to `task.threads_per_task` threads at once, each working on
+other keys (rule 1 relaxed per key, never within a key). Such a task is handed
+to one more thread while it has records that thread could take
+(`task.buffered`). Commits and interactive queries still need it alone: they
+wait until no thread holds a share, and a waiting query stops new shares.
 """
 
 from __future__ import annotations
@@ -27,10 +34,13 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
+from runtime.logging import get_logger
 from runtime.processing.errors import TaskFailedError
 from runtime.processing.task import StreamTask
 
 T = TypeVar("T")
+
+log = get_logger("runtime.processing")
 
 # Longest a waiting processing thread sleeps before looking again; wake-ups
 # normally come from notify_work, this only bounds punctuation lateness.
@@ -50,6 +60,10 @@ class TaskManager:
         # When each task was last released (or added): the scheduler's aging.
         self._last_served: dict[str, float] = {}
         self._owners: dict[str, str] = {}  # task id -> thread name holding it
+        # Key-parallel tasks: task id -> names of the threads holding a share.
+        self._sharers: dict[str, list[str]] = {}
+        # Key-parallel tasks a query waits for: no new shares meanwhile.
+        self._exclusive_waiting: set[str] = set()
         self._failed: dict[str, TaskFailedError] = {}
         self._failures_to_report: list[TaskFailedError] = []
         self._paused: set[str] = set()
@@ -70,6 +84,9 @@ class TaskManager:
         with self._cond:
             if task_id in self._owners:
                 raise RuntimeError(f"task {task_id} is held by {self._owners[task_id]}")
+            if self._sharers.get(task_id):
+                raise RuntimeError(f"task {task_id} is held by {self._sharers[task_id]}")
+            self._sharers.pop(task_id, None)
             self._failed.pop(task_id, None)
             self._paused.discard(task_id)
             self._last_served.pop(task_id, None)
@@ -84,8 +101,24 @@ class TaskManager:
             return self._tasks.get(task_id)
 
     def owners(self) -> dict[str, str]:
+        """Task id -> the thread holding it (threads sharing one, comma-separated)."""
         with self._cond:
-            return dict(self._owners)
+            owners = dict(self._owners)
+            for task_id, names in self._sharers.items():
+                if names:
+                    owners[task_id] = ",".join(names)
+            return owners
+
+    def holders(self, task_id: str) -> int:
+        """How many threads hold `task_id` now (a key-parallel task: its sharers)."""
+        with self._cond:
+            return len(self._sharers.get(task_id, ())) or int(task_id in self._owners)
+
+    def wait_for_change(self, timeout: float) -> None:
+        """Block until a task is released or work is notified, at most `timeout`
+        seconds (the committer's barrier waits with it instead of sleeping)."""
+        with self._cond:
+            self._cond.wait(timeout)
 
     def lock_all_tasks(self) -> Future[None]:
         """Stop handing out tasks; the future completes when none is held.
@@ -96,7 +129,7 @@ class TaskManager:
         with self._cond:
             future: Future[None] = Future()
             self._lock_all_future = future
-            if not self._owners:
+            if not self._held():
                 future.set_result(None)
             return future
 
@@ -104,6 +137,37 @@ class TaskManager:
         with self._cond:
             self._lock_all_future = None
             self._cond.notify_all()
+
+    def finish_in_flight(self, timeout: float) -> bool:
+        """Before the processing threads stop (a graceful close): key-parallel
+        tasks take no more input, and this waits up to `timeout` s until their
+        in-flight records completed (failed or paused tasks aside). True when
+        none is left. Any thread but a processing thread."""
+        with self._cond:
+            tasks = [t for t in self._tasks.values() if t.key_parallel]
+        if not tasks:
+            return True
+        for task in tasks:
+            task.hold_dispatch()  # type: ignore[attr-defined]
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                waiting = [
+                    t
+                    for t in tasks
+                    if t.in_flight  # type: ignore[attr-defined]
+                    and t.id in self._tasks
+                    and t.id not in self._failed
+                    and t.id not in self._paused
+                    and not self._pause_all
+                ]
+                if not waiting:
+                    return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    log.warning("in_flight_records_left", tasks=[t.id for t in waiting])
+                    return False
+                self._cond.wait(min(remaining, _MAX_IDLE_WAIT))
 
     def notify_work(self) -> None:
         """Wake idle processing threads: new records were routed."""
@@ -117,7 +181,7 @@ class TaskManager:
         block waiting for input: output is on its way while this holds.
         """
         with self._cond:
-            if self._owners:
+            if self._held():
                 return True
             if self._scheduling_stopped():
                 return False
@@ -174,23 +238,27 @@ class TaskManager:
         holder = f"query-{threading.get_ident()}"
         deadline = time.monotonic() + timeout
         with self._cond:
-            while True:
-                if task_id not in self._tasks:
-                    raise KeyError(f"task {task_id} is not processable here")
-                if task_id not in self._owners:
-                    self._owners[task_id] = holder
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"task {task_id} stayed busy for {timeout} s")
-                self._cond.wait(min(remaining, _MAX_IDLE_WAIT))
+            try:
+                while True:
+                    if task_id not in self._tasks:
+                        raise KeyError(f"task {task_id} is not processable here")
+                    if task_id not in self._owners and not self._sharers.get(task_id):
+                        self._owners[task_id] = holder
+                        break
+                    self._exclusive_waiting.add(task_id)
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError(f"task {task_id} stayed busy for {timeout} s")
+                    self._cond.wait(min(remaining, _MAX_IDLE_WAIT))
+            finally:
+                self._exclusive_waiting.discard(task_id)
         try:
             return fn()
         finally:
             with self._cond:
                 self._owners.pop(task_id, None)
                 future = self._lock_all_future
-                if future is not None and not self._owners and not future.done():
+                if future is not None and not self._held() and not future.done():
                     future.set_result(None)
                 self._cond.notify_all()
 
@@ -209,7 +277,10 @@ class TaskManager:
                 now = time.monotonic()
                 task, next_due = self._pick(self._clock())
                 if task is not None:
-                    self._owners[task.id] = thread_name
+                    if task.key_parallel:
+                        self._sharers.setdefault(task.id, []).append(thread_name)
+                    else:
+                        self._owners[task.id] = thread_name
                     return task
                 remaining = deadline - now
                 if remaining <= 0:
@@ -225,28 +296,40 @@ class TaskManager:
         with self._cond:
             if self._owners.get(task.id) == thread_name:
                 del self._owners[task.id]
+            sharers = self._sharers.get(task.id)
+            if sharers and thread_name in sharers:
+                sharers.remove(thread_name)
             if task.id in self._tasks:
                 self._last_served[task.id] = self._clock()
-            if error is not None:
+            if error is not None and task.id not in self._failed:
                 error.thread_name = thread_name
                 self._failed[task.id] = error
                 self._failures_to_report.append(error)
             future = self._lock_all_future
-            if future is not None and not self._owners and not future.done():
+            if future is not None and not self._held() and not future.done():
                 future.set_result(None)
             self._cond.notify_all()
+
+    def _held(self) -> bool:
+        """Any task held by any thread (call under the lock)."""
+        return bool(self._owners) or any(self._sharers.values())
 
     def _scheduling_stopped(self) -> bool:
         """All tasks locked for a commit, or all paused (call under the lock)."""
         return self._lock_all_future is not None or self._pause_all
 
     def _schedulable(self, task_id: str) -> bool:
-        """Not held, not failed, not paused (call under the lock)."""
-        return (
-            task_id not in self._owners
-            and task_id not in self._failed
-            and task_id not in self._paused
-        )
+        """Not held (a key-parallel task: below its thread cap, no query
+        waiting), not failed, not paused (call under the lock)."""
+        if task_id in self._owners or task_id in self._failed or task_id in self._paused:
+            return False
+        sharers = self._sharers.get(task_id)
+        if sharers:
+            return (
+                len(sharers) < self._tasks[task_id].threads_per_task
+                and task_id not in self._exclusive_waiting
+            )
+        return True
 
     def _pick(self, now: float) -> tuple[StreamTask | None, float]:
         """Choose under the lock: starving first, then most buffered, then oldest head.
@@ -264,8 +347,19 @@ class TaskManager:
         starving_served = 0.0
         threshold = now - self._starvation_s
         last_served = self._last_served
+        # A key-parallel task other threads hold is joined only when no task
+        # is free: sharing pays where records wait on I/O, and costs where
+        # they are CPU-bound and other tasks have work.
+        shared: StreamTask | None = None
+        shared_buffered = 0
+        sharers = self._sharers
         for task_id, task in self._tasks.items():
             if not self._schedulable(task_id):
+                continue
+            if sharers.get(task_id):
+                buffered = task.buffered
+                if buffered > shared_buffered:
+                    shared, shared_buffered = task, buffered
                 continue
             buffered = task.buffered
             if buffered == 0:
@@ -291,4 +385,6 @@ class TaskManager:
                     best, best_head = task, head
         if starving is not None:
             return starving, next_due
+        if best is None:
+            return shared, next_due
         return best, next_due

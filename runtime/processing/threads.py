@@ -3,7 +3,8 @@
 A processing thread loops: lock the next task from the scheduler, process it
 for one time slice, hand its output to the record collector, release it. The
 hand-over comes before the release, so a commit (which locks every task) sees
-every processed record's output in the collector. It never calls a Kafka
+every processed record's output in the collector. A key-parallel task is held
+shared and hands its output over grab by grab (`KeyParallelTask.process_shared`). It never calls a Kafka
 client. The pool keeps thread names `<client.id>-ProcessingThread-<n>`
 with the lowest free index, as Kafka Streams does for stream threads.
 """
@@ -90,7 +91,12 @@ class ProcessingThread(threading.Thread):
                 error: TaskFailedError | None = None
                 started = time.monotonic()
                 try:
-                    task.process(started + self._timeslice_s)
+                    if task.key_parallel:
+                        # Shared with other threads: each grab's output goes
+                        # to the collector before its keys are released.
+                        task.process_shared(started + self._timeslice_s, self._collector)  # type: ignore[attr-defined]
+                    else:
+                        task.process(started + self._timeslice_s)
                 except TaskFailedError as exc:
                     error = exc
                 except Exception as exc:  # a bug outside the handlers: park it too

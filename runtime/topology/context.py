@@ -3,7 +3,9 @@
 `TaskContext` is implemented by `runtime.processing.task` and handed to every
 node of one task's graph at `Node.init`. Everything here is called by the
 processing thread that currently holds the task's lock, never by two threads at
-once, so implementations need no locking of their own.
+once, so implementations need no locking of their own; in key-parallel mode
+(`runtime.processing.key_parallel`) threads holding different keys call it at
+once, and that implementation keeps the per-record state per thread.
 """
 
 from __future__ import annotations

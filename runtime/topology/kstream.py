@@ -519,12 +519,17 @@ class KStream:
         processor_supplier: Callable[[], Processor],
         *store_names: str,
         name: str | None = None,
+        key_parallel: bool = True,
     ) -> KStream:
         """Run a `Processor` on each record; returns the stream of what it forwards.
 
         `processor_supplier` is called once per task for a fresh processor: pass
         the class, or a zero-argument factory, not an instance. `store_names`
         connect state stores the processor may reach via `context.state_store`.
+        With `num.threads.per.task` > 1 several threads may call one
+        processor's `process` at once, for different keys; `key_parallel=False`
+        keeps this subtopology's tasks on one thread at a time (a processor
+        whose attributes or stores are shared across keys).
         """
         if isinstance(processor_supplier, Processor) or not callable(processor_supplier):
             raise TopologyError(
@@ -533,9 +538,10 @@ class KStream:
                 "own instance"
             )
         node = self._graph.node_name(name, "KSTREAM-PROCESSOR-")
-        self._graph.add_processor(
-            node, _make_processor, (self._node,), {"supplier": processor_supplier}, store_names
-        )
+        params: dict[str, Any] = {"supplier": processor_supplier}
+        if not key_parallel:
+            params["key_parallel"] = False
+        self._graph.add_processor(node, _make_processor, (self._node,), params, store_names)
         return KStream(self._graph, node, None, None, True)
 
 

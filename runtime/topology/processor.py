@@ -7,6 +7,9 @@ processor may keep per-task state in attributes.
 
 Threads: a processor and its `ProcessorContext` are called only by the
 processing thread that holds the task's lock (punctuation callbacks included).
+In key-parallel mode (`num.threads.per.task` > 1) threads holding different
+keys call `process` at once (punctuations still run alone); a processor whose
+attributes are shared across keys opts out with `process(..., key_parallel=False)`.
 """
 
 from __future__ import annotations

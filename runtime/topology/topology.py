@@ -134,6 +134,12 @@ class Subtopology:
         self._store_defs = tuple(known[name] for name in self._stores if name in known)
 
     @property
+    def key_parallel(self) -> bool:
+        """Whether its tasks may run key-parallel (`num.threads.per.task`): no
+        node opted out (`KStream.process(..., key_parallel=False)`)."""
+        return all(d.params.get("key_parallel", True) for d in self._defs)
+
+    @property
     def sources(self) -> list[TopicSpec]:
         return list(self._sources)
 

@@ -10,6 +10,9 @@ from collections import deque
 class FakeTask:
     """Records offsets in a deque; `process` logs what it took and detects sharing."""
 
+    key_parallel = False
+    threads_per_task = 1
+
     def __init__(self, task_id: str, per_batch: int = 3, work_s: float = 0.0) -> None:
         self.id = task_id
         self.records: deque[int] = deque()

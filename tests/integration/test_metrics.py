@@ -41,6 +41,9 @@ FULL_STATUS = AppStatus(
                           busy_seconds=0.25),),
     tasks=(TaskStatus("0_0", "RUNNING", None, ("my-topic-0",), buffered=3, processed=5,
                       skipped=1, dead_lettered=1),
+           TaskStatus("0_1", "RUNNING", "t-1,t-2", ("my-topic-1",), buffered=0, processed=0,
+                      skipped=0, dead_lettered=0, key_parallel=True, threads_per_task=4,
+                      in_flight=7, watermark_lag=2, parallelism=1.5, retried=1),
            TaskStatus("1_0", "RESTORING", None, ("rep-0",), buffered=0, processed=0,
                       skipped=0, dead_lettered=0,
                       restore=RestoreProgress(restored=10, remaining=90, rate=5.0))),
@@ -94,6 +97,12 @@ def test_collector_exports_every_name() -> None:
     states = {s.labels["state"]: s.value for s in got["streams_app_state"]}
     assert states["RUNNING"] == 1 and sum(states.values()) == 1
     assert got["streams_broker_unreachable"][0].value == 1
+    (in_flight,) = got["streams_task_in_flight_records"]
+    assert in_flight.labels == {"task": "0_1"} and in_flight.value == 7
+    assert got["streams_task_watermark_lag_records"][0].value == 2
+    assert got["streams_task_parallelism"][0].value == 1.5
+    threads_max = {s.labels["task"]: s.value for s in got["streams_task_threads_max"]}
+    assert threads_max == {"0_0": 1, "0_1": 4, "1_0": 1}
     assert got["streams_process_batch_seconds_count"][0].value == 4
     assert got["streams_poison_records_total"][0].value == 1  # dead-lettered counts as skipped
     counts = {s.labels["topic"]: s.value for s in got["streams_topic_partitions"]}

@@ -184,6 +184,10 @@ BAD_VALUES = [
     ("commit.interval.ms", -1),
     ("buffered.records.per.partition", 0),
     ("task.timeslice.ms", 0),
+    ("num.threads.per.task", 0),
+    ("processing.retry.attempts", -1),
+    ("processing.retry.backoff.ms", "soon"),
+    ("processing.retry.backoff.max.ms", -1),
     ("max.poll.records", 0),
     ("poll.ms", -5),
     ("state.dir", ""),
@@ -572,6 +576,10 @@ INT_RANGES = {
     "commit.interval.ms": lambda n: 0 <= n <= LONG,
     "buffered.records.per.partition": lambda n: 1 <= n <= INT,
     "task.timeslice.ms": lambda n: 1 <= n <= LONG,
+    "num.threads.per.task": lambda n: 1 <= n <= 1024,
+    "processing.retry.attempts": lambda n: 0 <= n <= INT,
+    "processing.retry.backoff.ms": lambda n: 0 <= n <= LONG,
+    "processing.retry.backoff.max.ms": lambda n: 0 <= n <= LONG,
     "max.poll.records": lambda n: 1 <= n <= 1_000_000,
     "poll.ms": lambda n: 0 <= n <= LONG,
     "replication.factor": lambda n: n == -1 or 1 <= n <= 32767,
@@ -595,6 +603,7 @@ INT_RANGES = {
 CLAMPED = {
     "commit.interval.ms", "task.timeslice.ms", "poll.ms", "shutdown.timeout.ms",
     "admin.socket.idle.timeout.ms", "partition.check.interval.ms",
+    "processing.retry.backoff.ms", "processing.retry.backoff.max.ms",
 }  # fmt: skip
 
 

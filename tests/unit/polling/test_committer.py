@@ -62,6 +62,8 @@ class FakeErrors:
 
 
 class FakeTransactions:
+    timeout_s = 10.0
+
     def __init__(self, log: Log) -> None:
         self._log = log
         self.open = False
@@ -142,6 +144,9 @@ class FakeLocks:
 
     def unlock_all_tasks(self) -> None:
         self.unlocked += 1
+
+    def wait_for_change(self, timeout: float) -> None:
+        pass
 
 
 def done() -> Future[None]:
@@ -292,3 +297,83 @@ def test_offsets_are_never_committed_past_acknowledged_output(ops: list[tuple]) 
             done_upto = consumer.committed.get(("in", task.partition), 0)
             acked = {n for name, n in output.acknowledged if name == task.id}
             assert set(range(done_upto)) <= acked
+
+
+class FakeKeyParallelTask(FakeTask):
+    """A key-parallel task whose in-flight records complete one per wait."""
+
+    key_parallel = True
+
+    def __init__(self, name: str, partition: int, log: Log, in_flight: int) -> None:
+        super().__init__(name, partition, log)
+        self.in_flight = in_flight
+        self.completed_total = 0
+        self.backing_off = False
+        self.active_grabs = 0
+        self.failed = False
+        self.held = False
+        self.stalled = False
+
+    def hold_dispatch(self) -> None:
+        self._log.append(f"hold {self.id}")
+        self.held = True
+
+    def resume_dispatch(self) -> None:
+        self._log.append(f"resume {self.id}")
+        self.held = False
+
+    def step(self) -> None:
+        if self.in_flight and not self.stalled:
+            self.in_flight -= 1
+            self.completed_total += 1
+            self.process(1)
+
+
+class SteppingLocks(FakeLocks):
+    """The barrier's wait lets the processing threads (the tasks' `step`) move on."""
+
+    def __init__(self, tasks: list[FakeKeyParallelTask]) -> None:
+        super().__init__()
+        self.tasks = tasks
+
+    def wait_for_change(self, timeout: float) -> None:
+        for task in self.tasks:
+            task.step()
+
+
+def test_the_exactly_once_barrier_drains_in_flight_records_before_the_lock() -> None:
+    c, log, output, consumer, _ = committer(eos=True)
+    task = FakeKeyParallelTask("0_0", 0, log, in_flight=5)
+    c._locks = SteppingLocks([task])
+    with c.tasks_locked(barrier=[task]):
+        assert task.in_flight == 0 and task.held
+        result = c.commit([task], "interval")  # type: ignore[list-item]
+    assert result.committed and result.aborted is None
+    assert not task.held
+    assert log.index("hold 0_0") < log.index("prepare 0_0") < log.index("resume 0_0")
+    assert output.transactions is not None
+    assert [tp.offset for tp in output.transactions.committed_offsets] == [5]
+
+
+def test_an_unreachable_barrier_aborts_the_transaction(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("runtime.polling.committer._BARRIER_STALL_S", 0.05)
+    c, log, output, _consumer, _ = committer(eos=True)
+    transactions = output.transactions
+    assert transactions is not None
+    aborted = TransactionFailed(KafkaError(KafkaError._STATE, "aborted"), False)
+    transactions.abort = lambda: aborted  # type: ignore[attr-defined]
+    task = FakeKeyParallelTask("0_0", 0, log, in_flight=3)
+    task.stalled = True  # no processing thread left to finish them
+    c._locks = SteppingLocks([task])
+    with c.tasks_locked(barrier=[task]):
+        result = c.commit([task], "shutdown")  # type: ignore[list-item]
+    assert result.aborted is aborted and not result.committed
+    assert "prepare 0_0" not in log and c.barrier_aborts == 1
+
+
+def test_at_least_once_has_no_barrier() -> None:
+    c, log, _output, _consumer, _ = committer()
+    task = FakeKeyParallelTask("0_0", 0, log, in_flight=3)
+    with c.tasks_locked(barrier=[task]):
+        result = c.commit([task], "interval")  # type: ignore[list-item]
+    assert result.committed and task.in_flight == 3 and "hold 0_0" not in log

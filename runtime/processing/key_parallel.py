@@ -1,0 +1,585 @@
+"""A task several processing threads share, key by key (key-parallel mode).
+
+With `num.threads.per.task` > 1 (or a `processing.retry.*` policy) a task is a
+`KeyParallelTask`: up to `num.threads.per.task` processing threads hold it at
+once (the task manager's shared hold), each working on a grab of whole key
+lanes (`runtime.processing.key_lanes`), so records of one key are processed by
+one thread at a time in offset order while other keys run beside them. What
+changes against a `StreamTask`, and why:
+
+- The record being processed and the output made since the last hand-over
+  are per thread (`_ThreadRecord`, a `threading.local`): the graph's nodes
+  are shared, so `send`, `record_timestamp` and the stores' clock read the
+  calling thread's record.
+- A grab's output is handed to the record collector before its keys are
+  released, so the next record of a key (maybe on another thread) lands
+  behind it: output keeps per-key order per output partition (rule 2).
+- Stores: every call a processor makes goes through `_LockedStore`, under one
+  re-entrant lock per task, so the cache, change-logging and inner layers
+  see one caller at a time; a key's own reads and writes come from the one
+  thread holding its lane. A store call that emitted output (a cache eviction
+  flushes another key's update downstream) hands the calling thread's output
+  over at once, under that lock, so emissions of one key reach the collector
+  in the order they were made.
+- Offsets: `processed_offsets` is the watermark (the completed prefix per
+  input topic), so `prepare_commit` never commits past a record not yet
+  completed (rule 3). Stream time advances with the records completed in
+  offset order (the same prefix), never ahead of what a one-thread task
+  would have seen, so a window is never closed earlier than there.
+- Punctuations run with the task alone: the thread that finds one due stops
+  new grabs and runs it once no grab is active (`KeyLanes.begin_exclusive`).
+- Retries: a record whose processing raises is retried after a backoff
+  (`processing.retry.*`) while other keys flow on; its key waits behind it.
+  Output the failed attempt forwarded is dropped (changelog records stay,
+  like the state writes they log); after the last attempt the processing
+  exception handler decides.
+
+Threads: `process_shared` runs on every processing thread holding a share;
+`hold_dispatch`/`resume_dispatch`/`in_flight` are for the committer (polling
+thread); the rest as for `StreamTask`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from confluent_kafka import Message
+
+from runtime.collector.collector import OutputRecord
+from runtime.collector.partitioner import default_partition
+from runtime.logging import get_logger
+from runtime.processing.errors import TaskFailedError
+from runtime.processing.key_lanes import Grab, KeyLanes
+from runtime.processing.task import FlushListener, StreamTask, TaskSettings
+from runtime.topology.context import PunctuationType
+from runtime.topology.record import Headers
+from runtime.topology.topology import Subtopology
+
+log = get_logger("runtime.task")
+
+# Store methods whose result is an iterator: materialized under the lock, so
+# iterating never races a writer of another key.
+_ITERATING = frozenset({"range", "all", "fetch", "fetch_all", "reverse_range", "reverse_all"})
+# Parallelism used is measured over windows of about this many seconds.
+_PARALLELISM_WINDOW_S = 1.0
+
+
+class OutputSink(Protocol):
+    """Where a grab's output goes (the record collector)."""
+
+    def hand_over(self, batch: Any) -> None: ...
+
+
+class _ThreadRecord:
+    """Per thread, per task: the record being processed, output not yet handed over.
+
+    A plain object reached once per call through `_PerThread` (attribute
+    access on a threading.local itself costs a lookup each time)."""
+
+    __slots__ = ("topic", "offset", "timestamp", "output", "sink")
+
+    def __init__(self) -> None:
+        self.topic = ""
+        self.offset = -1
+        self.timestamp = -1
+        self.output: list[OutputRecord] = []
+        self.sink: OutputSink | None = None
+
+
+class _PerThread(threading.local):
+    def __init__(self) -> None:
+        self.record = _ThreadRecord()
+
+
+class _LockedStore:
+    """A store as the processors of a key-parallel task reach it.
+
+    Every method call runs under the task's store lock; iterators are
+    materialized under it. Output the call produced (evictions, pass-through
+    writes) is handed over before the lock is released.
+    """
+
+    def __init__(self, store: Any, lock: threading.RLock, task: KeyParallelTask) -> None:
+        self._store = store
+        self._lock = lock
+        self._task = task
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+        wrapped = self._wrap(attr, name in _ITERATING)
+        self.__dict__[name] = wrapped
+        return wrapped
+
+    def _wrap(self, fn: Callable[..., Any], materialize: bool) -> Callable[..., Any]:
+        lock = self._lock
+        task = self._task
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                record = task._per_thread.record
+                output = record.output
+                before = len(output)
+                result = fn(*args, **kwargs)
+                if materialize:
+                    result = iter(list(result))
+                if record.output is not output or len(output) != before:
+                    task._hand_over_now(record)
+            return result
+
+        return call
+
+
+class KeyParallelTask(StreamTask):
+    """A StreamTask that up to `threads_per_task` threads process at once, by key."""
+
+    key_parallel = True
+
+    def __init__(
+        self,
+        subtopology: Subtopology,
+        partition: int,
+        topics: list[str],
+        settings: TaskSettings,
+    ) -> None:
+        kp = settings.key_parallel
+        if kp is None:
+            raise ValueError("KeyParallelTask needs TaskSettings.key_parallel")
+        # Set before StreamTask.__init__: building the stores and the graph's
+        # init reach the overrides below.
+        self._per_thread = _PerThread()
+        self._store_lock = threading.RLock()
+        self._locked: dict[str, _LockedStore] = {}
+        self._wall_deadline = float("inf")
+        self._failed = False
+        self._retry = kp.retry
+        self.threads_per_task = kp.threads_per_task
+        self._lanes = KeyLanes(topics, kp.window, kp.threads_per_task)
+        self.retried_count = 0
+        self._busy_s = 0.0
+        self._sample = (time.monotonic(), 0.0)
+        self._parallelism = 0.0
+        super().__init__(subtopology, partition, topics, settings)
+        # The watermark is the offsets a commit takes (prepare_commit).
+        self._lanes.done_offsets = self.processed_offsets
+        self._changelog_topics = frozenset(
+            s.changelog_topic for s in self.stores.values() if s.changelog_topic is not None
+        )
+
+    # --- figures (racy reads: status, scheduler) ----------------------------------
+
+    @property
+    def stream_time(self) -> int:
+        """Largest timestamp of the records completed in offset order."""
+        return self._lanes.stream_time
+
+    @stream_time.setter
+    def stream_time(self, value: int) -> None:
+        self._lanes.stream_time = value
+
+    @property
+    def processed_count(self) -> int:
+        return self._lanes.completed_total
+
+    @processed_count.setter
+    def processed_count(self, value: int) -> None:
+        pass  # counted by the lanes
+
+    @property
+    def next_wall_punctuation(self) -> float:
+        """When something is due with an empty buffer: a wall-clock punctuation
+        or a retry (time.monotonic() seconds; the scheduler wakes for it).
+        Not while exclusive work waits for grabs to end: their last runs it."""
+        if self._lanes.exclusive_wanted:
+            return float("inf")
+        return min(self._wall_deadline, self._lanes.next_retry_at)
+
+    @next_wall_punctuation.setter
+    def next_wall_punctuation(self, value: float) -> None:
+        self._wall_deadline = value
+
+    @property
+    def buffered(self) -> int:
+        """Records a thread joining now could take (0: nothing for another thread)."""
+        return self._lanes.available(self._undispatched(), time.monotonic())
+
+    @property
+    def input_buffered(self) -> int:
+        """Records consumed and not yet dispatched to a key lane (status)."""
+        return self._undispatched()
+
+    @property
+    def in_flight(self) -> int:
+        """Records dispatched and not completed (being processed, waiting behind
+        their key, or backing off before a retry)."""
+        return self._lanes.in_flight
+
+    @property
+    def watermark_lag(self) -> int:
+        """Records completed out of order, above the watermark: what a crash
+        now would process again."""
+        return self._lanes.completed_beyond
+
+    @property
+    def active_grabs(self) -> int:
+        return self._lanes.active_grabs
+
+    @property
+    def completed_total(self) -> int:
+        return self._lanes.completed_total
+
+    @property
+    def backing_off(self) -> bool:
+        return self._lanes.next_retry_at != float("inf")
+
+    def parallelism(self) -> float:
+        """Threads busy on this task on average over the last second or so."""
+        now = time.monotonic()
+        since, busy_then = self._sample
+        elapsed = now - since
+        if elapsed >= _PARALLELISM_WINDOW_S:
+            self._parallelism = (self._busy_s - busy_then) / elapsed
+            self._sample = (now, self._busy_s)
+        return round(self._parallelism, 2)
+
+    # --- the commit barrier (committer, polling thread) ------------------------------
+
+    def hold_dispatch(self) -> None:
+        """Take no more input into lanes: in-flight records drain to zero."""
+        self._lanes.hold_dispatch()
+
+    def resume_dispatch(self) -> None:
+        self._lanes.resume_dispatch()
+
+    @property
+    def failed(self) -> bool:
+        return self._failed
+
+    # --- TaskContext overrides: the calling thread's record --------------------------
+
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        timestamp: int,
+        headers: Headers | None,
+        partition: int | None,
+    ) -> None:
+        if partition is None:
+            count = self._settings.partition_counts[topic]
+            if key is not None:
+                partition = default_partition(key, count)
+            else:
+                self._round_robin += 1
+                partition = self._round_robin % count
+        record = self._per_thread.record
+        record.output.append(
+            (
+                topic,
+                partition,
+                key,
+                value,
+                timestamp,
+                headers,
+                record.topic,
+                self.partition,
+                record.offset,
+            )
+        )
+
+    @property
+    def record_timestamp(self) -> int:
+        return self._per_thread.record.timestamp
+
+    def _current_timestamp(self) -> int:
+        return self._per_thread.record.timestamp
+
+    def _record_origin(self) -> tuple[str, int]:
+        record = self._per_thread.record
+        return record.topic, record.offset
+
+    def _set_record(self, topic: str, offset: int, timestamp: int) -> None:
+        record = self._per_thread.record
+        record.topic, record.offset, record.timestamp = topic, offset, timestamp
+
+    def _set_record_timestamp(self, timestamp: int) -> None:
+        self._per_thread.record.timestamp = timestamp
+
+    def state_store(self, name: str) -> Any:
+        locked = self._locked.get(name)
+        if locked is None:
+            locked = self._locked[name] = _LockedStore(
+                super().state_store(name), self._store_lock, self
+            )
+        return locked
+
+    def record_dropped(self, reason: str) -> None:
+        with self._store_lock:
+            super().record_dropped(reason)
+
+    def _flush_dispatcher(self, store: str) -> FlushListener:
+        def dispatch(key: bytes, value: bytes | None, old: bytes | None, timestamp: int) -> None:
+            listener = self._flush_listeners.get(store)
+            if listener is not None:
+                record = self._per_thread.record
+                saved, record.timestamp = record.timestamp, timestamp
+                try:
+                    listener(key, value, old, timestamp)
+                finally:
+                    record.timestamp = saved
+
+        return dispatch
+
+    def _handle_error(self, stage: str, exc: Exception, message: Message | None) -> None:
+        with self._store_lock:  # its counters are shared by the threads
+            super()._handle_error(stage, exc, message)
+
+    def take_output(self) -> list[OutputRecord]:
+        """Swap out the calling thread's output (the polling thread's at commit)."""
+        record = self._per_thread.record
+        output, record.output = record.output, []
+        return output
+
+    def _hand_over_now(self, record: _ThreadRecord) -> None:
+        sink = record.sink
+        if sink is not None and record.output:
+            output, record.output = record.output, []
+            sink.hand_over(output)
+
+    # --- processing (processing threads holding a share) -------------------------------
+
+    def process(self, deadline: float) -> int:
+        """One thread alone (no collector at hand): output stays for `take_output`."""
+        return self.process_shared(deadline, None)
+
+    def process_shared(self, deadline: float, sink: OutputSink | None) -> int:
+        """Take grabs of key lanes until the deadline or nothing is left for this thread.
+
+        Each grab's output goes to `sink` before its keys are released.
+        Raises TaskFailedError when a handler says fail (after completing what
+        the grab finished; the failing record is not completed).
+        """
+        record = self._per_thread.record
+        record.sink = sink
+        lanes = self._lanes
+        total = 0
+        try:
+            while not self._failed and not self.closed:
+                grab = lanes.take(self._pull, self._undispatched())
+                if grab is None:
+                    break
+                total += self._run_grab(grab, record, deadline)
+                if self._punctuations:
+                    self._maybe_punctuate(record)
+                if time.monotonic() >= deadline:
+                    break
+            if self._punctuations:
+                self._maybe_punctuate(record)
+        finally:
+            self._hand_over_now(record)
+            record.sink = None
+        return total
+
+    def _run_grab(self, grab: Grab, record: _ThreadRecord, deadline: float) -> int:
+        done: list[int] = []
+        to_retry: list[int] = []
+        failure: TaskFailedError | None = None
+        monotonic = time.monotonic
+        started = monotonic()
+        lanes = self._lanes
+        failures_of = lanes.failures
+        single_topic = self._single_queue.topic if self._single_queue is not None else None
+        process_one = self._process_one
+        try:
+            if grab.chunk is not None:
+                # Fast records, nothing else in flight: in offset order, one thread.
+                count = 0
+                for message in grab.chunk:
+                    try:
+                        ok = process_one(record, message, single_topic, 0)
+                    except TaskFailedError as exc:
+                        failure = exc
+                        break
+                    if not ok:
+                        to_retry.append(0)
+                        break
+                    count += 1
+                    if count & 15 == 0 and monotonic() >= deadline:
+                        break
+                done.append(count)
+            for key, messages in grab.lanes:
+                count = 0
+                failures = failures_of.get(key, 0) if failures_of else 0
+                for message in messages:
+                    try:
+                        ok = process_one(record, message, single_topic, failures)
+                    except TaskFailedError as exc:
+                        failure = exc
+                        break
+                    if not ok:
+                        to_retry.append(len(done))
+                        break
+                    count += 1
+                    failures = 0
+                    if monotonic() >= deadline:
+                        break  # the rest of the lane, and the lanes after it, go back
+                done.append(count)
+                if failure is not None or count < len(messages) or monotonic() >= deadline:
+                    break
+        finally:
+            # The grab's output goes before its keys are released (rule 2).
+            self._hand_over_now(record)
+            elapsed = monotonic() - started
+            completed = lanes.complete(grab, done, self._retry, elapsed, to_retry)
+            self._busy_s += elapsed  # racy sum: a status figure only
+        if failure is not None:
+            self._failed = True
+            raise failure
+        return completed
+
+    def _process_one(
+        self, record: _ThreadRecord, message: Message, topic: str | None, failures: int
+    ) -> bool:
+        """Process one record; False when it failed and is to be retried."""
+        if topic is None:
+            topic = message.topic()
+            assert topic is not None
+        offset: int = message.offset()  # type: ignore[assignment]  # never None when consumed
+        timestamp = message.timestamp()[1]
+        record.topic = topic
+        record.offset = offset
+        record.timestamp = timestamp
+        source = self._sources[topic]
+        try:
+            value = source.deserialize(
+                message.key(),
+                message.value(),
+                timestamp,
+                message.headers(),  # type: ignore[arg-type]  # consumed: a list of pairs
+                topic,
+                self.partition,
+                offset,
+            )
+        except Exception as exc:
+            self._handle_error("deserialization", exc, message)
+            return True
+        output = record.output
+        mark = len(output)
+        try:
+            source.process(value)
+        except Exception as exc:
+            if failures < self._retry.attempts:
+                self._note_retry(exc, record, output, mark, failures + 1)
+                return False
+            self._handle_error("processing", exc, message)
+        return True
+
+    def _note_retry(
+        self,
+        exc: Exception,
+        record: _ThreadRecord,
+        output: list[OutputRecord],
+        mark: int,
+        failures: int,
+    ) -> None:
+        """A failed attempt: drop what it forwarded (not its changelog records)."""
+        if record.output is output and len(output) > mark:
+            kept = [r for r in output[mark:] if r[0] in self._changelog_topics]
+            del output[mark:]
+            output.extend(kept)
+        with self._store_lock:
+            self.retried_count += 1
+        log.warning(
+            "processing_retry",
+            task_id=self.id,
+            topic=record.topic,
+            partition=self.partition,
+            offset=record.offset,
+            attempt=failures,
+            of=self._retry.attempts,
+            backoff_ms=int(self._retry.delay_s(failures) * 1000),
+            error=f"{type(exc).__name__}: {exc}",
+        )
+
+    def _maybe_punctuate(self, record: _ThreadRecord) -> None:
+        """Run due punctuations with the task alone (see KeyLanes.begin_exclusive)."""
+        lanes = self._lanes
+        if not (lanes.exclusive_wanted or self._punctuation_due()):
+            return
+        if not lanes.begin_exclusive():
+            return  # the last grab to finish runs it
+        try:
+            self._punctuate()
+        except TaskFailedError:
+            self._failed = True
+            raise
+        finally:
+            self._hand_over_now(record)
+            lanes.end_exclusive()
+
+    def _punctuation_due(self) -> bool:
+        if self._wall_deadline <= time.monotonic():
+            return True
+        stream_time = self._lanes.stream_time
+        if stream_time < 0:
+            return False
+        return any(
+            p.type is PunctuationType.STREAM_TIME
+            and not p.cancelled
+            and (p.next_ms < 0 or stream_time >= p.next_ms)
+            for p in self._punctuations
+        )
+
+    # --- dispatch (under the lanes' lock) ------------------------------------------------
+
+    def _undispatched(self) -> int:
+        single = self._single_queue
+        if single is not None:
+            return len(single.records)
+        return sum(len(q.records) for q in self._queue_list)
+
+    def _pull(self, limit: int) -> list[Message]:
+        """Up to `limit` records from the input queues, in the order one thread
+        would process them (oldest head first across topics)."""
+        single = self._single_queue
+        if single is not None:
+            records = single.records
+            popleft = records.popleft
+            return [popleft() for _ in range(min(limit, len(records)))]
+        pulled: list[Message] = []
+        while len(pulled) < limit:
+            queue = self._next_queue()
+            if queue is None:
+                break
+            pulled.append(queue.records.popleft())
+        return pulled
+
+
+def make_task(
+    subtopology: Subtopology, partition: int, topics: list[str], settings: TaskSettings
+) -> StreamTask:
+    """The task the polling thread creates for a partition: key-parallel when
+    configured and the subtopology allows it, else today's StreamTask."""
+    if settings.key_parallel is not None and subtopology.key_parallel:
+        return KeyParallelTask(subtopology, partition, topics, settings)
+    return StreamTask(subtopology, partition, topics, settings)
+
+
+def key_parallel_figures(task: StreamTask) -> dict[str, Any]:
+    """A task's key-parallel status fields (runtime.status.TaskStatus); none
+    for a one-thread task. Racy reads, any thread."""
+    if not isinstance(task, KeyParallelTask):
+        return {}
+    return {
+        "key_parallel": True,
+        "threads_per_task": task.threads_per_task,
+        "in_flight": task.in_flight,
+        "watermark_lag": task.watermark_lag,
+        "parallelism": task.parallelism(),
+        "retried": task.retried_count,
+    }
