@@ -25,7 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from benchmarks.baseline.inline_restore import RESTORE_MODES, InlineRestorer
 from runtime.collector.collector import RecordCollector
@@ -36,6 +36,7 @@ from runtime.polling.clients import (
     consume_available,
     consumer_config,
     fetch_resumed_now,
+    log_consume_error,
     restore_consumer_config,
 )
 from runtime.polling.committer import Committer
@@ -248,7 +249,7 @@ class StreamThread(threading.Thread):
             timeout = self._poll_s
         records = consume_available(self._consumer, self._config.max_poll_records, timeout)
         if records:
-            routed, to_pause = self._buffers.route(records, self._on_consume_error)
+            routed, to_pause = self._buffers.route(records, log_consume_error)
             self.consumed_total += routed
             if to_pause:
                 self._consumer.pause([TopicPartition(t, p) for t, p in to_pause])
@@ -349,15 +350,6 @@ class StreamThread(threading.Thread):
             self._stop_event.set()
             return
         log.warning("client_error", error=error.str())
-
-    def _on_consume_error(self, message: Message) -> None:
-        error = message.error()
-        assert error is not None
-        if error.code() == KafkaError._PARTITION_EOF:
-            return
-        if error.fatal():
-            raise KafkaException(error)
-        log.warning("consume_error", error=error.str())
 
     def _close(self) -> None:
         try:

@@ -49,7 +49,6 @@ from typing import Any, Protocol
 from confluent_kafka import Message
 
 from runtime.collector.collector import OutputRecord
-from runtime.collector.partitioner import default_partition
 from runtime.logging import get_logger
 from runtime.processing.errors import TaskFailedError
 from runtime.processing.key_lanes import Grab, KeyLanes
@@ -271,12 +270,7 @@ class KeyParallelTask(StreamTask):
         partition: int | None,
     ) -> None:
         if partition is None:
-            count = self._settings.partition_counts[topic]
-            if key is not None:
-                partition = default_partition(key, count)
-            else:
-                self._round_robin += 1
-                partition = self._round_robin % count
+            partition = self._default_partition(topic, key)
         record = self._per_thread.record
         record.output.append(
             (

@@ -245,12 +245,7 @@ class StreamTask:
         partition: int | None,
     ) -> None:
         if partition is None:
-            count = self._settings.partition_counts[topic]
-            if key is not None:
-                partition = default_partition(key, count)
-            else:
-                self._round_robin += 1
-                partition = self._round_robin % count
+            partition = self._default_partition(topic, key)
         self.output.append(
             (
                 topic,
@@ -264,6 +259,14 @@ class StreamTask:
                 self._record_offset,
             )
         )
+
+    def _default_partition(self, topic: str, key: bytes | None) -> int:
+        """Kafka's default partitioner: murmur2 of the key; round robin without one."""
+        count = self._settings.partition_counts[topic]
+        if key is not None:
+            return default_partition(key, count)
+        self._round_robin += 1
+        return self._round_robin % count
 
     def partition_count(self, topic: str) -> int:
         try:
