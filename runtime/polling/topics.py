@@ -163,6 +163,9 @@ def resolve_topics(
     # before its reader; an internal topic's partition count defaults to the
     # writer's task count, as Kafka Streams does.
     internal_specs = {spec.name: spec for spec in topology.internal_topics()}
+    # Internal by the topology's own word, never by name: a user topic may well
+    # be called `<application.id>-something`.
+    internal_sources: set[str] = set()
     to_create: dict[str, int] = {}
     for sub in topology.subtopologies:
         names = []
@@ -171,6 +174,7 @@ def resolve_topics(
             names.append(name)
             subtopology_of[name] = sub.id
             if spec.internal:
+                internal_sources.add(name)
                 continue
             if name not in existing:
                 problems.append(f"source topic {name!r} (subtopology {sub.id}) does not exist")
@@ -214,7 +218,7 @@ def resolve_topics(
             else:
                 partitions[name] = existing[name]
         for name in sources[sub.id]:
-            if name not in partitions and name.startswith(f"{application_id}-"):
+            if name not in partitions and name in internal_sources:
                 problems.append(f"internal topic {name!r} has no writer in the topology")
 
     for sub in topology.subtopologies:
@@ -277,7 +281,7 @@ def resolve_topics(
     if to_create:
         _create(admin, to_create, topic_configs, replication_factor, timeout)
     written = set(partitions) - set(subtopology_of) | set(changelogs) | set(extra_outputs)
-    written |= {n for n in subtopology_of if n.startswith(f"{application_id}-")}
+    written |= internal_sources
     return TopicLayout(
         sources=sources,
         partitions=partitions,
