@@ -31,6 +31,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks.report import choose, rerender
+
 NAME = "eos"
 WORKLOADS = ("stateless", "stateful")
 GUARANTEES = {"alos": "at_least_once", "eos": "exactly_once_v2"}
@@ -117,21 +119,12 @@ class Launcher:
 
 def main(args: argparse.Namespace) -> int:
     if args.report:
-        with open(args.report) as f:
-            result = json.load(f)
-        out_dir = os.path.dirname(args.report) or "."
-        name = os.path.splitext(os.path.basename(args.report))[0]
-        result["summary"] = summarize(result)
-        print("wrote " + ", ".join(write(out_dir, name, result)))
-        return 0
+        return rerender(args.report, summarize, write)
 
     from benchmarks.compare.main import BASE_CONFIG, Suite, argv_echo, parse_pairs, run_suite
     from benchmarks.workloads.stateless import parse_settings
 
-    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    for w in workloads:
-        if w not in WORKLOADS:
-            raise SystemExit(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    workloads = choose(args.workloads, WORKLOADS, "workload")
     intervals = [int(c) for c in args.commit_intervals.split(",") if c.strip()]
     models = [model_name(g, c) for c in intervals for g in GUARANTEES]
     records = {**DEFAULT_RECORDS, **parse_pairs(args.records, int)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
@@ -34,6 +34,31 @@ def write_files(
     with open(md_path, "w") as f:
         f.write(render(result))
     return [json_path, md_path, *draw()]
+
+
+def rerender(
+    path: str,
+    summarize: Callable[[dict[str, Any]], Any],
+    write: Callable[[str, str, dict[str, Any]], list[str]],
+) -> int:
+    """``--report FILE.json``: the markdown and plots again from a result file; exit code."""
+    with open(path) as f:
+        result = json.load(f)
+    result["summary"] = summarize(result)
+    out_dir = os.path.dirname(path) or "."
+    name = os.path.splitext(os.path.basename(path))[0]
+    print("wrote " + ", ".join(write(out_dir, name, result)))
+    return 0
+
+
+def choose(csv: str, allowed: Iterable[str], what: str) -> list[str]:
+    """The comma-separated names in ``csv``; SystemExit naming ``what`` on an unknown one."""
+    known = list(allowed)
+    names = [n.strip() for n in csv.split(",") if n.strip()]
+    for n in names:
+        if n not in known:
+            raise SystemExit(f"unknown {what} {n!r}; choose from {', '.join(known)}")
+    return names
 
 
 def write(out_dir: str, name: str, result: dict[str, Any]) -> list[str]:

@@ -13,13 +13,14 @@ markdown and plots from a result file without running anything.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from benchmarks.report import choose, rerender
 
 NAME = "compare"
 ALL_WORKLOADS = ("stateless", "stateful", "io", "skew", "restore")
@@ -158,22 +159,12 @@ def main(args: argparse.Namespace) -> int:
     from benchmarks.compare import report
 
     if args.report:
-        with open(args.report) as f:
-            result = json.load(f)
-        out_dir = os.path.dirname(args.report) or "."
-        name = os.path.splitext(os.path.basename(args.report))[0]
-        result["summary"] = report.summarize(result)
-        paths = report.write(out_dir, name, result)
-        print("wrote " + ", ".join(paths))
-        return 0
+        return rerender(args.report, report.summarize, report.write)
 
     from benchmarks.compare.workloads import WORKLOADS
     from benchmarks.workloads.stateless import parse_settings
 
-    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    for w in workloads:
-        if w not in WORKLOADS:
-            raise SystemExit(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    workloads = choose(args.workloads, WORKLOADS, "workload")
     threads = [int(t) for t in args.threads.split(",") if t.strip()]
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     records = parse_pairs(args.records, int)

@@ -20,10 +20,11 @@ plots from a result file. See ``benchmarks/peers/README.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 from typing import Any
+
+from benchmarks.report import choose, rerender
 
 NAME = "peers"
 ALL_WORKLOADS = ("stateless", "stateful", "io", "skew")
@@ -153,28 +154,15 @@ def main(args: argparse.Namespace) -> int:
     from benchmarks.peers import report
 
     if args.report:
-        with open(args.report) as f:
-            result = json.load(f)
-        out_dir = os.path.dirname(args.report) or "."
-        name = os.path.splitext(os.path.basename(args.report))[0]
-        result["summary"] = report.summarize(result)
-        paths = report.write(out_dir, name, result)
-        print("wrote " + ", ".join(paths))
-        return 0
+        return rerender(args.report, report.summarize, report.write)
 
     from benchmarks.compare.main import BASE_CONFIG, Suite, argv_echo, parse_pairs, run_suite
     from benchmarks.peers import build
     from benchmarks.peers.models import MODELS, Launcher, runs
     from benchmarks.workloads.stateless import parse_settings
 
-    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    for w in workloads:
-        if w not in ALL_WORKLOADS:
-            raise SystemExit(f"unknown workload {w!r}; choose from {', '.join(ALL_WORKLOADS)}")
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    for m in models:
-        if m not in MODELS:
-            raise SystemExit(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
+    workloads = choose(args.workloads, ALL_WORKLOADS, "workload")
+    models = choose(args.models, MODELS, "model")
     threads = [int(t) for t in args.threads.split(",") if t.strip()]
     records = parse_pairs(args.records, int)
     repeats = args.repeats
