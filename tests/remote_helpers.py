@@ -109,7 +109,17 @@ class SlowRelay:
         self.port = int(self._listener.getsockname()[1])
         self._sockets: list[socket.socket] = []
         self._stopped = threading.Event()
+        self._flowing = threading.Event()  # cleared by hold(): uploads wait
+        self._flowing.set()
         threading.Thread(target=self._accept, name="slow-relay", daemon=True).start()
+
+    def hold(self) -> None:
+        """Stop passing bytes towards the server (at most one chunk already being
+        sent still arrives): what the server holds is then frozen."""
+        self._flowing.clear()
+
+    def release(self) -> None:
+        self._flowing.set()
 
     @property
     def endpoint(self) -> str:
@@ -137,6 +147,10 @@ class SlowRelay:
                 data = source.recv(chunk)
                 if not data:
                     break
+                if slow:
+                    self._flowing.wait()
+                    if self._stopped.is_set():
+                        break
                 sink.sendall(data)
                 if slow:
                     time.sleep(len(data) / self.rate)
@@ -149,6 +163,7 @@ class SlowRelay:
 
     def stop(self) -> None:
         self._stopped.set()
+        self._flowing.set()  # wakes held pumps, which then drop their bytes
         self._listener.close()
         for sock in self._sockets:
             with contextlib.suppress(OSError):

@@ -111,8 +111,20 @@ def test_kill_during_upload_leaves_a_partial_snapshot_that_is_ignored(
                 time.sleep(0.3)
                 return bool(seen & orphans())
 
+            def held_midway() -> bool:
+                """An upload under way, frozen there: with the relay held nothing
+                more reaches the server, so the kill cannot race the upload's end
+                (a CI run once killed the daemon just after the manifest landed)."""
+                if not mid_upload():
+                    return False
+                relay.hold()
+                if mid_upload():
+                    return True
+                relay.release()
+                return False
+
             relay.rate = 20_000
-            wait_until(mid_upload, 120, interval=0.05, message="never caught an upload midway")
+            wait_until(held_midway, 120, interval=0.05, message="never caught an upload midway")
             first.send(signal.SIGKILL)
             assert first.wait(10) is not None
             relay.stop()  # nothing the relay still holds reaches the server
