@@ -1,0 +1,234 @@
+"""Runtime-owned placement (`task.assignment=runtime`) on a real broker.
+
+Learners: a joining instance first restores a stateful task's store from its
+changelog (through its restore consumer, outside the group), and the task moves
+only when that copy is caught up; the old owner commits and releases it first.
+Measured from the output: a task's output never stops for much longer than
+two commit intervals, and the final counts are exact (no record lost or counted
+twice). Planned departure: `admin prepare-leave` hands an instance's tasks over,
+then the daemon exits 0.
+
+The sink topic uses LogAppendTime, so output timestamps say when each record
+was written, and per-partition gaps are processing gaps (keys land on the same
+partition number in the source and the sink: both use murmur2).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime import App, StreamsBuilder, serdes
+from tests.harness import REPO, Daemon, Feeder, clean_env
+from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 4
+KEYS = 3000
+COMMIT_MS = 1000
+ALL_TASKS = {f"0_{p}" for p in range(PARTITIONS)}
+
+
+def settings(bootstrap: str, app_id: str, state_dir: Path) -> dict[str, object]:
+    return {
+        "application.id": app_id,
+        "bootstrap.servers": bootstrap,
+        "task.assignment": "runtime",
+        "processing.threads": 1,
+        "commit.interval.ms": COMMIT_MS,
+        # Every update reaches the changelog: a long history to learn.
+        "cache.max.bytes": 0,
+        "acceptable.recovery.lag": 1000,
+        "max.warmup.replicas": 2,
+        "state.dir": str(state_dir),
+        "consumer.session.timeout.ms": 6000,
+        "consumer.heartbeat.interval.ms": 500,
+    }
+
+
+def counting_app(bootstrap: str, app_id: str, source: str, sink: str, state_dir: Path) -> App:
+    builder = StreamsBuilder()
+    (
+        builder.stream(source, key_serde=serdes.STRING, value_serde=serdes.STRING)
+        .group_by_key()
+        .count(store="counts")
+        .to_stream()
+        .to(sink, value_serde=serdes.INT64)
+    )
+    return App(builder.build(), settings(bootstrap, app_id, state_dir))
+
+
+def running(app: App) -> set[str]:
+    return {t["id"] for t in app.status()["tasks"] if t["state"] == "RUNNING"}
+
+
+def prefill(bootstrap: str, source: str, n: int) -> Counter[str]:
+    """Records k0..k{KEYS-1} round robin, as the Feeder sends them."""
+    records = [(f"k{i % KEYS}", str(i)) for i in range(n)]
+    produce(bootstrap, source, records)
+    return Counter(k for k, _ in records)
+
+
+def fed(feeder: Feeder) -> Counter[str]:
+    return Counter(f"k{i % feeder.keys}" for i in range(feeder.sent))
+
+
+def assert_counts(bootstrap: str, sink: str, expected: Counter[str]) -> None:
+    def latest() -> dict[str, int]:
+        out: dict[str, int] = {}
+        for m in consume_all(bootstrap, sink, idle=0.5, timeout=60):
+            assert m.key is not None and m.value is not None
+            out[m.key.decode()] = serdes.INT64.deserialize(m.value)
+        return out
+
+    last: dict[str, int] = {}
+
+    def done() -> bool:
+        nonlocal last
+        last = latest()
+        return last == dict(expected)
+
+    try:
+        wait_until(done, 60, interval=1.0)
+    except AssertionError:
+        wrong = {k: (last.get(k), v) for k, v in expected.items() if last.get(k) != v}
+        raise AssertionError(f"{len(wrong)} counts wrong, e.g. {list(wrong.items())[:5]}") from None
+
+
+def longest_gaps(bootstrap: str, sink: str, since_ms: int, until_ms: int) -> dict[int, float]:
+    """Per sink partition, the longest time (s) without output in [since, until]."""
+    stamps: dict[int, list[int]] = {p: [since_ms, until_ms] for p in range(PARTITIONS)}
+    for m in consume_all(bootstrap, sink, idle=0.5, timeout=60):
+        if since_ms <= m.timestamp <= until_ms:
+            stamps[m.partition].append(m.timestamp)
+    return {
+        p: max(b - a for a, b in zip(sorted(ts), sorted(ts)[1:], strict=False)) / 1000
+        for p, ts in stamps.items()
+    }
+
+
+def make_topics(bootstrap: str) -> tuple[str, str]:
+    source, sink = unique_name("learn-in"), unique_name("learn-out")
+    create_topic(bootstrap, source, PARTITIONS)
+    create_topic(bootstrap, sink, PARTITIONS, {"message.timestamp.type": "LogAppendTime"})
+    return source, sink
+
+
+def test_scale_out_moves_stateful_tasks_only_to_caught_up_learners(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    app_id = unique_name("learners")
+    source, sink = make_topics(bootstrap)
+    expected = prefill(bootstrap, source, 40_000)
+    a = counting_app(bootstrap, app_id, source, sink, tmp_path / "a")
+    b = counting_app(bootstrap, app_id, source, sink, tmp_path / "b")
+    feeder = Feeder(bootstrap, source, rate=400, keys=KEYS)
+    try:
+        a.start()
+        wait_until(lambda: running(a) == ALL_TASKS, 60, message="a never ran all tasks")
+        feeder.start()
+        time.sleep(3)  # steady state under load, before the second instance
+        since_ms = int(time.time() * 1000)
+        b.start()
+
+        def split() -> bool:
+            ra, rb = running(a), running(b)
+            return len(ra) == 2 and len(rb) == 2 and ra | rb == ALL_TASKS
+
+        wait_until(split, 75, interval=0.2, message="the tasks never split 2/2")
+        placement = b.status()["placement"]
+        assert placement is not None and placement["handovers"] == 2, placement
+        # Each moved task was learned first: a's figures saw learners.
+        assert b.status()["restored"] < 40_000 / 2, "b restored the moved tasks from scratch"
+        time.sleep(3)  # processing goes on after the hand-over
+        until_ms = int(time.time() * 1000)
+        feeder.stop()
+        expected += fed(feeder)
+        assert_counts(bootstrap, sink, expected)
+        gaps = longest_gaps(bootstrap, sink, since_ms, until_ms)
+        print(f"longest output gap per partition (s): {gaps}; hand-overs: {placement}")
+        assert max(gaps.values()) <= 2.5 * COMMIT_MS / 1000, gaps
+    finally:
+        if feeder.is_alive():
+            feeder.stop()
+        b.close(30)
+        a.close(30)
+
+
+def admin(socket: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runtime", "admin", "--socket", socket, *args],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short directory for the admin socket (AF_UNIX paths are <= 107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="lrn"))
+    yield path
+    for child in path.iterdir():
+        if child.is_socket():
+            child.unlink()
+
+
+def test_prepare_leave_hands_every_task_over_then_exits_0(
+    bootstrap: str, tmp_path: Path, short_dir: Path
+) -> None:
+    app_id = unique_name("leave")
+    source, sink = make_topics(bootstrap)
+    expected = prefill(bootstrap, source, 20_000)
+    sock = str(short_dir / "admin.sock")
+    sets = {
+        **settings(bootstrap, app_id, tmp_path / "daemon"),
+        "admin.socket": sock,
+    }
+    env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
+    daemon = Daemon(tmp_path / "daemon.log", "tests.apps.count_app:topology", sets, env)
+    b = counting_app(bootstrap, app_id, source, sink, tmp_path / "b")
+    feeder = Feeder(bootstrap, source, rate=400, keys=KEYS)
+    try:
+        daemon.start()
+        wait_until(lambda: os.path.exists(sock), 60, message=f"no socket:\n{daemon.tail()}")
+        feeder.start()
+        b.start()
+
+        def shared() -> bool:
+            daemon.assert_alive()
+            return len(running(b)) == 2
+
+        wait_until(shared, 75, interval=0.2, message="b never took half of the tasks")
+        tasks = admin(sock, "tasks")
+        assert tasks.returncode == 0 and "placement plan" in tasks.stdout, tasks
+        since_ms = int(time.time() * 1000)
+        leave = admin(sock, "prepare-leave")
+        assert leave.returncode == 0, leave.stderr
+        code = daemon.wait(75)
+        assert code == 0, f"exit code {code}; log tail:\n{daemon.tail()}"
+        wait_until(lambda: running(b) == ALL_TASKS, 30, message="b never ran all tasks")
+        time.sleep(2)
+        until_ms = int(time.time() * 1000)
+        feeder.stop()
+        expected += fed(feeder)
+        assert_counts(bootstrap, sink, expected)
+        gaps = longest_gaps(bootstrap, sink, since_ms, until_ms)
+        print(f"longest output gap per partition during the leave (s): {gaps}")
+        assert max(gaps.values()) <= 2.5 * COMMIT_MS / 1000, gaps
+    finally:
+        if feeder.is_alive():
+            feeder.stop()
+        daemon.kill()
+        b.close(30)
