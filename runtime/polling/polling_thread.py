@@ -418,16 +418,21 @@ class PollingThread(threading.Thread):
 
     # --- runtime-owned placement (runtime.polling.runtime_assignment) -------------------
 
-    def release_tasks(self, task_ids: list[str]) -> None:
+    def release_tasks(self, task_ids: list[str]) -> bool:
         """Hand tasks over: commit (rule 4, all tasks), then close these.
 
-        On a failed transaction every task was rewound to its committed
-        offsets, so closing them still releases nothing uncommitted.
+        False, with every task kept, when the commit failed (a commit refused
+        during a rebalance, an aborted transaction): the new owner would
+        start before offsets this instance processed, so the release waits
+        for the next loop turn. Restoring tasks have nothing to commit.
         """
         with self.committer.tasks_locked(barrier=self.tasks.processable()):  # key-parallel
-            self._commit_locked("hand-over")
+            if not self._commit_locked("hand-over"):
+                return False
             self.tasks.close([t for t in task_ids if self.tasks.get(t) is not None])
+        self._last_commit = time.monotonic()
         self._update_owned()
+        return True
 
     def drop_all_tasks(self, reason: str) -> None:
         """Membership lost: close every task without committing, unassign its

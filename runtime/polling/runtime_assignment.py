@@ -49,6 +49,7 @@ from runtime.state.restoration import RestorationThread
 log = get_logger("runtime.placement")
 
 _STATUS_INTERVAL_S = 2.0
+_LEARNING_STATUS_INTERVAL_S = 0.5
 _PLACE_INTERVAL_S = 0.1
 _MEMBERSHIP_INTERVAL_S = 2.0
 
@@ -69,7 +70,7 @@ class RuntimeAssignment:
         output: OutputChannel,
         admin_settings: dict[str, Any],
         settings: PlacerSettings,
-        release: Callable[[list[str]], None],
+        release: Callable[[list[str]], bool],
         drop_all: Callable[[str], None],
         capacity: Callable[[], int],
         on_left: Callable[[], None],
@@ -100,11 +101,13 @@ class RuntimeAssignment:
         }
         self.plan = PlacementPlan()  # the newest plan known here
         self.applied = 0  # the newest plan version applied here
+        self._applied_plan = PlacementPlan()
         self._leave_requested = threading.Event()
         self.leaving = False
         self.left = False
         self._member_id = ""
         self._generation = 0  # identities renewed after lost memberships
+        self._renewed_at = ""  # the member id under which the identity was renewed
         self._status_dirty = True
         self._last_status = 0.0
         # The placer's side.
@@ -161,11 +164,13 @@ class RuntimeAssignment:
         old member leave the group); the new id owns nothing until a plan
         gives it something. The old id's status is deleted."""
         self._placement.publish_status(gone=True)
+        self._renewed_at = self._member_id  # the next new member id is expected
         self._generation += 1
         base = self.instance_id.rsplit("~", 1)[0]
         self.instance_id = f"{base}~{self._generation}"
         self._placement.instance_id = self.instance_id
         self.applied = 0
+        self._applied_plan = PlacementPlan()
         self._withdrawn_at.clear()
         self._status_dirty = True
         log.warning("instance_id_renewed", instance_id=self.instance_id)
@@ -199,7 +204,9 @@ class RuntimeAssignment:
         if self.plan.version > self.applied:
             self.apply(self.plan)
         now = time.monotonic()
-        if self._status_dirty or now - self._last_status >= _STATUS_INTERVAL_S:
+        # Learning here: the placer hears of the lag sooner, to hand over sooner.
+        interval = _LEARNING_STATUS_INTERVAL_S if self._learning() else _STATUS_INTERVAL_S
+        if self._status_dirty or now - self._last_status >= interval:
             self.publish_status()
         if self.is_placer and now - self._last_place >= _PLACE_INTERVAL_S:
             self._last_place = now
@@ -209,13 +216,16 @@ class RuntimeAssignment:
             log.info("instance_left", instance_id=self.instance_id, plan=self.applied)
             self._on_left()
 
+    def _learning(self) -> bool:
+        return bool(self.plan.copies_for(self.instance_id))
+
     def _check_member_id(self) -> None:
         """A new member id behind our back is a lost membership: the broker
         no longer fences commits we would make for the old one's tasks."""
         member_id = self._consumer.memberid() or ""
         if member_id == self._member_id:
             return
-        if self._member_id and member_id:
+        if self._member_id and member_id and self._member_id != self._renewed_at:
             log.warning("member_id_changed", old=self._member_id, new=member_id)
             self._drop_all("member id changed")
         self._member_id = member_id
@@ -236,7 +246,9 @@ class RuntimeAssignment:
         held = self._tasks.ids()
         released = sorted(held - mine)
         if released:
-            self._release(released)
+            if not self._release(released):
+                log.warning("tasks_release_postponed", tasks=released, reason="commit failed")
+                return  # tried again at the next loop turn
             partitions = [tp for t in released for tp in self.partitions_of(t)]
             self._unassign(partitions)
             log.info("tasks_released", tasks=released, plan=plan.version)
@@ -244,6 +256,8 @@ class RuntimeAssignment:
         for task in plan.moves:
             if plan.moves[task] == self.instance_id:
                 self._withdrawn_at.setdefault(task, now)
+        before = self._applied_plan
+        self._applied_plan = plan
         self.applied = plan.version
         self.publish_status()  # the acknowledgement, after the release's commit
         taken = sorted(mine - self._tasks.ids())
@@ -252,8 +266,10 @@ class RuntimeAssignment:
             self._tasks.create(partitions)
             self._consumer.incremental_assign(partitions)
             for task in taken:
-                since = self._withdrawn_at.pop(task, None)
-                if since is not None:
+                since = self._withdrawn_at.pop(task, now)
+                if task in before.moves or before.owners.get(task, self.instance_id) != (
+                    self.instance_id
+                ):  # a hand-over, not a first placement
                     pause = now - since
                     self.handovers += 1
                     self.last_handover_pause_s = round(pause, 3)
@@ -363,6 +379,8 @@ class RuntimeAssignment:
     def _refresh_membership(self) -> None:
         """DescribeConsumerGroups without blocking: the member ids of the
         group's current generation (rule (b) of the hand-over)."""
+        if self._admin is not None:
+            self._admin.poll(0)  # its log lines
         future = self._membership
         if future is not None:
             if not future.done():
