@@ -214,7 +214,9 @@ def cmd_scale_down(args: argparse.Namespace) -> int:
     except (ConfigError, ScaleDownError) as exc:
         print(f"streams-runtime scale-down: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(f"requested on {topic}: {args.fraction:g} of the instances hand their tasks over and exit")
+    print(
+        f"requested on {topic}: {args.fraction:g} of the instances hand their tasks over and exit"
+    )
     return EXIT_OK
 
 

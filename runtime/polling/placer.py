@@ -4,7 +4,7 @@ Pure functions, no Kafka, no clock; any thread may call (the polling thread of
 the instance that is the placer does). docs/architecture.md, "Runtime-owned
 task placement", has the protocol; this module is the part that must never
 be wrong, so the hand-over safety rule lives here and is hypothesis-tested
-(tests/property/test_placer.py):
+(tests/property/test_placer_schedules.py):
 
 - A task changes owner only through a plan where it has no owner: the old
   owner is withdrawn first. A plan gives an ownerless task to an instance only
@@ -64,9 +64,7 @@ def next_plan(
     `in_group=False` are out of the group's current generation.
     """
     in_group = {i for i, m in members.items() if m.in_group}
-    current = {
-        t: o for t, o in previous.owners.items() if o in in_group and t in tasks
-    }
+    current = {t: o for t, o in previous.owners.items() if o in in_group and t in tasks}
     targets = balance(tasks, current, members, previous, settings.acceptable_lag)
     owners: dict[str, str] = {}
     moves: dict[str, str] = {}
@@ -87,9 +85,7 @@ def next_plan(
                 owners[task] = target
             else:
                 moves[task] = target
-    learners = {
-        task: target for _, task, target in sorted(wanted_learners)[: settings.max_warmups]
-    }
+    learners = {task: target for _, task, target in sorted(wanted_learners)[: settings.max_warmups]}
     if (owners, learners, moves) == (previous.owners, previous.learners, previous.moves):
         return previous
     return PlacementPlan(
@@ -97,9 +93,7 @@ def next_plan(
     )
 
 
-def may_take(
-    task: str, taker: str, previous: PlacementPlan, members: Mapping[str, Member]
-) -> bool:
+def may_take(task: str, taker: str, previous: PlacementPlan, members: Mapping[str, Member]) -> bool:
     """The hand-over safety rule, for a task without an owner in the group.
 
     Every other instance in the group must have applied `previous` (where the

@@ -424,7 +424,10 @@ class RuntimeAssignment:
         leave = frozenset(candidates[-count:]) if count > 0 else frozenset()
         log.info("scale_down_planned", fraction=fraction, leave=sorted(leave))
         return dataclasses.replace(
-            previous, version=previous.version + 1, leave=previous.leave | leave, leave_ms=requested_ms
+            previous,
+            version=previous.version + 1,
+            leave=previous.leave | leave,
+            leave_ms=requested_ms,
         )
 
     # --- figures ----------------------------------------------------------------------
@@ -444,10 +447,11 @@ class RuntimeAssignment:
             "applied": self.applied,
             "leaving": self.leaving,
             "owners": dict(plan.owners),
-            "learners": {t: {"instance": o, "lag": learner_lags[t]} for t, o in plan.learners.items()},
+            "learners": {
+                t: {"instance": o, "lag": learner_lags[t]} for t, o in plan.learners.items()
+            },
             "moves": dict(plan.moves),
             "handovers": self.handovers,
             "last_handover_pause_s": self.last_handover_pause_s,
             "max_handover_pause_s": round(self.max_handover_pause_s, 3),
         }
-

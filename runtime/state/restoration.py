@@ -498,8 +498,13 @@ class RestorationThread(threading.Thread):
         messages = self._consumer.consume(self._batch_size, timeout)
         batch = sort_changelog_messages(messages, self._status_topic, self._apply_status)
         for message in messages:
-            if message.topic() == self._status_topic and message.error() is None:
-                self.status_position = max(self.status_position, message.offset() + 1)
+            offset = message.offset()
+            if (
+                message.topic() == self._status_topic
+                and message.error() is None
+                and offset is not None
+            ):
+                self.status_position = max(self.status_position, offset + 1)
         next_offsets, reached_end = batch.next_offsets, batch.reached_end
         for tp, records in batch.records.items():
             task_id = self._by_partition.get(tp)

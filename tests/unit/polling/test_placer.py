@@ -1,6 +1,6 @@
 """The placer's decisions in named situations (runtime.polling.placer), and the
 records it exchanges (runtime.state.placement). Random schedules are in
-tests/property/test_placer.py."""
+tests/property/test_placer_schedules.py."""
 
 from __future__ import annotations
 
