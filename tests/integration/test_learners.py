@@ -38,11 +38,18 @@ COMMIT_MS = 1000
 ALL_TASKS = {f"0_{p}" for p in range(PARTITIONS)}
 
 
-def settings(bootstrap: str, app_id: str, state_dir: Path) -> dict[str, object]:
+# More records make the restore-length gap of `group` placement visible (the
+# issue's benchmark wants 1,000,000); the CI default keeps the test short.
+PREFILL = int(os.environ.get("STREAMS_TEST_LEARNERS_RECORDS", "40000"))
+
+
+def settings(
+    bootstrap: str, app_id: str, state_dir: Path, assignment: str = "runtime"
+) -> dict[str, object]:
     return {
         "application.id": app_id,
         "bootstrap.servers": bootstrap,
-        "task.assignment": "runtime",
+        "task.assignment": assignment,
         "processing.threads": 1,
         "commit.interval.ms": COMMIT_MS,
         # Every update reaches the changelog: a long history to learn.
@@ -55,7 +62,15 @@ def settings(bootstrap: str, app_id: str, state_dir: Path) -> dict[str, object]:
     }
 
 
-def counting_app(bootstrap: str, app_id: str, source: str, sink: str, state_dir: Path) -> App:
+def counting_app(
+    bootstrap: str,
+    app_id: str,
+    source: str,
+    sink: str,
+    state_dir: Path,
+    assignment: str = "runtime",
+    extra: dict[str, object] | None = None,
+) -> App:
     builder = StreamsBuilder()
     (
         builder.stream(source, key_serde=serdes.STRING, value_serde=serdes.STRING)
@@ -64,7 +79,9 @@ def counting_app(bootstrap: str, app_id: str, source: str, sink: str, state_dir:
         .to_stream()
         .to(sink, value_serde=serdes.INT64)
     )
-    return App(builder.build(), settings(bootstrap, app_id, state_dir))
+    return App(
+        builder.build(), {**settings(bootstrap, app_id, state_dir, assignment), **(extra or {})}
+    )
 
 
 def running(app: App) -> set[str]:
@@ -123,14 +140,17 @@ def make_topics(bootstrap: str) -> tuple[str, str]:
     return source, sink
 
 
+@pytest.mark.parametrize("assignment", ["runtime", "group"])
 def test_scale_out_moves_stateful_tasks_only_to_caught_up_learners(
-    bootstrap: str, tmp_path: Path
+    bootstrap: str, tmp_path: Path, assignment: str
 ) -> None:
+    """`group` is today's placement, for comparison: same exact counts, but a
+    moved task waits for its restore (the gap is printed, not bounded)."""
     app_id = unique_name("learners")
     source, sink = make_topics(bootstrap)
-    expected = prefill(bootstrap, source, 40_000)
-    a = counting_app(bootstrap, app_id, source, sink, tmp_path / "a")
-    b = counting_app(bootstrap, app_id, source, sink, tmp_path / "b")
+    expected = prefill(bootstrap, source, PREFILL)
+    a = counting_app(bootstrap, app_id, source, sink, tmp_path / "a", assignment)
+    b = counting_app(bootstrap, app_id, source, sink, tmp_path / "b", assignment)
     feeder = Feeder(bootstrap, source, rate=400, keys=KEYS)
     try:
         a.start()
@@ -145,18 +165,26 @@ def test_scale_out_moves_stateful_tasks_only_to_caught_up_learners(
             return len(ra) == 2 and len(rb) == 2 and ra | rb == ALL_TASKS
 
         wait_until(split, 75, interval=0.2, message="the tasks never split 2/2")
+        split_s = time.time() - since_ms / 1000
         placement = b.status()["placement"]
-        assert placement is not None and placement["handovers"] == 2, placement
-        # Each moved task was learned first: a's figures saw learners.
-        assert b.status()["restored"] < 40_000 / 2, "b restored the moved tasks from scratch"
+        restored = b.status()["restored"]
+        if assignment == "runtime":
+            assert placement is not None and placement["handovers"] == 2, placement
+            # The moved tasks were learned first: only a tail was restored.
+            assert restored < PREFILL / 8, f"b restored {restored} records as an active task"
         time.sleep(3)  # processing goes on after the hand-over
         until_ms = int(time.time() * 1000)
         feeder.stop()
         expected += fed(feeder)
         assert_counts(bootstrap, sink, expected)
         gaps = longest_gaps(bootstrap, sink, since_ms, until_ms)
-        print(f"longest output gap per partition (s): {gaps}; hand-overs: {placement}")
-        assert max(gaps.values()) <= 2.5 * COMMIT_MS / 1000, gaps
+        print(
+            f"task.assignment={assignment}, {PREFILL} records before the join: longest output "
+            f"gap per partition (s) {gaps}; split after {split_s:.1f} s; b restored {restored} "
+            f"records as an active task; placement {placement}"
+        )
+        if assignment == "runtime":
+            assert max(gaps.values()) <= 2.5 * COMMIT_MS / 1000, gaps
     finally:
         if feeder.is_alive():
             feeder.stop()
@@ -227,6 +255,52 @@ def test_prepare_leave_hands_every_task_over_then_exits_0(
         gaps = longest_gaps(bootstrap, sink, since_ms, until_ms)
         print(f"longest output gap per partition during the leave (s): {gaps}")
         assert max(gaps.values()) <= 2.5 * COMMIT_MS / 1000, gaps
+    finally:
+        if feeder.is_alive():
+            feeder.stop()
+        daemon.kill()
+        b.close(30)
+
+
+def test_placer_killed_under_exactly_once_its_tasks_move_and_counts_stay_exact(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """kill -9 of the placing instance: once the group's new generation no
+    longer holds it (rule (b) of the hand-over), the survivor becomes the placer
+    and takes its tasks; its open transaction is aborted, so read_committed
+    counts stay exact."""
+    app_id = unique_name("placer-crash")
+    source, sink = make_topics(bootstrap)
+    expected = prefill(bootstrap, source, 10_000)
+    eos = {"processing.guarantee": "exactly_once_v2"}
+    sets = {**settings(bootstrap, app_id, tmp_path / "daemon"), **eos}
+    env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
+    daemon = Daemon(tmp_path / "daemon.log", "tests.apps.count_app:topology", sets, env)
+    b = counting_app(bootstrap, app_id, source, sink, tmp_path / "b", extra=eos)
+    feeder = Feeder(bootstrap, source, rate=300, keys=KEYS)
+    try:
+        daemon.start()
+
+        def placer_runs_all() -> bool:
+            daemon.assert_alive()
+            return "tasks_taken" in daemon.tail(200_000)
+
+        wait_until(placer_runs_all, 60, interval=0.2, message="the daemon never took its tasks")
+        feeder.start()
+        b.start()
+
+        def shared() -> bool:
+            daemon.assert_alive()
+            return len(running(b)) == 2
+
+        wait_until(shared, 75, interval=0.2, message=f"b never took half:\n{daemon.tail()}")
+        daemon.kill()
+        wait_until(lambda: running(b) == ALL_TASKS, 75, message="b never took the dead one's tasks")
+        assert b.status()["placement"]["placer"]
+        time.sleep(2)
+        feeder.stop()
+        expected += fed(feeder)
+        assert_counts(bootstrap, sink, expected)
     finally:
         if feeder.is_alive():
             feeder.stop()
