@@ -16,6 +16,7 @@ partition number in the source and the sink: both use murmur2).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -262,14 +263,18 @@ def test_prepare_leave_hands_every_task_over_then_exits_0(
         b.close(30)
 
 
-def test_placer_killed_under_exactly_once_its_tasks_move_and_counts_stay_exact(
-    bootstrap: str, tmp_path: Path
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_placer_killed_or_stalled_under_exactly_once_counts_stay_exact(
+    bootstrap: str, tmp_path: Path, fault: str
 ) -> None:
-    """kill -9 of the placing instance: once the group's new generation no
-    longer holds it (rule (b) of the hand-over), the survivor becomes the placer
-    and takes its tasks; its open transaction is aborted, so read_committed
-    counts stay exact."""
-    app_id = unique_name("placer-crash")
+    """The placing instance (a daemon) dies (`kill`: SIGKILL) or stalls past its
+    session timeout (`stop`: SIGSTOP, then SIGCONT once its tasks moved: a
+    zombie). Once the group's new generation no longer holds it (rule (b) of
+    the hand-over), the survivor becomes the placer and takes its tasks. The
+    dead one's open transaction is aborted; the zombie's late commit is fenced
+    by the broker (old generation), it drops its tasks and comes back under a
+    new identity. read_committed counts stay exact either way."""
+    app_id = unique_name(f"placer-{fault}")
     source, sink = make_topics(bootstrap)
     expected = prefill(bootstrap, source, 10_000)
     eos = {"processing.guarantee": "exactly_once_v2"}
@@ -294,9 +299,22 @@ def test_placer_killed_under_exactly_once_its_tasks_move_and_counts_stay_exact(
             return len(running(b)) == 2
 
         wait_until(shared, 75, interval=0.2, message=f"b never took half:\n{daemon.tail()}")
-        daemon.kill()
-        wait_until(lambda: running(b) == ALL_TASKS, 75, message="b never took the dead one's tasks")
+        if fault == "kill":
+            daemon.kill()
+        else:
+            daemon.send(signal.SIGSTOP)
+        wait_until(lambda: running(b) == ALL_TASKS, 75, message="b never took the lost tasks")
         assert b.status()["placement"]["placer"]
+        if fault == "stop":
+            daemon.send(signal.SIGCONT)
+
+            def zombie_dropped_its_tasks() -> bool:
+                daemon.assert_alive()
+                return "instance_id_renewed" in daemon.tail(400_000)
+
+            wait_until(zombie_dropped_its_tasks, 30, message=daemon.tail())
+            # Back under a new identity, it gets tasks again (learned first).
+            wait_until(lambda: len(running(b)) == 2, 75, message=daemon.tail())
         time.sleep(2)
         feeder.stop()
         expected += fed(feeder)
@@ -304,5 +322,7 @@ def test_placer_killed_under_exactly_once_its_tasks_move_and_counts_stay_exact(
     finally:
         if feeder.is_alive():
             feeder.stop()
+        if daemon.alive():
+            daemon.send(signal.SIGCONT)
         daemon.kill()
         b.close(30)
