@@ -128,10 +128,13 @@ def longest_gaps(bootstrap: str, sink: str, since_ms: int, until_ms: int) -> dic
     for m in consume_all(bootstrap, sink, idle=0.5, timeout=60):
         if since_ms <= m.timestamp <= until_ms:
             stamps[m.partition].append(m.timestamp)
-    return {
-        p: max(b - a for a, b in zip(sorted(ts), sorted(ts)[1:], strict=False)) / 1000
-        for p, ts in stamps.items()
-    }
+    gaps = {}
+    for p, ts in stamps.items():
+        ts.sort()
+        gap, start = max((b - a, a) for a, b in zip(ts, ts[1:], strict=False))
+        gaps[p] = gap / 1000
+        print(f"partition {p}: longest gap {gap} ms from +{(start - since_ms) / 1000:.2f} s")
+    return gaps
 
 
 def make_topics(bootstrap: str) -> tuple[str, str]:
@@ -157,7 +160,9 @@ def test_scale_out_moves_stateful_tasks_only_to_caught_up_learners(
         a.start()
         wait_until(lambda: running(a) == ALL_TASKS, 60, message="a never ran all tasks")
         feeder.start()
-        time.sleep(3)  # steady state under load, before the second instance
+        # Steady state under load (the prefill processed) before the second instance.
+        wait_until(lambda: a.status()["total_lag"] < 2000, 120, interval=0.5, message="a lags")
+        time.sleep(2)
         since_ms = int(time.time() * 1000)
         b.start()
 
@@ -326,3 +331,47 @@ def test_placer_killed_or_stalled_under_exactly_once_counts_stay_exact(
             daemon.send(signal.SIGCONT)
         daemon.kill()
         b.close(30)
+
+
+def test_an_instance_joining_while_another_restores_neither_crashes_nor_loops(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """The crash loop quixstreams users report: a second instance joins while
+    the first still restores its stores. The restore goes on, the newcomer
+    learns, the tasks split, nothing restarts, the counts are exact."""
+    app_id = unique_name("join-restoring")
+    source, sink = make_topics(bootstrap)
+    expected = prefill(bootstrap, source, 40_000)
+    first = counting_app(bootstrap, app_id, source, sink, tmp_path / "first")
+    first.start()
+    try:
+        assert_counts(bootstrap, sink, expected)
+    finally:
+        first.close(30)
+    # A fresh state directory: the whole changelog is restored first.
+    a = counting_app(bootstrap, app_id, source, sink, tmp_path / "a")
+    b = counting_app(bootstrap, app_id, source, sink, tmp_path / "b")
+    try:
+        a.start()
+
+        def restoring() -> bool:
+            return any(t["state"] == "RESTORING" for t in a.status()["tasks"])
+
+        wait_until(restoring, 60, interval=0.02, message="a never restored")
+        b.start()
+
+        def split() -> bool:
+            for app in (a, b):
+                assert app.state.name in ("RUNNING", "REBALANCING"), app.state
+            ra, rb = running(a), running(b)
+            return len(ra) == 2 and len(rb) == 2 and ra | rb == ALL_TASKS
+
+        wait_until(split, 75, interval=0.2, message="the tasks never split 2/2")
+        assert a.status()["failed_threads"] == 0 and b.status()["failed_threads"] == 0
+        more = [(f"k{i % KEYS}", "x") for i in range(4000)]
+        produce(bootstrap, source, more)
+        expected.update(k for k, _ in more)
+        assert_counts(bootstrap, sink, expected)
+    finally:
+        b.close(30)
+        a.close(30)
