@@ -375,3 +375,39 @@ def test_an_instance_joining_while_another_restores_neither_crashes_nor_loops(
     finally:
         b.close(30)
         a.close(30)
+
+
+def test_scale_down_asks_a_fraction_of_the_instances_to_leave(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """`streams-runtime scale-down --fraction 0.5` with two instances: the
+    placer names one, it hands its tasks over and stops cleanly; the other
+    runs everything."""
+    app_id = unique_name("scale-down")
+    source, sink = make_topics(bootstrap)
+    expected = prefill(bootstrap, source, 10_000)
+    a = counting_app(bootstrap, app_id, source, sink, tmp_path / "a")
+    b = counting_app(bootstrap, app_id, source, sink, tmp_path / "b")
+    try:
+        a.start()
+        b.start()
+        wait_until(lambda: len(running(a)) == 2 and len(running(b)) == 2, 75, interval=0.2)
+        request = subprocess.run(
+            [sys.executable, "-m", "runtime", "scale-down", "--fraction", "0.5",
+             "--set", f"application.id={app_id}", "--set", f"bootstrap.servers={bootstrap}",
+             "--set", "task.assignment=runtime"],
+            cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert request.returncode == 0, request.stderr
+        wait_until(lambda: a.wait(0) or b.wait(0), 75, message="no instance left")
+        gone, stayed = (a, b) if a.wait(0) else (b, a)
+        assert gone.state.name == "NOT_RUNNING" and gone.failure is None
+        wait_until(lambda: running(stayed) == ALL_TASKS, 30, message="tasks not all taken")
+        assert not stayed.wait(0)
+        more = [(f"k{i % KEYS}", "x") for i in range(2000)]
+        produce(bootstrap, source, more)
+        expected.update(k for k, _ in more)
+        assert_counts(bootstrap, sink, expected)
+    finally:
+        a.close(30)
+        b.close(30)

@@ -110,3 +110,15 @@ def test_config_keys() -> None:
         StreamsConfig.from_dict(
             {"application.id": "x", "bootstrap.servers": "h:9092", "max.warmup.replicas": 0}
         )
+
+
+def test_scale_down_request_is_checked_before_anything_is_written() -> None:
+    from runtime.polling.scale_down_command import ScaleDownError, request_scale_down
+
+    base = {"application.id": "x", "bootstrap.servers": "h:9092"}
+    runtime_placed = StreamsConfig.from_dict({**base, "task.assignment": "runtime"})
+    for fraction in (0.0, 1.0, -0.5, 2.0):
+        with pytest.raises(ScaleDownError, match="--fraction"):
+            request_scale_down(runtime_placed, fraction)
+    with pytest.raises(ScaleDownError, match="task.assignment=runtime"):
+        request_scale_down(StreamsConfig.from_dict(base), 0.5)
