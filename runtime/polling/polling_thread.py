@@ -220,10 +220,18 @@ class PollingThread(threading.Thread):
             if not self._abort and self.runtime is not None:
                 # Committed first: the tombstone tells the placer the tasks
                 # are released (the hand-over rule), so nothing may follow it.
-                self.commit_all("shutdown")
-                if self.joined:
+                # Without a good commit there is no tombstone: the tasks move
+                # once this member left the group (rule (b)).
+                if self.commit_all("shutdown") and self.joined:
                     self.runtime.publish_status(gone=True)
-                    self.output.producer.flush(10)
+                    transactions = self.output.transactions
+                    if transactions is not None:
+                        try:
+                            transactions.commit([], None)  # the tombstone alone
+                        except TransactionFailed as exc:  # rule (b) then moves the tasks
+                            log.warning("status_tombstone_not_committed", error=str(exc))
+                    else:
+                        self.output.producer.flush(10)
             elif not self._abort:
                 if self.joined:  # before that, no status was published
                     self.placement.publish_status(gone=True)

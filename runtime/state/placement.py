@@ -9,9 +9,10 @@ instances other than its active owner are ranked by hash(task, instance), and
 the first `num.standby.replicas` keep a standby. Nobody coordinates; when an
 instance joins or leaves, only the tasks that ranked it change hands.
 
-All placement decisions live in this module, so that a later runtime-owned
-assignor can replace the inputs (or the whole module) without touching the
-restoration thread or the tasks. Pure functions; any thread may call.
+The same topic carries the records of runtime-owned placement
+(`task.assignment=runtime`): the placer's `PlacementPlan` and `scale-down`
+requests, and the status fields the placer reads; the decision itself is
+`runtime.polling.placer`. Pure functions and records; any thread may call.
 """
 
 from __future__ import annotations
