@@ -411,3 +411,43 @@ def test_scale_down_asks_a_fraction_of_the_instances_to_leave(
     finally:
         a.close(30)
         b.close(30)
+
+
+def test_new_owner_killed_right_after_taking_over_under_exactly_once(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """A crash during a hand-over: the joining instance (a daemon) is killed
+    the moment it takes its first tasks over (restoring their tail, maybe
+    processing a first batch). The placer gives them back once the group's
+    generation no longer holds the dead member; read_committed counts exact."""
+    app_id = unique_name("taker-crash")
+    source, sink = make_topics(bootstrap)
+    expected = prefill(bootstrap, source, 10_000)
+    eos = {"processing.guarantee": "exactly_once_v2"}
+    a = counting_app(bootstrap, app_id, source, sink, tmp_path / "a", extra=eos)
+    sets = {**settings(bootstrap, app_id, tmp_path / "daemon"), **eos}
+    env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
+    daemon = Daemon(tmp_path / "daemon.log", "tests.apps.count_app:topology", sets, env)
+    feeder = Feeder(bootstrap, source, rate=300, keys=KEYS)
+    try:
+        a.start()
+        wait_until(lambda: running(a) == ALL_TASKS, 60, message="a never ran all tasks")
+        feeder.start()
+        daemon.start()
+
+        def taking_over() -> bool:
+            daemon.assert_alive()
+            return '"tasks_taken"' in daemon.tail(400_000)
+
+        wait_until(taking_over, 75, interval=0.01, message="the daemon never took tasks")
+        daemon.kill()
+        wait_until(lambda: running(a) == ALL_TASKS, 75, message="a never took the tasks back")
+        time.sleep(2)
+        feeder.stop()
+        expected += fed(feeder)
+        assert_counts(bootstrap, sink, expected)
+    finally:
+        if feeder.is_alive():
+            feeder.stop()
+        daemon.kill()
+        a.close(30)
