@@ -136,6 +136,16 @@ class TaskPlacement:
             self._removals[task_id] = self._restoration.remove_standby(task_id)
         self._wait_removed(task_id)
 
+    def release_standbys(self, task_ids: list[str]) -> None:
+        """`release_standby` for several tasks at once: every removal is asked
+        for first, then waited for (a hand-over takes tasks in one go)."""
+        for task_id in task_ids:
+            if task_id in self._standbys:
+                self._standbys.pop(task_id)
+                self._removals[task_id] = self._restoration.remove_standby(task_id)
+        for task_id in task_ids:
+            self._wait_removed(task_id)
+
     def _wait_removed(self, task_id: str) -> None:
         future = self._removals.pop(task_id, None)
         if future is not None:

@@ -263,6 +263,8 @@ class RuntimeAssignment:
         taken = sorted(mine - self._tasks.ids())
         if taken:
             partitions = [tp for t in taken for tp in self.partitions_of(t)]
+            # The learners' stores close together, not one task after another.
+            self._placement.release_standbys(taken)
             self._tasks.create(partitions)
             self._consumer.incremental_assign(partitions)
             for task in taken:
