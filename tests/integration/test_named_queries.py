@@ -4,15 +4,20 @@ duplicate), priorities under load, weighted busy-time shares."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from runtime import App, AppState, Processor, Record, StreamsBuilder, Topology, serdes
+from runtime.admin.client import request
 from tests.kafka_helpers import (
     committed_offsets,
     consume_all,
@@ -23,6 +28,8 @@ from tests.kafka_helpers import (
 )
 
 pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def passthrough(source: str, out: str) -> Topology:
@@ -200,7 +207,6 @@ class LatencyProbe:
                 "bootstrap.servers": bootstrap,
                 "group.id": unique_name("probe"),
                 "enable.auto.commit": False,
-                "auto.offset.reset": "latest",
                 "fetch.wait.max.ms": 5,
                 "isolation.level": "read_committed",
             }
@@ -242,7 +248,8 @@ class LatencyProbe:
         producer.flush(5)
 
     def _read(self) -> None:
-        partitions = [TopicPartition(self._out, p) for p in range(2)]
+        # The output topic is fresh: from the beginning is exactly the probe's records.
+        partitions = [TopicPartition(self._out, p, OFFSET_BEGINNING) for p in range(2)]
         self._consumer.assign(partitions)
         while not self._stop.is_set():
             for m in self._consumer.consume(100, 0.05):
@@ -258,47 +265,88 @@ def p99(values: list[float]) -> float:
 def test_a_high_priority_light_query_keeps_its_latency_beside_a_heavy_backlog(
     bootstrap: str, tmp_path: Path
 ) -> None:
+    """The app runs as a daemon (`streams-runtime run` of a mapping), so the
+    probe's own threads do not share the app's GIL; the heavy query is paused
+    and resumed through the admin socket (`query pause`/`query resume`)."""
     light_in, light_out, heavy_in, heavy_out = topics(
         bootstrap, "light-in", "light-out", "heavy-in", "heavy-out"
     )
-    config = base_config(
-        bootstrap,
-        tmp_path,
-        **{
-            "processing.threads": 1,
-            "task.timeslice.ms": 5,
-            "query.light.priority": 10,
-            "consumer.fetch.wait.max.ms": 5,
-            "producer.linger.ms": 1,
-        },
+    workdir = Path(tempfile.mkdtemp(prefix="qry"))  # AF_UNIX paths are <= 107 bytes
+    sock = str(workdir / "admin.sock")
+    sets = {
+        "application.id": unique_name("latency"),
+        "bootstrap.servers": bootstrap,
+        "processing.threads": 1,
+        "task.timeslice.ms": 5,
+        # A commit locks every task and flushes the producer, heavy output
+        # included: not what this test measures.
+        "commit.interval.ms": 30000,
+        "query.light.priority": 10,
+        "consumer.fetch.wait.max.ms": 5,
+        "consumer.session.timeout.ms": 6000,
+        "producer.linger.ms": 1,
+        "state.dir": workdir / "state",
+        "admin.socket": sock,
+    }
+    argv = [sys.executable, "-m", "runtime", "run", "tests.apps.query_app:latency_queries"]
+    for key, value in sets.items():
+        argv += ["--set", f"{key}={value}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMS_RUNTIME_")}
+    env.update(
+        PYTHONPATH=str(REPO),
+        STREAMS_TEST_LIGHT_INPUT=light_in,
+        STREAMS_TEST_LIGHT_OUTPUT=light_out,
+        STREAMS_TEST_HEAVY_INPUT=heavy_in,
+        STREAMS_TEST_HEAVY_OUTPUT=heavy_out,
     )
-    app = App(
-        {"light": passthrough(light_in, light_out), "heavy": heavy(heavy_in, heavy_out)}, config
-    )
+    log_path = workdir / "daemon.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        )
+
+    def queries() -> dict[str, Any]:
+        return {q["name"]: q for q in request(sock, "queries")["queries"]}
+
     probe = LatencyProbe(bootstrap, light_in, light_out)
-    app.start()
     try:
-        wait_until(lambda: len(app.status().tasks) == 4, 30, message="tasks not created")
+        wait_until(lambda: os.path.exists(sock) or proc.poll() is not None, 60)
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        wait_until(lambda: sum(q["tasks"] for q in queries().values()) == 4, 60, interval=0.2)
         probe.start()
         probe.measure(2.0)  # warm-up: connections, first fetches
-        alone = probe.measure(6.0)
-        produce(bootstrap, heavy_in, ((f"k{i % 13}", f"h{i}") for i in range(40_000)))
-        wait_until(lambda: query_status(app, "heavy").processed > 500, 30, message="heavy idle")
-        together = probe.measure(6.0)
-        heavy_status = query_status(app, "heavy")
-        light_status = query_status(app, "light")
+        request(sock, "query.pause", name="heavy")
+        produce(bootstrap, heavy_in, ((f"k{i % 13}", f"h{i}") for i in range(60_000)))
+        # Alone and beside the heavy backlog in turns (the heavy query paused,
+        # then resumed), so load from elsewhere on the machine hits both alike.
+        alone: list[float] = []
+        together: list[float] = []
+        for _ in range(3):
+            request(sock, "query.pause", name="heavy")
+            alone += probe.measure(2.0)
+            request(sock, "query.resume", name="heavy")
+            together += probe.measure(2.0)
+        final = queries()
+        request(sock, "shutdown")
+        assert proc.wait(60) == 0
     finally:
         probe.close()
-        app.close(30)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
     assert len(alone) > 200 and len(together) > 200
     p99_alone, p99_together = p99(alone), p99(together)
-    print(f"light p99 alone {p99_alone * 1000:.1f} ms, beside heavy {p99_together * 1000:.1f} ms")
-    # The heavy query got the threads' spare time (starved only by the light one).
-    assert heavy_status.processed > 2000
-    assert heavy_status.lag > 0, "the backlog ran out: the measurement saw no contention"
-    assert light_status.priority == 10
-    # Within 1.5x of running alone (a floor of 10 ms: sub-10 ms figures are
-    # below this machine's scheduling noise).
+    for label, values in (("alone", alone), ("beside heavy", together)):
+        ordered = sorted(values)
+        marks = [ordered[int(len(ordered) * q)] * 1000 for q in (0.5, 0.9, 0.99)]
+        print(f"light {label}: p50 {marks[0]:.1f} p90 {marks[1]:.1f} p99 {marks[2]:.1f} ms")
+    heavy_status, light_status = final["heavy"], final["light"]
+    # The heavy query got the thread's spare time (starved only by the light one).
+    assert heavy_status["processed"] > 2000
+    assert heavy_status["busy_share"] > 0.5
+    assert heavy_status["lag"] > 0, "the backlog ran out: the measurement saw no contention"
+    assert light_status["priority"] == 10
+    # The issue's target: p99 within 1.5x of running alone (a floor of 10 ms).
     assert p99_together <= 1.5 * max(p99_alone, 0.010), (p99_alone, p99_together)
 
 
