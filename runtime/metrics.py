@@ -342,8 +342,7 @@ class AppCollector(Collector):
         for t in status.threads:
             batches.add_metric([t.name], count_value=t.batches, sum_value=t.busy_seconds)
         yield batches
-        if status.queries:
-            yield from _query_families(status)
+        yield from _query_families(status)  # no samples for a plain topology
 
 
 def make_registry(app: Any, process_metrics: bool = True) -> CollectorRegistry:
