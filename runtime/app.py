@@ -421,10 +421,23 @@ class App:
         store's serdes (the config defaults where the topology names none).
         """
         definition = self.topology.store_def(name)
+        # Named queries: `<query>.<store>` names one query's store; a plain
+        # name used by two queries is ambiguous.
+        query, _, plain = name.partition(".")
+        if not plain or query not in self.topology.queries:
+            query, plain = "", name
+            owners = {
+                s.query for s in self.topology.subtopologies if name in s.state_stores and s.query
+            }
+            if len(owners) > 1:
+                raise KeyError(
+                    f"store {name!r} is used by queries {sorted(owners)}: name one, "
+                    f"e.g. {sorted(owners)[0]}.{name}"
+                )
         key_serde = _serde(definition.key_serde) or self.config.default_key_serde
         value_serde = _serde(definition.value_serde) or self.config.default_value_serde
         return StoreQuery(
-            name,
+            plain,
             self._task_manager,
             key_serde,
             value_serde,
@@ -434,6 +447,7 @@ class App:
             key_serde_source="given in the topology"
             if definition.key_serde is not None
             else "default.key.serde",
+            query=query or None,
         )
 
     def _check_queryable(self, store: str) -> None:

@@ -164,3 +164,11 @@ def test_admin_query_commands_are_validated() -> None:
         parse_request('{"command": "query.add", "target": "x", "name": "q"}')
     with pytest.raises(ProtocolError, match="'weight' must be an integer from 1"):
         parse_request('{"command": "query.add", "target": "a:b", "name": "q", "weight": 0}')
+
+
+def test_a_store_name_two_queries_use_must_be_qualified() -> None:
+    app = App({"orders": counting("in-a", "out-a"), "audit": counting("in-b", "out-b")}, BASE)
+    with pytest.raises(KeyError, match=r"used by queries \['audit', 'orders'\].*audit.counts"):
+        app.store("counts")
+    query = app.store("orders.counts")
+    assert query.name == "counts"
