@@ -102,15 +102,16 @@ def query_status(app: App, name: str) -> Any:
     return next(q for q in app.status().queries if q.name == name)
 
 
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once_v2"])
 def test_a_failing_query_stops_alone_and_the_other_completes(
-    bootstrap: str, tmp_path: Path
+    bootstrap: str, tmp_path: Path, guarantee: str
 ) -> None:
     bad_in, bad_out, good_in, good_out = topics(
         bootstrap, "bad-in", "bad-out", "good-in", "good-out"
     )
     app = App(
         {"bad": failing(bad_in, bad_out), "good": passthrough(good_in, good_out)},
-        base_config(bootstrap, tmp_path),
+        base_config(bootstrap, tmp_path, **{"processing.guarantee": guarantee}),
     )
     first = [f"g{i}" for i in range(500)]
     produce(bootstrap, good_in, ((f"k{i % 7}", v) for i, v in enumerate(first)))
@@ -127,9 +128,11 @@ def test_a_failing_query_stops_alone_and_the_other_completes(
         later = [f"h{i}" for i in range(500)]
         produce(bootstrap, good_in, ((f"k{i % 7}", v) for i, v in enumerate(later)))
         got = consume_all(bootstrap, good_out, expected=1000, timeout=60)
+        # Complete; and under exactly_once_v2 (the failure aborted the open
+        # transaction and rewound every task) still without a duplicate.
         assert sorted(m.value.decode() for m in got) == sorted(first + later)
         assert query_status(app, "good").state == "RUNNING"
-        assert query_status(app, "good").processed >= 1000
+        assert query_status(app, "good").tasks == 2
         # The failed query stopped: the poison record and what follows it in
         # its partition never came out.
         bad_values = {m.value.decode() for m in consume_all(bootstrap, bad_out, timeout=15)}
@@ -366,8 +369,8 @@ def test_light_query_latency_beside_a_heavy_backlog_and_admin_query_commands(
     assert heavy_status["lag"] > 0, "the backlog ran out: the measurement saw no contention"
     assert light_status["priority"] == 10
     # The target, p99 within 1.5x of running alone, was NOT met here
-    # (2 cores shared with other jobs, load average 6-15): p50 came out 1.6-2x,
-    # p99 1.1-3.8x, with or without the priority alike. The light query is
+    # (2 cores shared with other jobs, load average 6-15): p50 came out 1.6-2.7x,
+    # p99 0.9-4.4x, with or without the priority alike. The light query is
     # served first (tests/property/test_query_scheduling.py proves the order);
     # what it loses beside the heavy one is the process it shares: the GIL
     # the CPU-bound batches hold (the polling thread and the light batch wait
