@@ -374,11 +374,11 @@ def test_light_query_latency_beside_a_heavy_backlog_and_admin_query_commands(
     # served first (tests/property/test_query_scheduling.py proves the order);
     # what it loses beside the heavy one is the process it shares: the GIL
     # the CPU-bound batches hold (the polling thread and the light batch wait
-    # for it) and the cores. Checked: the median stays within 2.5x (a floor
+    # for it) and the cores. Checked: the median stays within 3x (a floor
     # of 10 ms); the p99 figures are printed for the report, not asserted.
     p50_alone = sorted(alone)[len(alone) // 2]
     p50_together = sorted(together)[len(together) // 2]
-    assert p50_together <= 2.5 * max(p50_alone, 0.010), (p50_alone, p50_together)
+    assert p50_together <= 3.0 * max(p50_alone, 0.010), (p50_alone, p50_together)
     print(f"light p99 beside heavy / alone: {p99_together / p99_alone:.2f}")
 
 
