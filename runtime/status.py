@@ -132,7 +132,8 @@ class AppStatus:
     # snapshot_restore_failures, captures and capture_seconds (checkpoints
     # taken at commits, and the time they held the commit), and last_snapshot
     # (task id -> "snapshot", "created", "offsets", "bytes", "uploaded_bytes",
-    # "seconds").
+    # "seconds"), installed (task id -> "snapshot", "standby", "bytes",
+    # "seconds": the newest snapshot an active task or a standby started from).
     remote_state: dict[str, Any] | None = None
     dropped: dict[str, int] = field(default_factory=dict)  # records dropped, by reason
     # Start-up (runtime.polling.startup): joining_group, awaiting_assignment,

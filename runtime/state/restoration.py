@@ -620,14 +620,26 @@ class RestorationThread(threading.Thread):
         owner = fetching.owner
         for tp, position in positions.items():
             owner.restore_from[tp] = position
+        seconds = round(time.monotonic() - download.started, 3)
         log.info(
             "remote_snapshot_installed",
             task_id=task_id,
+            standby=fetching.standby,
             snapshot=download.snapshot_id,
             bytes=download.downloaded_bytes,
-            seconds=round(time.monotonic() - download.started, 3),
+            seconds=seconds,
             positions={f"{t}-{p}": o for (t, p), o in positions.items()},
         )
+        if positions and self.remote is not None:
+            self.remote.stats.snapshot_installed(
+                task_id,
+                {
+                    "snapshot": download.snapshot_id,
+                    "standby": fetching.standby,
+                    "bytes": download.downloaded_bytes,
+                    "seconds": seconds,
+                },
+            )
         self._continue_after_fetch(fetching, download if positions else None)
 
     def _continue_after_fetch(self, fetching: _Fetching, download: SnapshotDownload | None) -> None:
