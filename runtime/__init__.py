@@ -35,6 +35,7 @@ from runtime.topology import (
     Windowed,
     serdes,
 )
+from runtime.topology.queries import QueryError
 
 __all__ = [
     "REPLACE_THREAD",
@@ -55,6 +56,7 @@ __all__ = [
     "Processor",
     "ProcessorContext",
     "PunctuationType",
+    "QueryError",
     "Record",
     "SerializationError",
     "StoreUnavailableError",

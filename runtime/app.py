@@ -17,19 +17,23 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from runtime import named_queries
 from runtime.collector.collector import RecordCollector
 from runtime.config import StreamsConfig, clamp_wait_s
 from runtime.logging import get_logger
+from runtime.named_queries import NamedQueries, reset_query
 from runtime.polling.clients import restore_consumer_config
 from runtime.polling.cluster import StartupAdmin
 from runtime.polling.polling_thread import PollingThread, PollingThreadHooks
+from runtime.polling.query_changes import QueryChange
 from runtime.polling.serde_check import check_serdes_on_samples
 from runtime.polling.topics import TopicLayout, create_user_topics, resolve_topics
 from runtime.processing.errors import ErrorPolicy, TaskFailedError
 from runtime.processing.key_lanes import key_parallel_settings
 from runtime.processing.key_parallel import key_parallel_figures
 from runtime.processing.queries import StoreQuery, StoreUnavailableError
-from runtime.processing.task import TaskSettings
+from runtime.processing.query_shares import QueryShare
+from runtime.processing.task import StreamTask, TaskSettings
 from runtime.processing.task_manager import TaskManager
 from runtime.processing.threads import ProcessingThreadPool
 from runtime.startup_checks import check_startup
@@ -40,7 +44,14 @@ from runtime.state.remote.capture import SnapshotCapture
 from runtime.state.remote.manager import RemoteState
 from runtime.state.remote.settings import RemoteSettings
 from runtime.state.restoration import RestorationThread
-from runtime.status import AppStatus, RestoreProgress, TaskStatus, ThreadStatus
+from runtime.status import (
+    AppStatus,
+    QueryStatus,
+    RestoreProgress,
+    TaskStatus,
+    ThreadStatus,
+)
+from runtime.topology.queries import QueryError, with_query, without_query
 from runtime.topology.serdes import serde_from_name
 from runtime.topology.topology import Topology
 
@@ -115,11 +126,22 @@ class IllegalStateError(RuntimeError):
 class App:
     """A stream-processing application instance (one per process, usually)."""
 
-    def __init__(self, topology: Topology, config: Mapping[str, Any] | StreamsConfig) -> None:
+    def __init__(
+        self,
+        topology: Topology | Mapping[str, Topology],
+        config: Mapping[str, Any] | StreamsConfig,
+    ) -> None:
+        """`topology`: one Topology, or a mapping query name -> Topology (named
+        queries, see runtime.topology.queries: each has its own tasks,
+        internal topics, scheduling share, failure and figures).
+
+        Raises ConfigError (a bad key, a `query.<name>.*` key naming no
+        query) and QueryError (a bad query name, a topic two queries read).
+        """
         self.config = (
             config if isinstance(config, StreamsConfig) else StreamsConfig.from_dict(config)
         )
-        self.topology = topology
+        self._named, self.topology = NamedQueries.of(topology, self.config)
         self._lock = threading.RLock()
         self._state = AppState.CREATED
         self._listeners: list[StateListener] = []
@@ -127,7 +149,9 @@ class App:
         self._failure: BaseException | None = None
         # A task with input waits at most about one time slice before it is
         # served ahead of bigger buffers (see runtime.processing.task_manager).
-        self._task_manager = TaskManager(starvation_s=self.config.task_timeslice_ms / 1000.0)
+        self._task_manager = TaskManager(
+            starvation_s=self.config.task_timeslice_ms / 1000.0, shares=self._named.shares()
+        )
         self._collector = RecordCollector()
         self._pool = ProcessingThreadPool(
             self.config.client_id,
@@ -146,6 +170,12 @@ class App:
         self._layout: TopicLayout | None = None
         self._started_at: float | None = None
         self._capture: SnapshotCapture | None = None  # remote state, polling thread side
+        # Topics the runtime writes besides the topologies' (start-up and add_query).
+        self._extra_outputs: dict[str, int] = {}
+        self._extra_configs: dict[str, dict[str, str]] = {}
+        # One query added or removed at a time (each builds on the topology
+        # the previous one left).
+        self._query_change = threading.Lock()
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -182,6 +212,7 @@ class App:
                     config.topics_create_partitions,
                     config.replication_factor,
                 )
+            self._extra_outputs, self._extra_configs = extra, extra_configs
             self._layout = resolve_topics(
                 admin,
                 self.topology,
@@ -391,10 +422,23 @@ class App:
         store's serdes (the config defaults where the topology names none).
         """
         definition = self.topology.store_def(name)
+        # Named queries: `<query>.<store>` names one query's store; a plain
+        # name used by two queries is ambiguous.
+        query, _, plain = name.partition(".")
+        if not plain or query not in self.topology.queries:
+            query, plain = "", name
+            owners = {
+                s.query for s in self.topology.subtopologies if name in s.state_stores and s.query
+            }
+            if len(owners) > 1:
+                raise KeyError(
+                    f"store {name!r} is used by queries {sorted(owners)}: name one, "
+                    f"e.g. {sorted(owners)[0]}.{name}"
+                )
         key_serde = _serde(definition.key_serde) or self.config.default_key_serde
         value_serde = _serde(definition.value_serde) or self.config.default_value_serde
         return StoreQuery(
-            name,
+            plain,
             self._task_manager,
             key_serde,
             value_serde,
@@ -404,6 +448,7 @@ class App:
             key_serde_source="given in the topology"
             if definition.key_serde is not None
             else "default.key.serde",
+            query=query or None,
         )
 
     def _check_queryable(self, store: str) -> None:
@@ -456,6 +501,170 @@ class App:
     @property
     def processing_threads(self) -> list[str]:
         return self._pool.names()
+
+    # --- named queries --------------------------------------------------------------
+
+    @property
+    def queries(self) -> list[str]:
+        """Names of the named queries this app runs (empty: one plain topology)."""
+        return self._named.names()
+
+    def add_query(
+        self,
+        name: str,
+        topology: Topology,
+        *,
+        priority: int | None = None,
+        weight: int | None = None,
+        max_threads: int | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        """Run one more named query, without restarting the others.
+
+        Its internal topics are created here (the caller's thread); the
+        polling thread then subscribes to its topics too, which is one
+        rebalance (runtime.polling.query_changes). Scheduling settings not
+        given come from the `query.<name>.*` keys, else the defaults.
+        Any thread but the app's own. Raises IllegalStateError (not running,
+        or the app runs one plain topology), QueryError (a bad name, a name
+        in use, a topic another query reads, a join under cooperative
+        assignment), TopicError, TimeoutError.
+        """
+        with self._query_change:
+            self._add_query(name, topology, priority, weight, max_threads, timeout)
+
+    def _add_query(
+        self,
+        name: str,
+        topology: Topology,
+        priority: int | None,
+        weight: int | None,
+        max_threads: int | None,
+        timeout: float,
+    ) -> None:
+        polling = self._polling
+        with self._lock:
+            self._check_named("add a query")
+            if self._state not in (AppState.RUNNING, AppState.REBALANCING) or polling is None:
+                raise IllegalStateError(f"add_query() needs a running app, it is {self._state}")
+            self._check_group_placement("add a query")
+            composite = with_query(self.topology, name, topology)
+        added = [s for s in composite.subtopologies if s.query == name]
+        if polling.assignment_strategy != "range" and any(len(s.sources) > 1 for s in added):
+            raise QueryError(
+                f"query {name!r} joins co-partitioned topics, which needs the range assignor, "
+                f"and this app started with {polling.assignment_strategy}: start the app "
+                "with the query in its mapping instead"
+            )
+        defaults = named_queries.share_from_config(self.config, name)
+        share = QueryShare(
+            priority=defaults.priority if priority is None else priority,
+            weight=defaults.weight if weight is None else weight,
+            max_threads=defaults.max_threads if max_threads is None else max_threads,
+        )
+        if share.weight <= 0 or (share.max_threads is not None and share.max_threads < 1):
+            raise ValueError("weight must be above 0 and max_threads at least 1")
+        config = self.config
+        startup_admin = StartupAdmin(config)
+        startup_admin.wait_for_cluster()
+        if config.topics_create_missing:
+            create_user_topics(
+                startup_admin.client,
+                topology,
+                config.topics_create_partitions,
+                config.replication_factor,
+            )
+        layout = resolve_topics(
+            startup_admin.client,
+            composite,
+            config.application_id,
+            config.replication_factor,
+            self._extra_outputs,
+            extra_configs=self._extra_configs,
+        )
+        check_serdes_on_samples(config, Topology.of_subtopologies(added), layout)
+        self._task_manager.set_query_share(name, share)
+        self._named.add(name, topology, share)
+        done = polling.query_changes.request(QueryChange("add", name, added, layout))
+        try:
+            done.result(timeout=clamp_wait_s(timeout))
+        except BaseException:
+            self._named.remove(name)
+            self._task_manager.forget_query(name)
+            raise
+        with self._lock:
+            self.topology = composite
+        log.info("query_added", query=name, priority=share.priority, weight=share.weight)
+
+    def remove_query(self, name: str, reset: bool = False, timeout: float = 60.0) -> None:
+        """Stop and remove a named query; the others keep running.
+
+        Its tasks are committed and closed on the polling thread, and its
+        topics leave the subscription (one rebalance; the others resume from
+        where they were, nothing is rewound past a commit). With `reset`, its
+        committed offsets go back to the start of its input topics and its
+        internal topics and local state are deleted, so adding it again
+        starts over.
+        Raises IllegalStateError, QueryError (no such query), TimeoutError.
+        """
+        with self._query_change:
+            self._remove_query(name, reset, timeout)
+
+    def _remove_query(self, name: str, reset: bool, timeout: float) -> None:
+        polling = self._polling
+        with self._lock:
+            self._check_named("remove a query")
+            if self._state not in (AppState.RUNNING, AppState.REBALANCING) or polling is None:
+                raise IllegalStateError(f"remove_query() needs a running app, it is {self._state}")
+            self._check_group_placement("remove a query")
+            remaining = without_query(self.topology, name)
+        removed = [s for s in self.topology.subtopologies if s.query == name]
+        done = polling.query_changes.request(QueryChange("remove", name, removed, reset=reset))
+        done.result(timeout=clamp_wait_s(timeout))
+        with self._lock:
+            self.topology = remaining
+        self._named.remove(name)
+        self._task_manager.forget_query(name)
+        log.info("query_removed", query=name, reset=reset)
+        if reset:
+            reset_query(self.config, name, removed, timeout=clamp_wait_s(timeout))
+
+    def pause_query(self, name: str) -> None:
+        """Stop scheduling a named query's tasks (input buffers up to its bound)."""
+        self._check_known(name)
+        self._task_manager.pause_query(name)
+        self._named.set_state(name, named_queries.PAUSED)
+        log.info("query_paused", query=name)
+
+    def resume_query(self, name: str) -> None:
+        """Schedule a paused (or failed) named query again. A failed query
+        starts from its last commit, so from the record that failed."""
+        self._check_known(name)
+        self._task_manager.resume_query(name)
+        self._named.set_state(name, named_queries.RUNNING)
+        log.info("query_resumed", query=name)
+
+    def _check_named(self, what: str) -> None:
+        if not self._named.enabled:
+            raise IllegalStateError(
+                f"cannot {what}: this app runs one plain topology; start it with a mapping "
+                "App({name: topology, ...}, config) to run named queries"
+            )
+
+    def _check_group_placement(self, what: str) -> None:
+        # Every instance's placer works from the task layout it started with;
+        # a query added on one instance would be tasks the others never place.
+        if self.config.task_assignment == "runtime":
+            raise IllegalStateError(
+                f"cannot {what} at runtime under task.assignment=runtime (not supported "
+                "yet): put the query in the app's mapping and restart the instances, "
+                "or run with task.assignment=group"
+            )
+
+    def _check_known(self, name: str) -> None:
+        self._check_named("pause or resume a query")
+        if name not in self._named.names():
+            raise QueryError(f"no query {name!r} (queries: {', '.join(self._named.names())})")
 
     # --- state -----------------------------------------------------------------
 
@@ -540,6 +749,10 @@ class App:
         fatal: list[TaskFailedError] = []
         for failure in failures:
             self.failed_threads += 1
+            query = self._task_manager.query_of(failure.task_id)
+            if query is not None and self._exception_handler is None:
+                self._stop_failed_query(query, failure)
+                continue
             response = self._decide(failure)
             log.error(
                 "processing_thread_failed",
@@ -567,6 +780,31 @@ class App:
                 self._force_state(AppState.PENDING_ERROR)
         self._pool.stop_all(timeout=self.config.shutdown_timeout_ms / 1000.0)
         polling.request_stop(commit=False)
+
+    def _stop_failed_query(self, query: str, failure: TaskFailedError) -> None:
+        """A named query's task failed and no uncaught exception handler is
+        set: stop that query only (polling thread). Its tasks are no longer
+        scheduled; the failed task is rewound to its last commit, so the
+        failed batch is never committed (under exactly_once_v2 that aborts
+        the open transaction and rewinds every task: the other queries go on
+        from their last commit, their aborted output is never seen)."""
+        polling = self._polling
+        assert polling is not None
+        cause = failure.cause
+        reason = (
+            f"task {failure.task_id} failed in {failure.stage}: {type(cause).__name__}: {cause}"
+        )
+        self._task_manager.pause_query(query)
+        self._named.set_state(query, named_queries.FAILED, reason)
+        polling.rewind_task(failure.task_id)
+        log.error(
+            "query_failed",
+            query=query,
+            task_id=failure.task_id,
+            stage=failure.stage,
+            error=str(failure),
+            hint=f"fix the cause, then `query resume {query}` (or remove it)",
+        )
 
     def _on_application_shutdown(self, request: ShutdownRequest) -> None:
         """Another instance (or this one) asked the whole application to stop."""
@@ -598,6 +836,38 @@ class App:
             figures["captures"] = capture.captured
             figures["capture_seconds"] = round(capture.capture_seconds, 3)
         return figures
+
+    def _query_statuses(self, live_tasks: list[StreamTask]) -> tuple[QueryStatus, ...]:
+        """Per named query figures for `status()` (empty for a plain topology)."""
+        if not self._named.enabled:
+            return ()
+        polling = self._polling
+        tasks: dict[str, int] = {}
+        processed: dict[str, int] = {}
+        for task in [*live_tasks, *(polling.tasks.restoring() if polling else [])]:
+            query = task.query
+            if query is not None:
+                tasks[query] = tasks.get(query, 0) + 1
+        for task in live_tasks:
+            if task.query is not None:
+                processed[task.query] = processed.get(task.query, 0) + task.processed_count
+        lag: dict[str, int] = {}
+        if polling is not None:
+            topology = self.topology
+            owner = {s.id: s.query for s in topology.subtopologies}
+            sub_of = dict(polling.layout.subtopology_of)
+            for (topic, _), records in dict(polling.lag_tracker.lag).items():
+                query = owner.get(sub_of.get(topic, -1))
+                if query is not None:
+                    lag[query] = lag.get(query, 0) + records
+        manager = self._task_manager
+        return self._named.statuses(
+            tasks,
+            processed,
+            manager.query_busy_seconds(),
+            lag,
+            manager.query_latency_p99_ms(),
+        )
 
     def status(self) -> AppStatus:
         """A typed snapshot for metrics, the autoscaler, the admin socket, the
@@ -677,6 +947,7 @@ class App:
             skipped=sum(t.skipped_count for t in live_tasks),
             dead_lettered=sum(t.dead_lettered for t in tasks),
             dropped=_sum_dicts(t.dropped for t in live_tasks),
+            queries=self._query_statuses(live_tasks),
         )
         if polling is None:
             return base

@@ -27,8 +27,16 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT
 
 
-def load_topology(target: str) -> Any:
-    """Resolve MODULE:ATTR to a Topology (calling ATTR if it is a factory)."""
+def load_topology(target: str, named: bool = False) -> Any:
+    """Resolve MODULE:ATTR to a Topology (calling ATTR if it is a factory).
+
+    ATTR may also be (or return) a mapping query name -> Topology (named
+    queries): returned as it is with `named`, else composed into one Topology
+    (`topics create` and `expand` see every query's topics).
+    """
+    from collections.abc import Mapping
+
+    from runtime.topology.queries import compose
     from runtime.topology.topology import Topology
 
     module_name, sep, attr = target.partition(":")
@@ -44,12 +52,14 @@ def load_topology(target: str) -> Any:
         obj = getattr(module, attr)
     except AttributeError:
         raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if not isinstance(obj, Topology) and callable(obj):
+    if not isinstance(obj, Topology | Mapping) and callable(obj):
         obj = obj()
+    if isinstance(obj, Mapping) and obj and all(isinstance(t, Topology) for t in obj.values()):
+        return dict(obj) if named else compose(obj)
     if not isinstance(obj, Topology):
         raise ValueError(
-            f"{target} is a {type(obj).__name__}, not a Topology (builder.build()) "
-            "or a function returning one"
+            f"{target} is a {type(obj).__name__}, not a Topology (builder.build()), "
+            "a mapping of query name -> Topology, or a function returning one"
         )
     return obj
 
@@ -58,6 +68,7 @@ def load_config_and_topology(
     args: argparse.Namespace,
     base: dict[str, Any] | None = None,
     log_level: str | None = None,
+    named: bool = False,
 ) -> tuple[Any, Any] | int:
     """`--config`/`--set`/env and MODULE:ATTR, with logging set up; an exit
     code (bad input) instead when either is wrong, the reason on stderr.
@@ -73,7 +84,7 @@ def load_config_and_topology(
         return EXIT_BAD_INPUT
     configure_logging(log_level or config.log_level)
     try:
-        topology = load_topology(args.target)
+        topology = load_topology(args.target, named=named)
     except Exception as exc:
         print(f"streams-runtime: cannot load topology {args.target}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -86,8 +97,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from runtime.config import ConfigError
     from runtime.polling.topics import TopicError
     from runtime.topology.errors import SerializationError
+    from runtime.topology.queries import QueryError
 
-    loaded = load_config_and_topology(args)
+    loaded = load_config_and_topology(args, named=True)
     if isinstance(loaded, int):
         return loaded
     config, topology = loaded
@@ -95,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         preflight(config)
         app = App(topology, config)
         app.start()
-    except (ConfigError, TopicError, DaemonSetupError, SerializationError) as exc:
+    except (ConfigError, TopicError, DaemonSetupError, SerializationError, QueryError) as exc:
         print(f"streams-runtime: {str(exc).replace('MODULE:ATTR', args.target)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # Ctrl-C while start-up waits for the cluster
@@ -233,6 +245,29 @@ def cmd_admin(args: argparse.Namespace) -> int:
             arguments["timeout"] = args.wait
     elif command in ("pause", "resume") and args.task is not None:
         arguments["task"] = args.task
+    elif command == "query":
+        # `query add MODULE:ATTR --name N`; `query remove|pause|resume N`.
+        command = f"query.{args.action}"
+        if args.action == "add":
+            name = args.name or args.name_arg
+            if args.target is None or name is None:
+                print(
+                    "streams-runtime admin: usage: query add MODULE:ATTR --name N",
+                    file=sys.stderr,
+                )
+                return EXIT_BAD_INPUT
+            arguments["target"] = args.target
+            for key in ("priority", "weight", "max_threads"):
+                if getattr(args, key) is not None:
+                    arguments[key] = getattr(args, key)
+        else:
+            name = args.name or args.target
+            if name is None or args.name_arg is not None:
+                print(f"streams-runtime admin: usage: query {args.action} N", file=sys.stderr)
+                return EXIT_BAD_INPUT
+        arguments["name"] = name
+        if args.action == "remove" and args.reset:
+            arguments["reset"] = True
     try:
         path = resolve_socket(args.socket, args.config)
     except (OSError, ValueError) as exc:
@@ -623,6 +658,24 @@ def build_parser() -> argparse.ArgumentParser:
             name, parents=[options], help=f"{verb} processing a task (default: all tasks)"
         )
         p.add_argument("task", nargs="?", help="task id such as 0_1 (default: all)")
+    admin_sub.add_parser(
+        "queries", parents=[options], help="named queries: state, share, rate, lag, latency"
+    )
+    query = admin_sub.add_parser(
+        "query",
+        parents=[options],
+        help="add, remove, pause or resume a named query",
+        description="query add MODULE:ATTR --name N | query remove N | query pause N | "
+        "query resume N",
+    )
+    query.add_argument("action", choices=("add", "remove", "pause", "resume"))
+    query.add_argument("target", nargs="?", help="add: MODULE:ATTR of the query's topology")
+    query.add_argument("name_arg", nargs="?", metavar="N", help="the query's name")
+    query.add_argument("--name", help="the query's name (add)")
+    query.add_argument("--priority", type=int, help="add: query.<name>.priority")
+    query.add_argument("--weight", type=int, help="add: query.<name>.weight")
+    query.add_argument("--max-threads", dest="max_threads", type=int, help="add: thread cap")
+    query.add_argument("--reset", action="store_true", help="remove: delete offsets and state")
     admin_sub.add_parser("shutdown", parents=[options], help="graceful shutdown (as SIGTERM)")
     admin_sub.add_parser(
         "prepare-leave",

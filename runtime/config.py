@@ -471,6 +471,9 @@ class StreamsConfig:
         "checked at start-up the same way.",
     )
 
+    query_settings: dict[str, dict[str, int]] = field(default_factory=dict)
+    """`query.<name>.<setting>` keys (named queries): name -> setting -> value."""
+
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The validated input, keys as given (for display and `with_overrides`)."""
 
@@ -524,6 +527,9 @@ class StreamsConfig:
                 given = self.raw.get(spec.name)
                 value = given if isinstance(given, str) else repr(value)
             out[spec.name] = value
+        for query, settings in sorted(self.query_settings.items()):
+            for setting_name, value in settings.items():
+                out[f"query.{query}.{setting_name}"] = value
         for prefix, attr in _PASSTHROUGH_ATTRS:
             for prop, value in getattr(self, attr).items():
                 secret = any(word in prop.lower() for word in ("password", "secret"))
@@ -547,6 +553,62 @@ _PREFIX_BY_ATTR = {attr: prefix for prefix, attr in _PASSTHROUGH_ATTRS}
 # Longest first, so `restore.consumer.x` is not taken for `consumer.`.
 _ROUTES = sorted(_PASSTHROUGH_ATTRS, key=lambda pa: len(pa[0]), reverse=True)
 PASSTHROUGH_PREFIXES: tuple[str, ...] = tuple(prefix for prefix, _ in _PASSTHROUGH_ATTRS)
+
+
+# Named queries (`App({"name": topology, ...})`): one family of keys per
+# query, `query.<name>.<setting>`, parsed like the keys above.
+_QUERY_KEY = re.compile(r"query\.([A-Za-z0-9_-]{1,64})\.(.+)", re.ASCII)
+QUERY_SETTINGS: Mapping[str, ConfigKey] = {
+    "priority": ConfigKey(
+        "query.<name>.priority",
+        "int",
+        0,
+        "Scheduling priority of the named query: a free processing thread serves the highest "
+        "priority query that has work first, whatever the others wait for.",
+        min=-1000,
+        max=1000,
+    ),
+    "weight": ConfigKey(
+        "query.<name>.weight",
+        "int",
+        1,
+        "Share of processing time among queries of equal priority that have work: busy time "
+        "comes out in proportion to the weights (weighted fair sharing, measured in busy time, "
+        "not records).",
+        min=1,
+        max=10000,
+    ),
+    "max.threads": ConfigKey(
+        "query.<name>.max.threads",
+        "int",
+        None,
+        "Most processing threads working on the named query's tasks at once; unset: no cap.",
+        min=1,
+        max=THREADS_CEILING,
+        nullable=True,
+    ),
+}
+
+
+def _query_setting(key: str, value: Any) -> tuple[str, str, Any]:
+    """`(query, setting, parsed value)` of a `query.<name>.<setting>` key; raises ConfigError."""
+    match = _QUERY_KEY.fullmatch(key)
+    if match is None:
+        raise ConfigError(
+            key,
+            "a query setting is query.<name>.<setting>, the name 1-64 of letters, digits, "
+            f"'_' or '-', the setting one of {', '.join(QUERY_SETTINGS)}",
+        )
+    name, setting_name = match.groups()
+    spec = QUERY_SETTINGS.get(setting_name)
+    if spec is None:
+        close = close_match(setting_name, list(QUERY_SETTINGS))
+        hint = f" (did you mean {close!r}?)" if close else ""
+        raise ConfigError(key, f"unknown query setting{hint}; one of {', '.join(QUERY_SETTINGS)}")
+    try:
+        return name, setting_name, spec.parse(value)
+    except _Invalid as exc:
+        raise ConfigError(key, exc.reason) from None
 
 
 def _route(key: str) -> str | None:
@@ -627,11 +689,20 @@ def _build(given: Mapping[str, Any], sources: Mapping[str, str]) -> StreamsConfi
 
     known: dict[str, Any] = {}
     overrides: dict[str, dict[str, Any]] = {attr: {} for _, attr in _PASSTHROUGH_ATTRS}
+    query_settings: dict[str, dict[str, Any]] = {}
     for key, value in given.items():
         if not isinstance(key, str):
             raise ConfigError(repr(key), "config keys must be strings")
         if key in KEYS:
             known[key] = value
+            continue
+        if key.startswith("query."):
+            if value is not None:
+                try:
+                    name, setting_name, parsed = _query_setting(key, value)
+                except ConfigError as exc:
+                    raise ConfigError(key, exc.reason + source(key)) from None
+                query_settings.setdefault(name, {})[setting_name] = parsed
             continue
         attr = _route(key)
         if attr is None:
@@ -675,7 +746,7 @@ def _build(given: Mapping[str, Any], sources: Mapping[str, str]) -> StreamsConfi
 
     attrs: dict[str, Any] = {KEYS[name].attr: value for name, value in values.items()}
     attrs.update(overrides)
-    return StreamsConfig(**attrs, raw=dict(given))
+    return StreamsConfig(**attrs, query_settings=query_settings, raw=dict(given))
 
 
 def _serde_name(serde: Serde, given: Any) -> str:
@@ -771,6 +842,9 @@ def config_table_markdown() -> str:
     """The README's configuration table (Markdown), generated from `KEYS`."""
     rows = ["| Key | Type | Default | Description |", "| --- | --- | --- | --- |"]
     for spec in KEYS.values():
+        cells = (f"`{spec.name}`", spec.type_doc(), spec.default_doc_text(), spec.doc)
+        rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    for spec in QUERY_SETTINGS.values():
         cells = (f"`{spec.name}`", spec.type_doc(), spec.default_doc_text(), spec.doc)
         rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     for prefix, attr in _PASSTHROUGH_ATTRS:

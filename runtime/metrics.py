@@ -187,6 +187,21 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "summary",
         "Time processing threads spent per task batch (count and sum, per thread).",
     ),
+    # Named queries (App({name: topology})), label `query`.
+    "streams_query_state": ("gauge", "1 for the query's current state (RUNNING, PAUSED, FAILED)."),
+    "streams_query_tasks": ("gauge", "Tasks of the query in this process."),
+    "streams_query_records_processed": ("counter", "Records the query's live tasks processed."),
+    "streams_query_records_per_second": ("gauge", "Records processed per second by the query."),
+    "streams_query_busy_seconds": ("counter", "Processing threads' busy time spent on the query."),
+    "streams_query_busy_share": (
+        "gauge",
+        "The query's share of all queries' busy time since start (0-1).",
+    ),
+    "streams_query_lag": ("gauge", "Consumer lag of the query's input partitions (records)."),
+    "streams_query_latency_p99_seconds": (
+        "gauge",
+        "p99 end-to-end latency of the query's recent batches (record timestamp to batch end).",
+    ),
 }
 
 
@@ -346,6 +361,7 @@ class AppCollector(Collector):
         for t in status.threads:
             batches.add_metric([t.name], count_value=t.batches, sum_value=t.busy_seconds)
         yield batches
+        yield from _query_families(status)  # no samples for a plain topology
 
 
 def make_registry(app: Any, process_metrics: bool = True) -> CollectorRegistry:
@@ -580,3 +596,33 @@ def _key_parallel_families(status: AppStatus) -> Iterator[Any]:
     for task in status.tasks:
         threads.add_metric([task.id], float(task.threads_per_task))
     yield from (in_flight, lag, parallelism, retries, threads)
+
+
+def _query_families(status: AppStatus) -> Iterator[Any]:
+    """Per named query families, label `query` (runtime.named_queries)."""
+    state = _gauge("streams_query_state", labels=["query", "state"])
+    tasks = _gauge("streams_query_tasks", labels=["query"])
+    processed = CounterMetricFamily(
+        "streams_query_records_processed",
+        FAMILIES["streams_query_records_processed"][1],
+        labels=["query"],
+    )
+    rate = _gauge("streams_query_records_per_second", labels=["query"])
+    busy = CounterMetricFamily(
+        "streams_query_busy_seconds", FAMILIES["streams_query_busy_seconds"][1], labels=["query"]
+    )
+    share = _gauge("streams_query_busy_share", labels=["query"])
+    lag = _gauge("streams_query_lag", labels=["query"])
+    latency = _gauge("streams_query_latency_p99_seconds", labels=["query"])
+    for q in status.queries:
+        for name in ("RUNNING", "PAUSED", "FAILED"):
+            state.add_metric([q.name, name], 1.0 if q.state == name else 0.0)
+        tasks.add_metric([q.name], float(q.tasks))
+        processed.add_metric([q.name], float(q.processed))
+        rate.add_metric([q.name], q.records_per_s)
+        busy.add_metric([q.name], q.busy_seconds)
+        share.add_metric([q.name], q.busy_share)
+        lag.add_metric([q.name], float(q.lag))
+        if q.p99_latency_ms is not None:
+            latency.add_metric([q.name], q.p99_latency_ms / 1000.0)
+    yield from (state, tasks, processed, rate, busy, share, lag, latency)

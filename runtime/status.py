@@ -67,6 +67,31 @@ class ThreadStatus:
 
 
 @dataclass(frozen=True)
+class QueryStatus:
+    """One named query (App({name: topology})): `state` is RUNNING, PAUSED or
+    FAILED (`failure` says why); its scheduling settings; its tasks here,
+    records processed and per second, busy time and its share of all queries'
+    busy time since start, lag of its input partitions, and the p99
+    end-to-end latency of its recent batches (ms from the timestamp of a
+    batch's last record to the batch's end, over the last 2048 batches;
+    None before any)."""
+
+    name: str
+    state: str
+    priority: int = 0
+    weight: int = 1
+    max_threads: int | None = None
+    tasks: int = 0
+    processed: int = 0
+    records_per_s: float = 0.0
+    busy_seconds: float = 0.0
+    busy_share: float = 0.0
+    lag: int = 0
+    p99_latency_ms: float | None = None
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
 class AppStatus:
     """One instance: state, threads, tasks, counts, lag, commits, failure."""
 
@@ -134,6 +159,8 @@ class AppStatus:
     # "last_handover_pause_s" and "max_handover_pause_s" (from the task's
     # release to its take-over here).
     placement: dict[str, Any] | None = None
+    # Named queries (empty when the app runs one plain topology).
+    queries: tuple[QueryStatus, ...] = ()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AppStatus:
@@ -176,8 +203,12 @@ class AppStatus:
         simple = {
             f.name: data[f.name]
             for f in dataclasses.fields(cls)
-            if f.name in data and f.name not in ("threads", "tasks")
+            if f.name in data and f.name not in ("threads", "tasks", "queries")
         }
+        simple["queries"] = tuple(
+            QueryStatus(**{k: v for k, v in q.items() if k in _QUERY_FIELDS})
+            for q in data.get("queries") or ()
+        )
         for name in ("application_id", "client_id", "instance_id", "state", "processing_guarantee"):
             simple.setdefault(name, "")
         simple.setdefault("started_at", None)
@@ -188,6 +219,7 @@ class AppStatus:
         """Plain dicts and lists, for JSON."""
         data = dataclasses.asdict(self)
         data["threads"] = list(data["threads"])
+        data["queries"] = list(data["queries"])
         data["tasks"] = [
             {**task, "partitions": list(task["partitions"])}
             if task["restore"] is not None
@@ -201,7 +233,7 @@ class AppStatus:
         """The earlier dict API: `status["tasks"]` etc., values as in `to_dict()`."""
         if key not in _FIELDS:
             raise KeyError(key)
-        if key in ("threads", "tasks"):
+        if key in ("threads", "tasks", "queries"):
             return self.to_dict()[key]
         return getattr(self, key)
 
@@ -217,3 +249,4 @@ class AppStatus:
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(AppStatus))
+_QUERY_FIELDS = frozenset(f.name for f in dataclasses.fields(QueryStatus))

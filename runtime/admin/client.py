@@ -374,7 +374,34 @@ def _format(command: str, result: Any) -> str:
         return f"{command}d {target}{note}"
     if command == "shutdown":
         return f"shutting down (state {result.get('state')})"
+    if command == "queries" or command.startswith("query."):
+        return format_queries(result.get("queries") or [])
     return json.dumps(result, indent=2)
+
+
+def format_queries(queries: list[Mapping[str, Any]]) -> str:
+    """Named queries as a table (`admin queries`, `admin query ...`)."""
+    if not queries:
+        return "no named queries"
+    header = ("query", "state", "prio", "weight", "tasks", "rec/s", "busy", "lag", "p99 ms")
+    rows = [
+        (
+            str(q.get("name")),
+            str(q.get("state")),
+            str(q.get("priority")),
+            str(q.get("weight")),
+            str(q.get("tasks")),
+            f"{float(q.get('records_per_s') or 0):.0f}",
+            f"{100 * float(q.get('busy_share') or 0):.0f}%",
+            str(q.get("lag")),
+            "-" if q.get("p99_latency_ms") is None else f"{float(q['p99_latency_ms']):.0f}",
+        )
+        for q in queries
+    ]
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in (header, *rows)]
+    failures = [f"{q.get('name')} failed: {q.get('failure')}" for q in queries if q.get("failure")]
+    return "\n".join(lines + failures)
 
 
 def run_admin(

@@ -68,7 +68,9 @@ MAX_THREADS = THREADS_CEILING
 
 DEFAULT_REMOVE_TIMEOUT_S = 30.0
 _MAX_TIMEOUT_S = 3600.0
-_TASK_ID = re.compile(r"\d+_\d+")
+_TASK_ID = re.compile(r"(?:[A-Za-z0-9_-]{1,64}__)?\d+_\d+")
+_QUERY_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_TARGET = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
 _UNIX_PATH_MAX = 107  # sun_path is 108 bytes, NUL included
 
 
@@ -113,6 +115,37 @@ def _task(value: Any) -> str | None:
     return value
 
 
+def _query(value: Any) -> str:
+    if not isinstance(value, str) or not _QUERY_NAME.fullmatch(value):
+        raise ProtocolError(
+            f"'name' must be a query name (1-64 letters, digits, '_' or '-'), got {_show(value)}"
+        )
+    return value
+
+
+def _target(value: Any) -> str:
+    if not isinstance(value, str) or not _TARGET.fullmatch(value):
+        raise ProtocolError(f"'target' must be MODULE:ATTR, got {_show(value)}")
+    return value
+
+
+def _int_in(name: str, low: int, high: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ProtocolError(
+                f"{name!r} must be an integer from {low} to {high}, got {_show(value)}"
+            )
+        return value
+
+    return parse
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ProtocolError(f"'reset' must be true or false, got {_show(value)}")
+    return value
+
+
 @dataclass(frozen=True)
 class Argument:
     parse: Callable[[Any], Any]
@@ -128,6 +161,22 @@ COMMANDS: Mapping[str, Mapping[str, Argument]] = {
     "threads.set": {"count": Argument(_count, required=True), "timeout": Argument(_timeout)},
     "pause": {"task": Argument(_task)},
     "resume": {"task": Argument(_task)},
+    "queries": {},
+    "query.add": {
+        "target": Argument(_target, required=True),
+        "name": Argument(_query, required=True),
+        "priority": Argument(_int_in("priority", -1000, 1000)),
+        "weight": Argument(_int_in("weight", 1, 10000)),
+        "max_threads": Argument(_int_in("max_threads", 1, MAX_THREADS)),
+        "timeout": Argument(_timeout),
+    },
+    "query.remove": {
+        "name": Argument(_query, required=True),
+        "reset": Argument(_flag),
+        "timeout": Argument(_timeout),
+    },
+    "query.pause": {"name": Argument(_query, required=True)},
+    "query.resume": {"name": Argument(_query, required=True)},
     "shutdown": {},
     "prepare-leave": {},
 }
@@ -318,12 +367,50 @@ class AdminHandler:
             getattr(app, command)(task)
             known = None if task is None else any(t.id == task for t in app.status().tasks)
             return {command + "d": task or "all", "assigned": known}
+        if command == "queries" or command.startswith("query."):
+            return self._query_command(command, args)
         if command == "shutdown":
             if self._shutdown is None:
                 raise CommandError("shutdown is not available here")
             self._shutdown()
             return {"state": str(app.state)}
         raise CommandError(f"command {command!r} is not implemented")  # COMMANDS and this differ
+
+    def _query_command(self, command: str, args: Mapping[str, Any]) -> Any:
+        """`queries` and `query.*` (named queries, runtime.named_queries).
+
+        `query.add` imports MODULE:ATTR in the daemon's process, as `run` did
+        for the app's own topology: whoever may use the admin socket may run
+        code as the daemon (the socket is a Unix socket; mind its mode).
+        """
+        from runtime.cli import load_topology
+        from runtime.topology.errors import TopologyError
+
+        app = self._app
+        try:
+            if command == "query.add":
+                topology = load_topology(args["target"])
+                app.add_query(
+                    args["name"],
+                    topology,
+                    priority=args.get("priority"),
+                    weight=args.get("weight"),
+                    max_threads=args.get("max_threads"),
+                    timeout=args.get("timeout", 60.0),
+                )
+                log.info("admin_query_added", query=args["name"], target=args["target"])
+            elif command == "query.remove":
+                app.remove_query(
+                    args["name"], reset=args.get("reset", False), timeout=args.get("timeout", 60.0)
+                )
+                log.info("admin_query_removed", query=args["name"])
+            elif command == "query.pause":
+                app.pause_query(args["name"])
+            elif command == "query.resume":
+                app.resume_query(args["name"])
+        except (TopologyError, RuntimeError) as exc:
+            raise CommandError(str(exc)) from exc
+        return {"queries": [dict(q) for q in app.status().to_dict()["queries"]]}
 
     def _limit_reached(self) -> str:
         return f"processing.threads.limit ({self._max_threads}) threads are running already"

@@ -39,8 +39,8 @@ from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.output import OutputChannel
 from runtime.polling.topics import TopicLayout
 from runtime.processing.key_parallel import make_task
-from runtime.processing.task import StreamTask, TaskSettings, task_id_of
-from runtime.topology.topology import Topology
+from runtime.processing.task import StreamTask, TaskSettings
+from runtime.topology.topology import Subtopology, Topology
 
 log = get_logger("runtime.tasks")
 
@@ -135,7 +135,7 @@ class ActiveTasks:
         for tp in partitions:
             sub = self._layout.subtopology_of.get(tp.topic)
             if sub is not None:
-                task_id = task_id_of(sub, tp.partition)
+                task_id = self._layout.task_id(sub, tp.partition)
                 if task_id in self._tasks:
                     ids.add(task_id)
         return sorted(ids)
@@ -149,6 +149,28 @@ class ActiveTasks:
             if (topic, self._tasks[t].partition) in self._buffers
         ]
 
+    def subtopology_id(self, task_id: str) -> int | None:
+        """The subtopology of a task here, or None."""
+        task = self._tasks.get(task_id)
+        return task.subtopology.id if task is not None else None
+
+    # --- named queries added or removed at runtime (runtime.polling.query_changes) --
+
+    def add_subtopologies(self, subtopologies: list[Subtopology]) -> None:
+        """Make tasks of these subtopologies when their partitions are assigned
+        (the layout already holds their topics)."""
+        for sub in subtopologies:
+            self._subtopologies[sub.id] = sub
+            self._initial_tasks[sub.id] = self._layout.task_partitions(sub.id)
+
+    def remove_subtopologies(self, ids: set[int]) -> None:
+        """Forget subtopologies whose tasks were closed (a removed query)."""
+        for sub_id in ids:
+            self._subtopologies.pop(sub_id, None)
+            self._initial_tasks.pop(sub_id, None)
+        self.held = {(t, p) for t, p in self.held if t in self._layout.subtopology_of}
+        self._to_pause &= self.held
+
     # --- lifecycle ----------------------------------------------------------------
 
     def create(self, partitions: list[TopicPartition]) -> int:
@@ -161,7 +183,7 @@ class ActiveTasks:
             sub_id = self._layout.subtopology_of.get(tp.topic)
             if sub_id is None:
                 continue
-            task_id = task_id_of(sub_id, tp.partition)
+            task_id = self._layout.task_id(sub_id, tp.partition)
             task = self._tasks.get(task_id)
             if task is None:
                 # A standby of this task shares its stores: it goes first.

@@ -52,7 +52,8 @@ def _full(application_id: str, spec: TopicSpec) -> str:
 
 
 def changelog_topics(application_id: str, sub: Subtopology) -> list[str]:
-    return [f"{application_id}-{s.name}-changelog" for s in sub.store_specs if s.changelog]
+    prefix = sub.topic_prefix(application_id)
+    return [f"{prefix}-{s.name}-changelog" for s in sub.store_specs if s.changelog]
 
 
 def plan_expansion(

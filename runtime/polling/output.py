@@ -248,6 +248,12 @@ class OutputChannel:
             if after > self._changelog_positions.get(key, -1):  # type: ignore[arg-type]
                 self._changelog_positions[key] = after  # type: ignore[index]
 
+    def watch_changelogs(self, topics: set[str]) -> None:
+        """Changelogs of a query added at runtime. Their positions are seen only
+        if the producer reports successes (it does when the app started with
+        a changelog); otherwise their tasks restore from the changelog's start."""
+        self._changelog_topics |= topics
+
     def take_changelog_positions(self) -> dict[tuple[str, int], int]:
         """Changelog positions acknowledged since the last take (after a flush)."""
         positions, self._changelog_positions = self._changelog_positions, {}

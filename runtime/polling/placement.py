@@ -72,7 +72,7 @@ class TaskPlacement:
         self._started_ms = int(time.time() * 1000)
         # Tasks with changelogged persistent stores: the ones worth a standby.
         self._stateful: dict[str, tuple[Subtopology, int]] = {
-            task_id_of(sub.id, p): (sub, p)
+            task_id_of(sub.task_name, p): (sub, p)
             for sub in topology.subtopologies
             if any(spec.changelog and spec.kind != "memory" for spec in sub.store_specs)
             for p in range(layout.task_partitions(sub.id))
@@ -125,6 +125,7 @@ class TaskPlacement:
                 sub.store_specs,
                 self._settings.state_dir,
                 self._application_id,
+                changelog_prefix=sub.topic_prefix(self._application_id),
             )
             self._standbys[task_id] = standby
             self._restoration.add_standby(standby)

@@ -46,12 +46,13 @@ from runtime.polling.lag import LagTracker
 from runtime.polling.output import OutputChannel
 from runtime.polling.placement import TaskPlacement
 from runtime.polling.placer import PlacerSettings
+from runtime.polling.query_changes import QueryChanges
 from runtime.polling.runtime_assignment import RuntimeAssignment
 from runtime.polling.startup import StartupProgress
 from runtime.polling.topics import TopicLayout
 from runtime.polling.transactions import TransactionFailed
 from runtime.processing.errors import TaskFailedError
-from runtime.processing.task import TaskSettings, task_id_of
+from runtime.processing.task import TaskSettings
 from runtime.processing.task_manager import TaskManager
 from runtime.state.placement import ShutdownRequest
 from runtime.state.restoration import RestorationThread
@@ -97,6 +98,7 @@ class PollingThread(threading.Thread):
         super().__init__(name=f"{config.client_id}-PollingThread", daemon=True)
         self._config = config
         self._layout = layout
+        self.layout = layout  # read by QueryChanges (same object)
         self._task_manager = task_manager
         self._collector = collector
         self._hooks = hooks
@@ -187,6 +189,7 @@ class PollingThread(threading.Thread):
             )
         self.lag_tracker = LagTracker(self._consumer, self._buffers, self._processed_offset)
         self.expansion = PartitionExpansion(config, topology, layout, self.tasks, self.output)
+        self.query_changes = QueryChanges(self)
 
     # --- requests from other threads ------------------------------------------
 
@@ -205,15 +208,7 @@ class PollingThread(threading.Thread):
     def run(self) -> None:
         log.info("polling_thread_started", assignment_strategy=self.assignment_strategy)
         try:
-            topics = sorted(self._layout.subtopology_of)
-            if self.runtime is not None:
-                topics = [self.runtime.coordination.topic]
-            self._consumer.subscribe(
-                topics,
-                on_assign=self._on_assign,
-                on_revoke=self._on_revoke,
-                on_lost=self._on_lost,
-            )
+            self.subscribe()
             self.startup.subscribed()
             while not self._stop_event.is_set():
                 self.poll_once()
@@ -244,8 +239,29 @@ class PollingThread(threading.Thread):
             self.fatal_error = exc
             log.error("polling_thread_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
         finally:
+            self.query_changes.fail_pending(FatalError("the polling thread stopped"))
             self._close_clients()
             log.info("polling_thread_stopped")
+
+    @property
+    def consumer(self) -> Consumer:
+        """The main consumer, for this thread's helpers (QueryChanges)."""
+        return self._consumer
+
+    def subscribe(self) -> None:
+        """(Re)subscribe to every source topic of the layout: at start-up, and
+        after a named query was added or removed (one rebalance). Under
+        runtime-owned placement the group covers the coordination topic only;
+        the placer hands out the data partitions."""
+        topics = sorted(self._layout.subtopology_of)
+        if self.runtime is not None:
+            topics = [self.runtime.coordination.topic]
+        self._consumer.subscribe(
+            topics,
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
 
     def poll_once(self) -> None:
         """One turn of the loop (see the module docstring)."""
@@ -268,6 +284,7 @@ class PollingThread(threading.Thread):
         self.output.serve()
         self.recover_broken_producer()
         self.check_failures()
+        self.query_changes.apply_requested()
         self.maybe_commit()
         if self.runtime is not None and self.joined:
             self.runtime.tick()
@@ -378,6 +395,10 @@ class PollingThread(threading.Thread):
             return True
         with self.committer.tasks_locked(barrier=self.tasks.processable()):  # key-parallel
             return self._commit_locked(reason)
+
+    def commit_locked(self, reason: str) -> bool:
+        """`_commit_locked` for helpers of this thread (QueryChanges)."""
+        return self._commit_locked(reason)
 
     def _commit_locked(self, reason: str) -> bool:
         """Commit with every task locked; on a failed transaction, rewind all."""
@@ -576,5 +597,5 @@ class PollingThread(threading.Thread):
         self.owned = self.tasks.ids() | self.placement.standby_ids()
 
     def _processed_offset(self, topic: str, partition: int) -> int | None:
-        task = self.tasks.get(task_id_of(self._layout.subtopology_of[topic], partition))
+        task = self.tasks.get(self._layout.task_id(self._layout.subtopology_of[topic], partition))
         return task.processed_offsets.get(topic) if task is not None else None

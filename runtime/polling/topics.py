@@ -13,7 +13,7 @@ or `topics.create.missing=true` at start-up).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
@@ -121,10 +121,17 @@ class TopicLayout:
     subtopology_of: dict[str, int]
     # changelog topic -> subtopology id
     changelogs: dict[str, int]
+    # subtopology id -> what its task ids start with, for named queries
+    # (`Subtopology.task_name`); absent: the id itself.
+    task_names: dict[int, str] = field(default_factory=dict)
     # The smallest `max.message.bytes` of the topics this app writes, if the
     # cluster told us: the producer's limit is lowered to it, so that a record
     # too large for its topic is refused at produce(), where it is known.
     max_message_bytes: int | None = None
+
+    def task_id(self, subtopology_id: int, partition: int) -> str:
+        """The id of the task of `subtopology_id` for `partition`."""
+        return f"{self.task_names.get(subtopology_id, subtopology_id)}_{partition}"
 
     def task_partitions(self, subtopology_id: int) -> int:
         return max(self.partitions[t] for t in self.sources[subtopology_id])
@@ -245,7 +252,7 @@ def resolve_topics(
         for store in sub.store_specs:
             if not store.changelog:
                 continue
-            name = f"{application_id}-{store.name}-changelog"
+            name = f"{sub.topic_prefix(application_id)}-{store.name}-changelog"
             changelogs[name] = sub.id
             if name in existing and existing[name] != tasks:
                 problems.append(
@@ -288,6 +295,7 @@ def resolve_topics(
         subtopology_of=subtopology_of,
         changelogs=changelogs,
         max_message_bytes=smallest_max_message_bytes(admin, sorted(written), timeout),
+        task_names={s.id: s.task_name for s in topology.subtopologies if s.query is not None},
     )
 
 

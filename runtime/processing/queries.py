@@ -47,8 +47,12 @@ class StoreQuery:
         timeout: float = 10.0,
         available: Callable[[], None] = _always_available,
         key_serde_source: str = "",
+        query: str | None = None,
     ) -> None:
+        """`query`: only the tasks of this named query (two queries may use
+        one store name)."""
         self.name = name
+        self._query = query
         self._task_manager = task_manager
         self._key_serde = key_serde
         self._value_serde = value_serde
@@ -59,7 +63,11 @@ class StoreQuery:
 
     def _tasks(self) -> list[StreamTask]:
         self._available()
-        return [t for t in self._task_manager.tasks() if self.name in t.stores]
+        return [
+            t
+            for t in self._task_manager.tasks()
+            if self.name in t.stores and (self._query is None or t.query == self._query)
+        ]
 
     def _key_bytes(self, key: Any) -> bytes:
         """`key` as the store holds it; a key the store's serde refuses is

@@ -47,8 +47,9 @@ log = get_logger("runtime.task")
 _CLOCK_CHECK_EVERY = 32
 
 
-def task_id_of(subtopology_id: int, partition: int) -> str:
-    """Kafka Streams' task id: `<subtopology>_<partition>`."""
+def task_id_of(subtopology_id: int | str, partition: int) -> str:
+    """Kafka Streams' task id: `<subtopology>_<partition>` (a named query's
+    subtopology is `<query>__<n>`, `Subtopology.task_name`)."""
     return f"{subtopology_id}_{partition}"
 
 
@@ -153,8 +154,11 @@ class StreamTask:
         topics: list[str],
         settings: TaskSettings,
     ) -> None:
-        self.id = task_id_of(subtopology.id, partition)
+        self.id = task_id_of(subtopology.task_name, partition)
         self.subtopology = subtopology
+        # The named query it belongs to (None: the app runs one topology);
+        # the scheduler reads it for query priorities and shares.
+        self.query = subtopology.query
         self.partition = partition
         self._settings = settings
         self.queues: dict[str, InputQueue] = {t: InputQueue(t, partition) for t in topics}
@@ -189,7 +193,7 @@ class StreamTask:
         self.stores: dict[str, LayeredStore] = build_task_stores(
             subtopology.store_specs,
             self.directory,
-            settings.application_id,
+            subtopology.topic_prefix(settings.application_id),
             partition,
             settings.cache_budget,
             self.send,
@@ -218,6 +222,12 @@ class StreamTask:
     @property
     def task_id(self) -> str:
         return self.id
+
+    @property
+    def last_record_timestamp(self) -> int:
+        """Timestamp (ms) of the record processed last; -1 before any. Read
+        by the task manager at release, for a named query's latency figure."""
+        return self._record_timestamp
 
     @property
     def application_id(self) -> str:

@@ -24,18 +24,27 @@ other keys (rule 1 relaxed per key, never within a key). Such a task is handed
 to one more thread while it has records that thread could take
 (`task.buffered`). Commits and interactive queries still need it alone: they
 wait until no thread holds a share, and a waiting query stops new shares.
+
+Named queries (`task.query`, runtime.topology.queries): the query goes
+first, then the rules above inside it. `QueryLedger` (runtime.processing.
+query_shares) orders the queries with work: higher `priority` first, then the
+least busy time per `weight`; `max_threads` caps a query's holders. A paused
+query's tasks are never handed out (a failed query is paused). Tasks without
+a query (one plain topology) skip all of it.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import TypeVar
 
 from runtime.logging import get_logger
 from runtime.processing.errors import TaskFailedError
+from runtime.processing.query_shares import QueryLedger, QueryShare
 from runtime.processing.task import StreamTask
 
 T = TypeVar("T")
@@ -45,13 +54,18 @@ log = get_logger("runtime.processing")
 # Longest a waiting processing thread sleeps before looking again; wake-ups
 # normally come from notify_work, this only bounds punctuation lateness.
 _MAX_IDLE_WAIT = 0.1
+# Latency samples kept per named query (one per batch).
+_LATENCY_SAMPLES = 2048
 
 
 class TaskManager:
     """Processable tasks and their locks. Thread-safe; see each method for callers."""
 
     def __init__(
-        self, starvation_s: float = 0.1, clock: Callable[[], float] = time.monotonic
+        self,
+        starvation_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+        shares: dict[str, QueryShare] | None = None,
     ) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._starvation_s = starvation_s
@@ -69,6 +83,14 @@ class TaskManager:
         self._paused: set[str] = set()
         self._pause_all = False
         self._lock_all_future: Future[None] | None = None
+        # Named queries: task id -> query, busy time per query, paused queries,
+        # and when each holder took its task (busy time is charged at release).
+        self._query_of: dict[str, str] = {}
+        self._ledger = QueryLedger(shares)
+        self._paused_queries: set[str] = set()
+        self._taken_at: dict[tuple[str, str], float] = {}
+        # Per query: ms from the last record's timestamp to its batch's end.
+        self._latency: dict[str, deque[float]] = {}
 
     # --- polling thread -------------------------------------------------------
 
@@ -76,6 +98,9 @@ class TaskManager:
         with self._cond:
             self._tasks[task.id] = task
             self._last_served[task.id] = self._clock()
+            query = getattr(task, "query", None)
+            if query is not None:
+                self._query_of[task.id] = query
             self._failed.pop(task.id, None)
             self._cond.notify_all()
 
@@ -90,6 +115,7 @@ class TaskManager:
             self._failed.pop(task_id, None)
             self._paused.discard(task_id)
             self._last_served.pop(task_id, None)
+            self._query_of.pop(task_id, None)
             return self._tasks.pop(task_id, None)
 
     def tasks(self) -> list[StreamTask]:
@@ -159,6 +185,7 @@ class TaskManager:
                     and t.id in self._tasks
                     and t.id not in self._failed
                     and t.id not in self._paused
+                    and self._query_of.get(t.id) not in self._paused_queries
                     and not self._pause_all
                 ]
                 if not waiting:
@@ -214,8 +241,13 @@ class TaskManager:
                 self._paused.add(task_id)
 
     def is_paused(self, task_id: str) -> bool:
+        """Paused alone, with all, or with its named query."""
         with self._cond:
-            return self._pause_all or task_id in self._paused
+            return (
+                self._pause_all
+                or task_id in self._paused
+                or self._query_of.get(task_id) in self._paused_queries
+            )
 
     def resume(self, task_id: str | None = None) -> None:
         with self._cond:
@@ -225,6 +257,51 @@ class TaskManager:
             else:
                 self._paused.discard(task_id)
             self._cond.notify_all()
+
+    # --- named queries (any thread) ------------------------------------------------
+
+    def set_query_share(self, query: str, share: QueryShare) -> None:
+        """Priority, weight and thread cap of `query` (before or while it runs)."""
+        with self._cond:
+            self._ledger.set_share(query, share)
+            self._cond.notify_all()
+
+    def forget_query(self, query: str) -> None:
+        """`query` was removed: drop its figures (its tasks are gone already)."""
+        with self._cond:
+            self._ledger.forget(query)
+            self._paused_queries.discard(query)
+            self._latency.pop(query, None)
+
+    def pause_query(self, query: str) -> None:
+        """Hand out none of `query`'s tasks until `resume_query`; the tasks
+        stay (input buffers up to their bound, then the partitions pause)."""
+        with self._cond:
+            self._paused_queries.add(query)
+
+    def resume_query(self, query: str) -> None:
+        with self._cond:
+            self._paused_queries.discard(query)
+            self._cond.notify_all()
+
+    def paused_queries(self) -> set[str]:
+        with self._cond:
+            return set(self._paused_queries)
+
+    def query_busy_seconds(self) -> dict[str, float]:
+        """Busy time charged to each query so far (threads' seconds)."""
+        with self._cond:
+            return dict(self._ledger.busy_seconds)
+
+    def query_latency_p99_ms(self) -> dict[str, float]:
+        """p99 of each query's recent batch latencies (see `QueryStatus`)."""
+        with self._cond:
+            recent = {q: sorted(samples) for q, samples in self._latency.items() if samples}
+        return {q: s[min(len(s) - 1, int(len(s) * 0.99))] for q, s in recent.items()}
+
+    def query_of(self, task_id: str) -> str | None:
+        with self._cond:
+            return self._query_of.get(task_id)
 
     # --- interactive queries (any thread but a processing thread) ---------------
 
@@ -275,8 +352,11 @@ class TaskManager:
                 if should_stop():
                     return None
                 now = time.monotonic()
-                task, next_due = self._pick(self._clock())
+                clock_now = self._clock()
+                task, next_due = self._pick(clock_now)
                 if task is not None:
+                    if task.id in self._query_of:
+                        self._taken_at[(task.id, thread_name)] = clock_now
                     if task.key_parallel:
                         self._sharers.setdefault(task.id, []).append(thread_name)
                     else:
@@ -299,8 +379,19 @@ class TaskManager:
             sharers = self._sharers.get(task.id)
             if sharers and thread_name in sharers:
                 sharers.remove(thread_name)
+            now = self._clock()
             if task.id in self._tasks:
-                self._last_served[task.id] = self._clock()
+                self._last_served[task.id] = now
+            taken = self._taken_at.pop((task.id, thread_name), None)
+            query = self._query_of.get(task.id)
+            if taken is not None and query is not None:
+                self._ledger.charge(query, now - taken)
+                stamp = getattr(task, "last_record_timestamp", -1)
+                if stamp >= 0:
+                    samples = self._latency.get(query)
+                    if samples is None:
+                        samples = self._latency[query] = deque(maxlen=_LATENCY_SAMPLES)
+                    samples.append(time.time() * 1000.0 - stamp)
             if error is not None and task.id not in self._failed:
                 error.thread_name = thread_name
                 self._failed[task.id] = error
@@ -323,6 +414,8 @@ class TaskManager:
         waiting), not failed, not paused (call under the lock)."""
         if task_id in self._owners or task_id in self._failed or task_id in self._paused:
             return False
+        if self._paused_queries and self._query_of.get(task_id) in self._paused_queries:
+            return False
         sharers = self._sharers.get(task_id)
         if sharers:
             return (
@@ -332,13 +425,54 @@ class TaskManager:
         return True
 
     def _pick(self, now: float) -> tuple[StreamTask | None, float]:
-        """Choose under the lock: starving first, then most buffered, then oldest head.
+        """Choose under the lock: the query first (named queries), then the task.
 
         `now` is the scheduler's clock (monotonic unless a test injects one):
         punctuations are due and tasks age against it.
         """
         if self._scheduling_stopped():
             return None, float("inf")
+        if not self._query_of:
+            return self._pick_task(self._tasks.items(), now)
+        by_query: dict[str | None, list[tuple[str, StreamTask]]] = {}
+        for item in self._tasks.items():
+            by_query.setdefault(self._query_of.get(item[0]), []).append(item)
+        holding: dict[str, int] = {}
+        for task_id in self._owners:
+            q = self._query_of.get(task_id)
+            if q is not None:
+                holding[q] = holding.get(q, 0) + 1
+        for task_id, names in self._sharers.items():
+            q = self._query_of.get(task_id)
+            if q is not None and names:
+                holding[q] = holding.get(q, 0) + len(names)
+        with_work = [
+            q
+            for q, items in by_query.items()
+            if q is not None and any(self._has_work(t_id, t, now) for t_id, t in items)
+        ]
+        next_due = float("inf")
+        for q in [*self._ledger.order(with_work, holding), None]:
+            task, due = self._pick_task(by_query.get(q, ()), now)
+            if task is not None:
+                return task, due
+            next_due = min(next_due, due)
+        # Queries without work (or at their thread cap) may have punctuations due later.
+        for q, items in by_query.items():
+            if q is not None and q not in with_work:
+                next_due = min(next_due, self._pick_task(items, now)[1])
+        return None, next_due
+
+    def _has_work(self, task_id: str, task: StreamTask, now: float) -> bool:
+        """Schedulable with records (or a due punctuation) (call under the lock)."""
+        if not self._schedulable(task_id):
+            return False
+        return task.buffered > 0 or task.next_wall_punctuation <= now
+
+    def _pick_task(
+        self, items: Iterable[tuple[str, StreamTask]], now: float
+    ) -> tuple[StreamTask | None, float]:
+        """Starving first, then most buffered, then oldest head, among `items`."""
         best: StreamTask | None = None
         best_buffered = 0
         best_head = 0
@@ -353,7 +487,7 @@ class TaskManager:
         shared: StreamTask | None = None
         shared_buffered = 0
         sharers = self._sharers
-        for task_id, task in self._tasks.items():
+        for task_id, task in items:
             if not self._schedulable(task_id):
                 continue
             if sharers.get(task_id):

@@ -35,7 +35,10 @@ class StandbyTask:
         specs: list[StoreSpec],
         state_dir: str,
         application_id: str,
+        changelog_prefix: str | None = None,
     ) -> None:
+        """`changelog_prefix`: what its changelog topics start with
+        (`Subtopology.topic_prefix`; default `application_id`)."""
         self.id = task_id
         self.partition = partition
         self.directory = task_directory(state_dir, application_id, task_id)
@@ -45,7 +48,7 @@ class StandbyTask:
         self.stores: dict[str, LayeredStore] = build_task_stores(
             [s for s in logged if s.kind != "memory"],
             self.directory,
-            application_id,
+            changelog_prefix or application_id,
             partition,
             None,
             _no_writes,

@@ -106,6 +106,8 @@ class Subtopology:
 
     __slots__ = (
         "id",
+        "query",
+        "local_id",
         "_defs",
         "_sources",
         "_sinks",
@@ -120,8 +122,14 @@ class Subtopology:
         defs: Sequence[NodeDef],
         copartition_groups: Iterable[frozenset[str]] = (),
         store_defs: Mapping[str, StateStoreDef] | None = None,
+        query: str | None = None,
+        local_id: int | None = None,
     ) -> None:
         self.id = id
+        # Several named queries in one app (runtime.topology.queries): the
+        # query this subtopology belongs to and its number inside that query.
+        self.query = query
+        self.local_id = id if local_id is None else local_id
         self._defs = tuple(defs)
         self._sources = _unique_topics(d for d in self._defs if d.kind is NodeKind.SOURCE)
         self._sinks = _unique_topics(d for d in self._defs if d.kind is NodeKind.SINK)
@@ -132,6 +140,37 @@ class Subtopology:
         self._stores = tuple(stores)
         known = store_defs or {}
         self._store_defs = tuple(known[name] for name in self._stores if name in known)
+
+    @property
+    def task_name(self) -> str:
+        """What task ids start with: `<id>`, or `<query>__<local id>` for a
+        named query (Kafka Streams' named-topology form), so a query's task
+        ids, state directories and status entries are its own whatever other
+        queries run beside it."""
+        return str(self.id) if self.query is None else f"{self.query}__{self.local_id}"
+
+    def topic_prefix(self, application_id: str) -> str:
+        """Prefix of the changelog topics of its stores: `<application.id>`,
+        or `<application.id>-<query>` for a named query."""
+        return application_id if self.query is None else f"{application_id}-{self.query}"
+
+    @property
+    def defs(self) -> tuple[NodeDef, ...]:
+        return self._defs
+
+    def renumbered(
+        self, id: int, query: str, defs: Sequence[NodeDef], groups: Iterable[frozenset[str]]
+    ) -> Subtopology:
+        """This subtopology as part of query `query` under the app-wide `id`,
+        with `defs` and `groups` (internal topics renamed by the caller)."""
+        return Subtopology(
+            id,
+            defs,
+            groups,
+            {d.name: d for d in self._store_defs},
+            query=query,
+            local_id=self.local_id,
+        )
 
     @property
     def key_parallel(self) -> bool:
@@ -251,17 +290,42 @@ class Topology:
         copartition_groups: Sequence[frozenset[str]] = (),
         stores: Mapping[str, StateStoreDef] | None = None,
     ) -> None:
-        self._subtopologies = _split(defs, copartition_groups, stores or {})
-        self._store_owner: dict[str, tuple[Subtopology, StateStoreDef]] = {
-            d.name: (sub, d) for sub in self._subtopologies for d in sub.store_defs
-        }
+        self._set(_split(defs, copartition_groups, stores or {}))
+
+    def _set(self, subtopologies: tuple[Subtopology, ...]) -> None:
+        self._subtopologies = subtopologies
+        # A named query's stores are also known as `<query>.<store>` (two
+        # queries may use the same store name; the plain name then means the
+        # first query's).
+        self._store_owner: dict[str, tuple[Subtopology, StateStoreDef]] = {}
+        for sub in subtopologies:
+            for d in sub.store_defs:
+                self._store_owner.setdefault(d.name, (sub, d))
+                if sub.query is not None:
+                    self._store_owner[f"{sub.query}.{d.name}"] = (sub, d)
+
+    @classmethod
+    def of_subtopologies(cls, subtopologies: Iterable[Subtopology]) -> Topology:
+        """A topology made of given subtopologies (their ids unique): how
+        `runtime.topology.queries.compose` joins named queries into one."""
+        topology = cls.__new__(cls)
+        topology._set(tuple(sorted(subtopologies, key=lambda s: s.id)))
+        return topology
+
+    @property
+    def queries(self) -> list[str]:
+        """Names of the named queries it holds, in id order (empty: one plain topology)."""
+        return list(dict.fromkeys(s.query for s in self._subtopologies if s.query is not None))
 
     @property
     def subtopologies(self) -> list[Subtopology]:
         return list(self._subtopologies)
 
     def subtopology(self, id: int) -> Subtopology:
-        return self._subtopologies[id]
+        for sub in self._subtopologies:
+            if sub.id == id:
+                return sub
+        raise KeyError(f"no subtopology {id}")
 
     def source_topics(self) -> list[TopicSpec]:
         """Every topic any subtopology reads (user and internal), each once."""
@@ -289,7 +353,7 @@ class Topology:
 
     def store_specs(self) -> list[StoreSpec]:
         """Every store the runtime builds, each once (see `Subtopology.store_specs`)."""
-        return [d.spec for _, d in self._store_owner.values()]
+        return [d.spec for sub in self._subtopologies for d in sub.store_defs]
 
     def store_names(self) -> list[str]:
         return list(self._store_owner)

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.admin.client import request
 from runtime.metrics import FAMILIES, METRIC_NAMES, make_registry, start_metrics_server
-from runtime.status import AppStatus, RestoreProgress, TaskStatus, ThreadStatus
+from runtime.status import AppStatus, QueryStatus, RestoreProgress, TaskStatus, ThreadStatus
 from tests.kafka_helpers import create_topic, produce, unique_name, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,6 +60,9 @@ FULL_STATUS = AppStatus(
     remote_state={"snapshots_uploaded": 2, "snapshot_failures": 0, "bytes_uploaded": 300,
                   "bytes_downloaded": 100, "snapshot_restore_failures": 0,
                   "last_snapshot": {"0_0": {"created": 1_700_000_002.0}}},
+    queries=(QueryStatus("orders", "FAILED", priority=10, tasks=2, processed=7,
+                         records_per_s=3.5, busy_seconds=1.5, busy_share=0.75, lag=4,
+                         p99_latency_ms=12.0, failure="boom"),),
 )  # fmt: skip
 
 
@@ -97,6 +100,11 @@ def test_collector_exports_every_name() -> None:
     states = {s.labels["state"]: s.value for s in got["streams_app_state"]}
     assert states["RUNNING"] == 1 and sum(states.values()) == 1
     assert got["streams_broker_unreachable"][0].value == 1
+    query_states = {s.labels["state"]: s.value for s in got["streams_query_state"]}
+    assert query_states == {"RUNNING": 0, "PAUSED": 0, "FAILED": 1}
+    (share,) = got["streams_query_busy_share"]
+    assert share.labels == {"query": "orders"} and share.value == 0.75
+    assert got["streams_query_latency_p99_seconds"][0].value == 0.012
     (in_flight,) = got["streams_task_in_flight_records"]
     assert in_flight.labels == {"task": "0_1"} and in_flight.value == 7
     assert got["streams_task_watermark_lag_records"][0].value == 2

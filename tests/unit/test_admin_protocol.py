@@ -109,6 +109,18 @@ class FakeApp:
     def prepare_leave(self) -> None:
         self.calls.append(("prepare-leave",))
 
+    def add_query(self, name: str, topology: Any, **settings: Any) -> None:
+        self.calls.append(("add_query", name, settings))
+
+    def remove_query(self, name: str, reset: bool = False, timeout: float = 60.0) -> None:
+        self.calls.append(("remove_query", name, reset))
+
+    def pause_query(self, name: str) -> None:
+        self.calls.append(("pause_query", name))
+
+    def resume_query(self, name: str) -> None:
+        self.calls.append(("resume_query", name))
+
 
 # --- parsing --------------------------------------------------------------------------
 
@@ -171,6 +183,10 @@ def test_every_command_is_dispatched() -> None:
         request = {"command": command}
         if "count" in spec:
             request["count"] = 1
+        if "name" in spec:
+            request["name"] = "q"
+        if "target" in spec:
+            request["target"] = "tests.apps.query_app:topology"
         reply = handler.handle_line(json.dumps(request))
         assert reply["ok"], (command, reply)
 
@@ -744,3 +760,19 @@ def test_daemon_exit_codes_for_error_timeout_and_bad_setup(sock_path: Path) -> N
     blocked = DaemonApp(sock_path)
     assert run_daemon(blocked, install_signals=False) == 2
     assert blocked.closed == 1, "a daemon that cannot set up closes its app"
+
+
+def test_query_commands_reach_the_app() -> None:
+    app = FakeApp()
+    handler = AdminHandler(app)
+    line = {"command": "query.add", "target": "tests.apps.query_app:topology", "name": "q"}
+    assert handler.handle_line(json.dumps({**line, "priority": 3}))["ok"]
+    assert handler.handle_line(b'{"command": "query.remove", "name": "q", "reset": true}')["ok"]
+    assert handler.handle_line(b'{"command": "query.pause", "name": "q"}')["ok"]
+    reply = handler.handle_line(json.dumps({**line, "target": "tests.apps.nothing_here:x"}))
+    assert not reply["ok"] and "nothing_here" in reply["error"]
+    assert app.calls == [
+        ("add_query", "q", {"priority": 3, "weight": None, "max_threads": None, "timeout": 60.0}),
+        ("remove_query", "q", True),
+        ("pause_query", "q"),
+    ]

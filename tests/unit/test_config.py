@@ -432,7 +432,7 @@ def test_readme_table_is_generated_from_the_keys() -> None:
 def test_every_field_is_a_key_or_passthrough() -> None:
     attrs = {spec.attr for spec in KEYS.values()}
     attrs |= {"consumer_overrides", "producer_overrides", "restore_consumer_overrides"}
-    attrs |= {"admin_overrides", "raw"}
+    attrs |= {"admin_overrides", "raw", "query_settings"}
     assert attrs == set(StreamsConfig.__dataclass_fields__)
 
 

@@ -1,0 +1,91 @@
+"""Query priorities and weighted fair shares of processing time (named queries).
+
+The task manager asks `QueryLedger.order` which query a free processing
+thread should serve first: the highest `priority` among queries with work
+wins outright; among equal priorities, the query with the least busy time per
+unit of `weight` (its virtual time) goes first, so busy time (not records)
+comes out in proportion to the weights while all of them have work. A query
+that had no work and held no thread is lifted to the smallest virtual time of
+the queries that stayed active, so an idle spell earns no credit to hog the
+threads afterwards (the start-time fair queueing rule). `max_threads` caps how
+many threads hold the query's tasks at once.
+
+Inside the chosen query the task manager's own rules (starving first, then
+most buffered) pick the task, so the time slice and starvation rules keep
+working within a query.
+
+Not thread-safe: called under the task manager's lock only. No clock of its
+own: the task manager passes busy time measured on its (injectable) clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class QueryShare:
+    """How one named query is scheduled (`query.<name>.*` config keys)."""
+
+    priority: int = 0
+    weight: float = 1.0
+    max_threads: int | None = None
+
+
+DEFAULT_SHARE = QueryShare()
+
+
+class QueryLedger:
+    """Busy time and virtual time per query. Task manager lock only."""
+
+    def __init__(self, shares: Mapping[str, QueryShare] | None = None) -> None:
+        self._shares: dict[str, QueryShare] = dict(shares or {})
+        self.busy_seconds: dict[str, float] = {}
+        self._virtual: dict[str, float] = {}
+        self._active: set[str] = set()
+
+    def share(self, query: str) -> QueryShare:
+        return self._shares.get(query, DEFAULT_SHARE)
+
+    def set_share(self, query: str, share: QueryShare) -> None:
+        self._shares[query] = share
+
+    def forget(self, query: str) -> None:
+        """A removed query: its figures go."""
+        self._shares.pop(query, None)
+        self.busy_seconds.pop(query, None)
+        self._virtual.pop(query, None)
+        self._active.discard(query)
+
+    def charge(self, query: str, seconds: float) -> None:
+        """`seconds` of one thread's busy time went to `query`."""
+        if seconds <= 0:
+            return
+        self.busy_seconds[query] = self.busy_seconds.get(query, 0.0) + seconds
+        self._virtual[query] = self._virtual.get(query, 0.0) + seconds / self.share(query).weight
+
+    def virtual_time(self, query: str) -> float:
+        return self._virtual.get(query, 0.0)
+
+    def order(self, with_work: Iterable[str], holding: Mapping[str, int]) -> list[str]:
+        """Queries to try, best first: those with work, under their thread cap.
+
+        `holding` counts the threads holding each query's tasks now. Queries
+        that just became active (work, or a thread) are lifted first.
+        """
+        candidates = set(with_work)
+        active = candidates | {q for q, n in holding.items() if n > 0}
+        staying = self._active & active
+        if staying:
+            floor = min(self._virtual.get(q, 0.0) for q in staying)
+            for q in active - self._active:
+                if self._virtual.get(q, 0.0) < floor:
+                    self._virtual[q] = floor
+        self._active = active
+        allowed = []
+        for q in candidates:
+            cap = self.share(q).max_threads
+            if cap is None or holding.get(q, 0) < cap:
+                allowed.append(q)
+        return sorted(allowed, key=lambda q: (-self.share(q).priority, self.virtual_time(q), q))
