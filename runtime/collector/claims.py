@@ -34,12 +34,15 @@ __all__ = [
     "CLAIM_ID_BYTES",
     "ClaimBook",
     "ClaimError",
+    "claim_topic_count",
     "decode_claim",
     "encode_claim",
 ]
 
 CLAIM_ID_BYTES = 16
-_VALUE = struct.Struct(">bii")  # format version, partition, partition count it was decided with
+# format version, partition, the partition count of `topic` its decider had
+# accepted; then the topic's name (UTF-8): the sink topic the key was met on.
+_VALUE = struct.Struct(">bii")
 _VERSION = 1
 
 
@@ -47,9 +50,13 @@ class ClaimError(RuntimeError):
     """A new key's partition could not be settled (log unreachable, closed, timed out)."""
 
 
-def encode_claim(key: bytes, partition: int, num_partitions: int) -> tuple[bytes, bytes]:
-    """(record key, value) of a claim: a fresh claim id + the key; the partition."""
-    return os.urandom(CLAIM_ID_BYTES) + key, _VALUE.pack(_VERSION, partition, num_partitions)
+def encode_claim(
+    key: bytes, partition: int, num_partitions: int, topic: str = ""
+) -> tuple[bytes, bytes]:
+    """(record key, value) of a claim: a fresh claim id + the key; the partition,
+    and the count of `topic` it was decided with."""
+    value = _VALUE.pack(_VERSION, partition, num_partitions) + topic.encode("utf-8")
+    return os.urandom(CLAIM_ID_BYTES) + key, value
 
 
 def decode_claim(record_key: bytes | None, value: bytes | None) -> tuple[bytes, int] | None:
@@ -57,12 +64,19 @@ def decode_claim(record_key: bytes | None, value: bytes | None) -> tuple[bytes, 
     tombstone, a record of another format): readers skip those."""
     if record_key is None or value is None or len(record_key) < CLAIM_ID_BYTES:
         return None
-    if len(value) != _VALUE.size:
+    if len(value) < _VALUE.size:
         return None
-    version, partition, _count = _VALUE.unpack(value)
+    version, partition, _count = _VALUE.unpack_from(value)
     if version != _VERSION or partition < 0:
         return None
     return record_key[CLAIM_ID_BYTES:], partition
+
+
+def claim_topic_count(value: bytes) -> tuple[str, int]:
+    """(topic, partition count) a claim's decider had accepted: proof that the
+    topic has at least that many partitions (Kafka never removes any)."""
+    _version, _partition, count = _VALUE.unpack_from(value)
+    return value[_VALUE.size :].decode("utf-8", "replace"), count
 
 
 class ClaimBook:
@@ -79,6 +93,9 @@ class ClaimBook:
         self._failed: dict[bytes, str] = {}
         self._changed = threading.Condition()
         self._closed: str | None = None
+        # topic -> the highest partition count a claim's decider had
+        # accepted for it (read racily by sinks; only grows).
+        self.known_counts: dict[str, int] = {}
         # Figures (read racily).
         self.claims_sent = 0
         self.claims_lost = 0  # our claim came back after another's: we took theirs
@@ -111,6 +128,19 @@ class ClaimBook:
             if key not in self._settled:
                 self._failed[key] = reason
             self._changed.notify_all()
+
+    def read(self, record_key: bytes | None, value: bytes | None, ours: bool = False) -> bool:
+        """A record read from the log, in offset order (the reader only):
+        `apply` if it is a claim; whether it was."""
+        claim = decode_claim(record_key, value)
+        if claim is None:
+            return False
+        assert value is not None
+        topic, count = claim_topic_count(value)
+        if topic and count > self.known_counts.get(topic, 0):
+            self.known_counts[topic] = count
+        self.apply(claim[0], claim[1], ours)
+        return True
 
     def apply(self, key: bytes, partition: int, ours: bool | None = None) -> None:
         """A claim read from the log, in offset order (the reader thread only).

@@ -51,6 +51,7 @@ producer is shared (librdkafka's producer is thread-safe).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -66,13 +67,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from runtime.collector.claims import (
-    CLAIM_ID_BYTES,
-    ClaimBook,
-    ClaimError,
-    decode_claim,
-    encode_claim,
-)
+from runtime.collector.claims import CLAIM_ID_BYTES, ClaimBook, ClaimError, encode_claim
 from runtime.collector.partitioner import default_partition
 from runtime.collector.static_partitioner import key_bytes as default_key_bytes
 from runtime.logging import get_logger
@@ -105,10 +100,8 @@ class LocalClaimLog:
         self._lock = threading.Lock()
 
     def append(self, record_key: bytes, value: bytes, on_failed: Callable[[str], None]) -> None:
-        claim = decode_claim(record_key, value)
-        assert claim is not None
         with self._lock:  # one order, like a partition
-            self._book.apply(*claim, ours=True)
+            self._book.read(record_key, value, ours=True)
 
     def close(self) -> None:
         pass
@@ -211,21 +204,22 @@ class KafkaClaimLog:
             if error.code() == KafkaError._PARTITION_EOF:
                 self._at_end.set()
                 return
-            if error.fatal() or error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            if error.fatal():
                 raise KafkaException(error)
-            log.warning("partitioner_read_error", topic=self.topic, error=error.str())
+            # A topic created a moment ago can be unknown to a broker for a
+            # moment: librdkafka retries; a topic that stays gone fails the
+            # claims (produce errors) and `open`'s wait for the end.
+            level = "debug" if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART else "warning"
+            getattr(log, level)("partitioner_read_error", topic=self.topic, error=error.str())
             return
         self.records_read += 1
         record_key = message.key()
-        claim = decode_claim(record_key, message.value())
-        if claim is None:
-            return  # not a claim (a tombstone, another format): never ours to judge
-        assert record_key is not None
-        claim_id = record_key[:CLAIM_ID_BYTES]
+        claim_id = (record_key or b"")[:CLAIM_ID_BYTES]
         with self._ours_lock:
             ours = claim_id in self._ours
             self._ours.discard(claim_id)
-        self._book.apply(claim[0], claim[1], ours=ours)
+        # Not a claim (a tombstone, another format): skipped, never ours to judge.
+        self._book.read(record_key, message.value(), ours=ours)
 
     def close(self) -> None:
         """Stop the reader, deliver what is queued (briefly), close the clients."""
@@ -233,10 +227,8 @@ class KafkaClaimLog:
         if self._thread.is_alive():
             self._thread.join(10)
         self._producer.flush(5)
-        try:
+        with contextlib.suppress(RuntimeError):  # closed already
             self._consumer.close()
-        except RuntimeError:  # closed already
-            pass
 
 
 def create_partitioner_topic(
@@ -358,9 +350,16 @@ class FirstSeenPartitioner:
         partition = book.get(data)
         if partition is not None:
             return partition
-        return self._settle(book, data, num_partitions)
+        return self._settle(book, data, topic, num_partitions)
 
-    def _settle(self, book: ClaimBook, data: bytes, num_partitions: int) -> int:
+    def known_partition_count(self, topic: str) -> int:
+        """The highest partition count of `topic` that the decider of any claim
+        had accepted (0: none known). Sinks accept a settled partition below it
+        even before this instance accepted the expansion: the key was decided
+        by an instance that had, so the partition exists."""
+        return self._book.known_counts.get(topic, 0)
+
+    def _settle(self, book: ClaimBook, data: bytes, topic: str, num_partitions: int) -> int:
         """A key not in the map: claim it (unless our claim is on its way) and
         wait until the log settles it."""
         claim_log = self._log
@@ -371,7 +370,7 @@ class FirstSeenPartitioner:
             )
         if book.reserve(data):
             proposal = default_partition(data, num_partitions)
-            record_key, value = encode_claim(data, proposal, num_partitions)
+            record_key, value = encode_claim(data, proposal, num_partitions, topic)
             claim_log.append(record_key, value, lambda reason: book.failed(data, reason))
         return book.wait(data, self._claim_timeout_s)
 

@@ -33,6 +33,7 @@ thread of the app; the polling thread creates `-done` (`mark_done`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import time
@@ -131,10 +132,8 @@ def mark_done(
 
     future.add_done_callback(report)
     if wait_s > 0:
-        try:
+        with contextlib.suppress(Exception):  # reported by `report`
             future.result(wait_s)
-        except Exception:  # reported by `report`
-            pass
 
 
 def _unfinished(admin: AdminClient, application_id: str) -> dict[str, list[tuple[int, int]]]:

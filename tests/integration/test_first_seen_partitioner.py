@@ -294,3 +294,99 @@ def test_first_seen_keys_keep_their_partition_and_new_keys_reach_new_partitions(
         feeder.partitioner.close()
         feeder2.partitioner.close()
     assert check(records2, sent2) == where
+
+
+def test_two_instances_meeting_the_same_new_keys_agree(bootstrap: str, tmp_path: Path) -> None:
+    """Each group key is made from records on every input partition, so both
+    instances meet it at about the same time, around an expansion (one may
+    have accepted 8 partitions while the other still writes with 4)."""
+    source, sink, app_id = unique_name("fs2-in"), unique_name("fs2-out"), unique_name("first-seen2")
+    create_topic(bootstrap, source, 4)
+    create_topic(bootstrap, sink, 4)
+    builder = StreamsBuilder()
+    (
+        builder.stream(source, key_serde=serdes.STRING, value_serde=serdes.STRING)
+        .group_by(
+            lambda key, value: "g-" + key.split("/")[0], key_serde=serdes.STRING, name="regroup"
+        )
+        .count(store="counts")
+        .to_stream()
+        .to(sink, value_serde=serdes.INT64)
+    )
+    topology = builder.build()
+    partitioners = [FirstSeenPartitioner(), FirstSeenPartitioner()]
+    apps = [
+        App(topology, config(bootstrap, app_id, tmp_path / str(n), partitioners[n]))
+        for n in range(2)
+    ]
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    halt = threading.Event()
+    partition_count = [4]
+    rounds = [0]  # group keys fed so far
+
+    def feed() -> None:
+        while not halt.is_set():
+            for j in range(partition_count[0]):  # one record per partition per group key
+                producer.produce(source, b"v", f"u{rounds[0]}/{j}".encode(), j)
+            producer.poll(0)
+            rounds[0] += 1
+            halt.wait(0.02)
+        producer.flush(30)
+
+    def feed_more(n: int) -> None:
+        target = rounds[0] + n
+        wait_until(lambda: rounds[0] >= target, 30, message="the feeder stalled")
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    for app in apps:
+        app.start()
+    try:
+        wait_until(
+            lambda: (
+                sum(len(a.status().tasks) for a in apps) == 8
+                and all(a.status().tasks for a in apps)
+            ),
+            60,
+            message="the two instances never shared the 8 tasks",
+        )
+        feeder.start()
+        feed_more(100)  # group keys met before the expansion
+        grow(bootstrap, sink, source)
+        wait_until(
+            lambda: len(producer.list_topics(source, 10).topics[source].partitions) == 8,
+            30,
+            message="the feeder never saw 8 partitions",
+        )
+        partition_count[0] = 8
+        wait_until(
+            lambda: all(a.status().partitions[source] == 8 for a in apps),
+            60,
+            message="not both instances accepted 8 partitions: "
+            + repr([(a.state, a.failure, a.status().expansion_waiting_for) for a in apps]),
+        )
+        feed_more(100)  # group keys met after it
+        halt.set()
+        feeder.join(30)
+        for app in apps:
+            assert app.state in (AppState.RUNNING, AppState.REBALANCING), repr(app.failure)
+    finally:
+        halt.set()
+        closed = [app.close(30) for app in apps]
+    assert all(closed)
+    repartition = f"{app_id}-regroup-repartition"
+    placed = partitions_by_key(consume_all(bootstrap, repartition, timeout=30))
+    placed.update(
+        {
+            k: p | placed.get(k, set())
+            for k, p in partitions_by_key(consume_all(bootstrap, sink)).items()
+        }
+    )
+    split = {k: p for k, p in placed.items() if len(p) > 1}
+    assert not split, f"group keys on two partitions: {split}"
+    assert len(placed) > 100
+    assert max(p for ps in placed.values() for p in ps) >= 4, "no key on a new partition"
+    figures = [p.figures() for p in partitioners]
+    print(
+        f"{len(placed)} group keys; claims sent {[f['claims_sent'] for f in figures]}, "
+        f"lost races {[f['claims_lost'] for f in figures]}"
+    )
