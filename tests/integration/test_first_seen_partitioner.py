@@ -390,3 +390,32 @@ def test_two_instances_meeting_the_same_new_keys_agree(bootstrap: str, tmp_path:
         f"{len(placed)} group keys; claims sent {[f['claims_sent'] for f in figures]}, "
         f"lost races {[f['claims_lost'] for f in figures]}"
     )
+
+
+def test_the_producer_learns_a_partition_added_since_it_last_looked(bootstrap: str) -> None:
+    """What a sink's proven partition needs on an instance that has not
+    accepted the expansion yet: librdkafka refuses a partition missing from
+    its metadata at produce() (`_UNKNOWN_PARTITION`); the output channel asks
+    the cluster once and produces it."""
+    from runtime.collector.collector import RecordCollector
+    from runtime.config import StreamsConfig
+    from runtime.polling.output import OutputChannel
+
+    topic = unique_name("fs-unseen")
+    create_topic(bootstrap, topic, 4)
+    output = OutputChannel(
+        StreamsConfig.from_dict({"application.id": "unseen", "bootstrap.servers": bootstrap}),
+        RecordCollector(),
+        set(),
+        None,
+        on_client_error=lambda err: None,
+        on_stall=lambda n: None,
+    )
+    output.send([(topic, 1, b"k", b"before", 0, None, "in", 0, 0)])
+    output.flush(lambda: False)
+    grow(bootstrap, topic)
+    output.send([(topic, 6, b"k", b"after", 0, None, "in", 0, 1)])
+    output.flush(lambda: False)
+    assert output.error_counts.by_error == {}  # log_and_fail would have raised anyway
+    placed = [(m.partition, m.value) for m in consume_all(bootstrap, topic)]
+    assert sorted(placed) == [(1, b"before"), (6, b"after")]
