@@ -161,8 +161,11 @@ def counts(bootstrap: str, *topics: str) -> dict[str, int]:
     return {t: len(metadata.topics[t].partitions) for t in topics if t in metadata.topics}
 
 
-def config(bootstrap: str, app_id: str, state_dir: Path, partitioner: Any) -> dict[str, Any]:
+def config(
+    bootstrap: str, app_id: str, state_dir: Path, partitioner: Any, guarantee: str = "at_least_once"
+) -> dict[str, Any]:
     return {
+        "processing.guarantee": guarantee,
         "application.id": app_id,
         "bootstrap.servers": bootstrap,
         "processing.threads": 2,
@@ -200,7 +203,7 @@ def partitions_by_key(records: list[Msg]) -> dict[str, set[int]]:
     return out
 
 
-def check(records: list[Msg], sent: dict[str, int]) -> dict[str, int]:
+def check(records: list[Msg], sent: dict[str, int], exactly_once: bool) -> dict[str, int]:
     """Exact counts; each `g-` key on one partition; old keys where murmur2
     over 4 put them, new ones where murmur2 over 8 does. Returns the map."""
     latest: dict[str, dict[str, int]] = {}
@@ -209,6 +212,8 @@ def check(records: list[Msg], sent: dict[str, int]) -> dict[str, int]:
         latest[m.key.decode()] = json.loads(m.value)
     for key, n in sent.items():
         assert latest[f"g-{key}"]["count"] == n, f"g-{key}: counted {latest[f'g-{key}']}, sent {n}"
+        if exactly_once:
+            assert latest[f"g-{key}"]["replays"] == 0, f"g-{key} processed twice"
     placed = partitions_by_key(records)
     moved = {k: p for k, p in placed.items() if len(p) > 1}
     assert not moved, f"keys on two output partitions: {moved}"
@@ -220,15 +225,16 @@ def check(records: list[Msg], sent: dict[str, int]) -> dict[str, int]:
     return where
 
 
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once_v2"])
 def test_first_seen_keys_keep_their_partition_and_new_keys_reach_new_partitions(
-    bootstrap: str, tmp_path: Path
+    bootstrap: str, tmp_path: Path, guarantee: str
 ) -> None:
     source, sink, app_id = unique_name("fs-in"), unique_name("fs-out"), unique_name("first-seen")
     create_topic(bootstrap, source, 4)
     create_topic(bootstrap, sink, 4)
     feeder = Feeder(bootstrap, app_id, source, rate=400)
     partitioner = FirstSeenPartitioner()
-    app = App(build(source, sink), config(bootstrap, app_id, tmp_path, partitioner))
+    app = App(build(source, sink), config(bootstrap, app_id, tmp_path, partitioner, guarantee))
     states: list[AppState] = []
     app.set_state_listener(lambda new, old: states.append(new))
     app.start()
@@ -258,7 +264,8 @@ def test_first_seen_keys_keep_their_partition_and_new_keys_reach_new_partitions(
         closed = app.close(30)
     assert closed and app.state is AppState.NOT_RUNNING
     assert AppState.ERROR not in states and AppState.PENDING_ERROR not in states
-    where = check(records, sent)
+    exactly_once = guarantee == "exactly_once_v2"
+    where = check(records, sent, exactly_once)
     assert {where[f"g-{k}"] for k in NEW_KEYS} >= {4, 5, 6, 7}, "no new key on a new partition"
     # The repartition topic holds every key on the same one partition.
     on_repartition = partitions_by_key(consume_all(bootstrap, repartition, timeout=30))
@@ -276,7 +283,7 @@ def test_first_seen_keys_keep_their_partition_and_new_keys_reach_new_partitions(
 
     # A new instance with an empty map reads it at start-up: every key stays.
     again = FirstSeenPartitioner()
-    app2 = App(build(source, sink), config(bootstrap, app_id, tmp_path / "b", again))
+    app2 = App(build(source, sink), config(bootstrap, app_id, tmp_path / "b", again, guarantee))
     app2.start()
     feeder2 = Feeder(bootstrap, app_id, source, rate=400)
     feeder2.count, feeder2.keys, feeder2.sent = 8, OLD_KEYS + NEW_KEYS, dict(sent)
@@ -293,7 +300,7 @@ def test_first_seen_keys_keep_their_partition_and_new_keys_reach_new_partitions(
         assert app2.close(30)
         feeder.partitioner.close()
         feeder2.partitioner.close()
-    assert check(records2, sent2) == where
+    assert check(records2, sent2, exactly_once) == where
 
 
 def test_two_instances_meeting_the_same_new_keys_agree(bootstrap: str, tmp_path: Path) -> None:
