@@ -20,10 +20,9 @@ that see the same new key at once, even with different partition counts
 read both claims in the same order, and both use the first (the one still
 at the old count writes the new partition too: the claim names the topic
 and the count its decider had accepted, `known_partition_count`, which the
-sinks trust). A claim is
-durable before any record uses its answer, so a crash, an aborted
-transaction or a restart never leaves a record on a partition the map
-does not name.
+sinks trust). A claim is durable before any record uses its answer, so a
+crash, an aborted transaction or a restart never leaves a record on a
+partition the map does not name.
 
 Costs, honestly:
 - Each *new* key costs the processing thread that first meets it one round
