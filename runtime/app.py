@@ -270,6 +270,7 @@ class App:
                     on_revoking=self._on_revoking,
                     on_task_failures=self._on_task_failures,
                     on_application_shutdown=self._on_application_shutdown,
+                    capacity=lambda: len(self._pool.names()),
                 ),
                 self._restoration,
                 self.instance_id,
@@ -462,6 +463,22 @@ class App:
     def resume(self, task_id: str | None = None) -> None:
         self._task_manager.resume(task_id)
         log.info("tasks_resumed", task_id=task_id or "all")
+
+    def prepare_leave(self) -> None:
+        """Planned departure (`task.assignment=runtime`): this instance's tasks
+        are learned elsewhere and handed over; once it owns nothing it stops
+        as for `close()` (the daemon then exits 0). Returns at once.
+
+        Raises IllegalStateError unless the app runs with task.assignment=runtime.
+        """
+        polling = self._polling
+        if self.config.task_assignment != "runtime" or polling is None or polling.runtime is None:
+            raise IllegalStateError("prepare-leave needs task.assignment=runtime")
+        with self._lock:
+            if self._state not in (AppState.RUNNING, AppState.REBALANCING):
+                raise IllegalStateError(f"cannot prepare to leave in state {self._state}")
+        polling.runtime.request_leave()
+        log.info("prepare_leave_requested")
 
     @property
     def processing_threads(self) -> list[str]:
@@ -720,4 +737,5 @@ class App:
             tasks_created_by_expansion=polling.tasks.created_by_expansion,
             held_partitions=[f"{t}-{p}" for t, p in sorted(polling.tasks.held)],
             expansion_waiting_for=polling.expansion.waiting_for,
+            placement=polling.runtime.figures() if polling.runtime is not None else None,
         )

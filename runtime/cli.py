@@ -203,6 +203,23 @@ def cmd_expand(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_scale_down(args: argparse.Namespace) -> int:
+    """Ask `--fraction` of the instances to hand their tasks over and leave."""
+    from runtime.config import ConfigError, load_config
+    from runtime.polling.scale_down_command import ScaleDownError, request_scale_down
+
+    try:
+        config = load_config(args.config, args.set or ())
+        topic = request_scale_down(config, args.fraction)
+    except (ConfigError, ScaleDownError) as exc:
+        print(f"streams-runtime scale-down: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(
+        f"requested on {topic}: {args.fraction:g} of the instances hand their tasks over and exit"
+    )
+    return EXIT_OK
+
+
 def cmd_admin(args: argparse.Namespace) -> int:
     from runtime.admin.client import resolve_socket, run_admin
 
@@ -529,6 +546,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     expand.set_defaults(func=cmd_expand)
 
+    scale_down = sub.add_parser(
+        "scale-down",
+        help="task.assignment=runtime: ask a fraction of the instances to leave",
+        description=(
+            "Ask FRACTION of the application's instances (application.id from "
+            "--config/--set) to hand their tasks over and exit 0, as `admin prepare-leave` "
+            "does for one; the placer picks them, and at least one instance stays."
+        ),
+    )
+    scale_down.add_argument(
+        "--fraction", type=float, required=True, metavar="F", help="between 0 and 1, e.g. 0.2"
+    )
+    scale_down.add_argument("--config", metavar="app.toml", help="TOML configuration file")
+    scale_down.add_argument(
+        "--set", action="append", metavar="key=value", help="a configuration value (repeatable)"
+    )
+    scale_down.set_defaults(func=cmd_scale_down)
+
     broker = sub.add_parser(
         "broker",
         help="start a development broker (Apache Kafka or Tansu)",
@@ -589,6 +624,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("task", nargs="?", help="task id such as 0_1 (default: all)")
     admin_sub.add_parser("shutdown", parents=[options], help="graceful shutdown (as SIGTERM)")
+    admin_sub.add_parser(
+        "prepare-leave",
+        parents=[options],
+        help="task.assignment=runtime: hand this instance's tasks over, then exit 0",
+    )
     admin.set_defaults(func=cmd_admin)
 
     audit = sub.add_parser(

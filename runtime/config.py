@@ -73,10 +73,12 @@ ENV_PREFIX = "STREAMS_RUNTIME_"
 ProcessingGuarantee = Literal["at_least_once", "exactly_once_v2"]
 ErrorHandler = Literal["log_and_fail", "log_and_continue", "dead_letter_queue"]
 LogLevel = Literal["debug", "info", "warning", "error"]
+TaskAssignment = Literal["group", "runtime"]
 
 _GUARANTEES: tuple[str, ...] = get_args(ProcessingGuarantee)
 _HANDLERS: tuple[str, ...] = get_args(ErrorHandler)
 _LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
+_TASK_ASSIGNMENTS: tuple[str, ...] = get_args(TaskAssignment)
 
 
 class ConfigError(ValueError):
@@ -428,6 +430,9 @@ class StreamsConfig:
     log_level: LogLevel = setting("log.level", "enum", "info", "Log level of the runtime.", choices=_LOG_LEVELS)
     cache_max_bytes: int = setting("cache.max.bytes", "int", 10485760, "Bytes of store cache shared by ALL tasks and threads of the process (adding threads does not add cache); 0 turns caching off.", min=0, max=JAVA_LONG_MAX)
     num_standby_replicas: int = setting("num.standby.replicas", "int", 0, "Warm copies of each stateful task kept on other instances, for fast fail-over.", min=0, max=JAVA_INT_MAX)
+    task_assignment: TaskAssignment = setting("task.assignment", "enum", "group", "Who places tasks on instances. `group`: the consumer group's assignor (librdkafka's cooperative-sticky, range for co-partitioned inputs, the broker's under `consumer.group.protocol=consumer`); a moved stateful task stops until its new owner restored it. `runtime`: the runtime places tasks itself (the classic group protocol only): a new owner first learns a stateful task (restores it as a standby) and takes it only once caught up; `streams-runtime admin prepare-leave` moves an instance's tasks away before it exits.", choices=_TASK_ASSIGNMENTS)
+    acceptable_recovery_lag: int = setting("acceptable.recovery.lag", "int", 10000, "With `task.assignment=runtime`: changelog records a learner may still lag behind and be caught up enough to take its task over (Kafka Streams' meaning).", min=0, max=JAVA_LONG_MAX)
+    max_warmup_replicas: int = setting("max.warmup.replicas", "int", 2, "With `task.assignment=runtime`: learners (warm-up replicas) restoring at once across the application, besides standbys (Kafka Streams' meaning).", min=1, max=JAVA_INT_MAX)
     state_cleanup_delay_ms: int = setting("state.cleanup.delay.ms", "int", 600000, "How long (ms) a task's state directory may stay unused here before it is deleted.", min=0, max=JAVA_LONG_MAX)
     state_remote_url: str | None = setting("state.remote.url", "str", None, "Remote state: `s3://bucket/prefix` where snapshots of each task's RocksDB stores go (needs the `remote` extra, boto3). Credentials and region come from the usual AWS variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`, `AWS_PROFILE`, ...). Unset: off.", nullable=True, max_length=1024, check=check_remote_url)
     state_remote_endpoint: str | None = setting("state.remote.endpoint", "str", None, "Endpoint URL of an S3-compatible server (`http://host:port`; path-style addressing); unset: AWS S3.", nullable=True, max_length=1024, check=check_http_url)
@@ -659,6 +664,14 @@ def _build(given: Mapping[str, Any], sources: Mapping[str, str]) -> StreamsConfi
         if values[name] > limit:
             reason = f"{values[name]} is above processing.threads.limit ({limit})"
             raise ConfigError(name, reason + source(name))
+
+    protocol = str(overrides["consumer_overrides"].get("group.protocol", "classic")).lower()
+    if values["task.assignment"] == "runtime" and protocol == "consumer":
+        reason = (
+            "'runtime' needs the classic group protocol (KIP-848's consumer.group.protocol="
+            "consumer forbids choosing partitions); use task.assignment=group with it"
+        )
+        raise ConfigError("task.assignment", reason + source("task.assignment"))
 
     attrs: dict[str, Any] = {KEYS[name].attr: value for name, value in values.items()}
     attrs.update(overrides)

@@ -171,6 +171,18 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "gauge",
         "1 while an expansion waits (co-partitioned topics differ, internal topics growing).",
     ),
+    "streams_placement_handovers": (
+        "counter",
+        "Tasks handed over to this instance (task.assignment=runtime).",
+    ),
+    "streams_placement_handover_pause_max_seconds": (
+        "gauge",
+        "Longest hand-over pause seen here: from the task's release to its take-over.",
+    ),
+    "streams_placement_learners": (
+        "gauge",
+        "Learners (warm-up copies) in the current placement plan (task.assignment=runtime).",
+    ),
     "streams_process_batch_seconds": (
         "summary",
         "Time processing threads spent per task batch (count and sum, per thread).",
@@ -318,6 +330,13 @@ class AppCollector(Collector):
         yield _gauge("streams_held_partitions", len(status.held_partitions))
         waiting = 1 if status.expansion_waiting_for is not None else 0
         yield _gauge("streams_partition_expansion_waiting", waiting)
+        placement = status.placement or {}
+        yield _counter("streams_placement_handovers", placement.get("handovers", 0))
+        yield _gauge(
+            "streams_placement_handover_pause_max_seconds",
+            placement.get("max_handover_pause_s", 0.0),
+        )
+        yield _gauge("streams_placement_learners", len(placement.get("learners") or {}))
 
         batches = SummaryMetricFamily(
             "streams_process_batch_seconds",

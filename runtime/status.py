@@ -107,7 +107,8 @@ class AppStatus:
     # snapshot_restore_failures, captures and capture_seconds (checkpoints
     # taken at commits, and the time they held the commit), and last_snapshot
     # (task id -> "snapshot", "created", "offsets", "bytes", "uploaded_bytes",
-    # "seconds").
+    # "seconds"), installed (task id -> "snapshot", "standby", "bytes",
+    # "seconds": the newest snapshot an active task or a standby started from).
     remote_state: dict[str, Any] | None = None
     dropped: dict[str, int] = field(default_factory=dict)  # records dropped, by reason
     # Start-up (runtime.polling.startup): joining_group, awaiting_assignment,
@@ -126,6 +127,13 @@ class AppStatus:
     tasks_created_by_expansion: int = 0
     held_partitions: list[str] = field(default_factory=list)
     expansion_waiting_for: str | None = None
+    # Runtime-owned placement (task.assignment=runtime), None otherwise:
+    # "placer" (this instance places), "plan_version", "applied", "leaving",
+    # "owners" (task -> instance), "learners" (task -> instance and lag),
+    # "moves" (tasks being handed over -> to whom), "handovers" taken here,
+    # "last_handover_pause_s" and "max_handover_pause_s" (from the task's
+    # release to its take-over here).
+    placement: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AppStatus:

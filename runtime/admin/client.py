@@ -327,11 +327,38 @@ def format_status(status: Mapping[str, Any], now: float | None = None) -> str:
     return head + "\n\n" + format_tasks(tasks)
 
 
+def format_placement(placement: Mapping[str, Any]) -> str:
+    """The plan of runtime-owned placement, one task per line."""
+    lines = [
+        f"placement plan v{placement.get('plan_version')} (applied here: "
+        f"v{placement.get('applied')}; placer here: {placement.get('placer')}; "
+        f"leaving: {placement.get('leaving')}; hand-overs here: {placement.get('handovers')})"
+    ]
+    owners = placement.get("owners") or {}
+    learners = placement.get("learners") or {}
+    moves = placement.get("moves") or {}
+    for task in sorted(set(owners) | set(learners) | set(moves)):
+        line = f"  {task}  owner {owners.get(task, '-')}"
+        if task in moves:
+            line += f"  moving to {moves[task]}"
+        if task in learners:
+            learner = learners[task]
+            line += f"  learner {learner.get('instance')} (lag {learner.get('lag')})"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def _format(command: str, result: Any) -> str:
     if command == "status":
         return format_status(result)
     if command == "tasks":
-        return format_tasks(result["tasks"])
+        text = format_tasks(result["tasks"])
+        placement = result.get("placement")
+        if placement:
+            text += "\n\n" + format_placement(placement)
+        return text
+    if command == "prepare-leave":
+        return "leaving: the tasks move to other instances, then the daemon exits"
     if command == "threads":
         return format_threads(result)
     if command == "threads.add":

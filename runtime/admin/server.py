@@ -129,6 +129,7 @@ COMMANDS: Mapping[str, Mapping[str, Argument]] = {
     "pause": {"task": Argument(_task)},
     "resume": {"task": Argument(_task)},
     "shutdown": {},
+    "prepare-leave": {},
 }
 """Command name -> its arguments (name -> validator). Unknown arguments are errors."""
 
@@ -271,7 +272,17 @@ class AdminHandler:
                 reply["daemon"] = dict(self._extra_status())
             return reply
         if command == "tasks":
-            return {"tasks": task_rows(app.status())}
+            snapshot = app.status()
+            reply = {"tasks": task_rows(snapshot)}
+            if snapshot.placement is not None:
+                reply["placement"] = snapshot.placement
+            return reply
+        if command == "prepare-leave":
+            try:
+                app.prepare_leave()
+            except Exception as exc:  # IllegalStateError: wrong mode or state
+                raise CommandError(str(exc)) from None
+            return {"leaving": True}
         if command == "threads":
             return {"names": app.processing_threads, "threads": app.status().to_dict()["threads"]}
         if command == "threads.add":

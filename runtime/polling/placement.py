@@ -5,8 +5,9 @@ compacted `<application.id>-status` topic, which every instance's restoration
 thread reads. From those statuses each instance decides by itself which
 standbys it keeps (rendezvous hashing, `runtime.state.placement`), and the
 restoration thread keeps them warm. The same topic carries
-SHUTDOWN_APPLICATION requests to every instance. This is the room where the
-placer of learner tasks will live.
+SHUTDOWN_APPLICATION requests to every instance. Runtime-owned placement
+(`task.assignment=runtime`, `runtime.polling.runtime_assignment`) adds its
+fields to the status and its learners to the standbys kept here.
 
 Used by the polling thread only (it owns the producer that publishes).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
 from runtime.logging import get_logger
 from runtime.polling.output import OutputChannel
@@ -79,8 +81,12 @@ class TaskPlacement:
     def standby_ids(self) -> frozenset[str]:
         return frozenset(self._standbys)
 
-    def publish_status(self, gone: bool = False) -> None:
-        """Tell the other instances which tasks run here (a tombstone when gone)."""
+    def publish_status(self, gone: bool = False, **placement: Any) -> None:
+        """Tell the other instances which tasks run here (a tombstone when gone).
+
+        `placement` adds the fields runtime-owned placement reads
+        (`InstanceStatus.member_id`, `capacity`, `lags`, `plan_version`, `leaving`).
+        """
         value = None
         if not gone:
             value = InstanceStatus(
@@ -88,17 +94,25 @@ class TaskPlacement:
                 self._active_ids(),
                 frozenset(self._standbys),
                 int(time.time() * 1000),
+                **placement,
             ).encode()
         self._output.produce_one(self.status_topic, self.instance_id.encode(), value)
 
-    def reconcile_standbys(self) -> None:
-        """Move the standbys kept here toward what placement says."""
+    @property
+    def stateful_tasks(self) -> frozenset[str]:
+        """Ids of the tasks with changelogged persistent stores."""
+        return frozenset(self._stateful)
+
+    def reconcile_standbys(self, learners: frozenset[str] = frozenset()) -> None:
+        """Move the standbys kept here toward what placement says, plus
+        `learners` (runtime-owned placement: copies to take over later)."""
         live = live_instances(self._restoration.statuses, timeout_ms=_INSTANCE_TIMEOUT_MS)
         active = self._active_ids()
         live[self.instance_id] = InstanceStatus(
             self.instance_id, active, timestamp_ms=int(time.time() * 1000)
         )
-        wanted = standbys_for(self.instance_id, self._stateful, live, self._replicas) - active
+        wanted = standbys_for(self.instance_id, self._stateful, live, self._replicas)
+        wanted = (wanted | (learners & set(self._stateful))) - active
         for task_id in sorted(set(self._standbys) - wanted):
             self._standbys.pop(task_id)
             self._removals[task_id] = self._restoration.remove_standby(task_id)
@@ -121,6 +135,16 @@ class TaskPlacement:
             self._standbys.pop(task_id)
             self._removals[task_id] = self._restoration.remove_standby(task_id)
         self._wait_removed(task_id)
+
+    def release_standbys(self, task_ids: list[str]) -> None:
+        """`release_standby` for several tasks at once: every removal is asked
+        for first, then waited for (a hand-over takes tasks in one go)."""
+        for task_id in task_ids:
+            if task_id in self._standbys:
+                self._standbys.pop(task_id)
+                self._removals[task_id] = self._restoration.remove_standby(task_id)
+        for task_id in task_ids:
+            self._wait_removed(task_id)
 
     def _wait_removed(self, task_id: str) -> None:
         future = self._removals.pop(task_id, None)

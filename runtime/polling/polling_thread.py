@@ -32,6 +32,7 @@ from runtime.logging import get_logger
 from runtime.polling.active_tasks import ActiveTasks
 from runtime.polling.broker_health import BrokerHealth
 from runtime.polling.clients import (
+    admin_config,
     assignment_strategy,
     consume_until,
     consumer_config,
@@ -44,6 +45,8 @@ from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.lag import LagTracker
 from runtime.polling.output import OutputChannel
 from runtime.polling.placement import TaskPlacement
+from runtime.polling.placer import PlacerSettings
+from runtime.polling.runtime_assignment import RuntimeAssignment
 from runtime.polling.startup import StartupProgress
 from runtime.polling.topics import TopicLayout
 from runtime.polling.transactions import TransactionFailed
@@ -72,6 +75,8 @@ class PollingThreadHooks:
     on_revoking: Callable[[], None]
     on_task_failures: Callable[[list[TaskFailedError]], None]
     on_application_shutdown: Callable[[ShutdownRequest], None] = lambda request: None
+    # Runtime-owned placement: the processing threads this instance offers.
+    capacity: Callable[[], int] = lambda: 1
 
 
 class PollingThread(threading.Thread):
@@ -114,7 +119,12 @@ class PollingThread(threading.Thread):
         # joined and closing need not wait for a LeaveGroup (_close_clients).
         self.joined = False
 
-        self.assignment_strategy = assignment_strategy(topology)
+        runtime_placed = config.task_assignment == "runtime"
+        # Runtime-owned placement joins the group on the one-partition status
+        # topic only, with cooperative-sticky (runtime.polling.runtime_assignment).
+        self.assignment_strategy = (
+            "cooperative-sticky" if runtime_placed else assignment_strategy(topology)
+        )
         consumer_settings = consumer_config(
             config, self.assignment_strategy, {"error_cb": self.health.on_client_error}
         )
@@ -156,6 +166,25 @@ class PollingThread(threading.Thread):
             self._consumer,
             release_standby=self.placement.release_standby,
         )
+        self.runtime: RuntimeAssignment | None = None
+        if runtime_placed:
+            self.runtime = RuntimeAssignment(
+                instance_id,
+                config.application_id,
+                layout,
+                self._consumer,
+                self.tasks,
+                self.placement,
+                restoration,
+                self.output,
+                admin_config(config),
+                PlacerSettings(config.acceptable_recovery_lag, config.max_warmup_replicas),
+                release=self.release_tasks,
+                drop_all=self.drop_all_tasks,
+                capacity=hooks.capacity,
+                on_left=lambda: self.request_stop(commit=True),
+                request_commit=self.request_commit,
+            )
         self.lag_tracker = LagTracker(self._consumer, self._buffers, self._processed_offset)
         self.expansion = PartitionExpansion(config, topology, layout, self.tasks, self.output)
 
@@ -176,8 +205,11 @@ class PollingThread(threading.Thread):
     def run(self) -> None:
         log.info("polling_thread_started", assignment_strategy=self.assignment_strategy)
         try:
+            topics = sorted(self._layout.subtopology_of)
+            if self.runtime is not None:
+                topics = [self.runtime.coordination.topic]
             self._consumer.subscribe(
-                sorted(self._layout.subtopology_of),
+                topics,
                 on_assign=self._on_assign,
                 on_revoke=self._on_revoke,
                 on_lost=self._on_lost,
@@ -185,7 +217,22 @@ class PollingThread(threading.Thread):
             self.startup.subscribed()
             while not self._stop_event.is_set():
                 self.poll_once()
-            if not self._abort:
+            if not self._abort and self.runtime is not None:
+                # Committed first: the tombstone tells the placer the tasks
+                # are released (the hand-over rule), so nothing may follow it.
+                # Without a good commit there is no tombstone: the tasks move
+                # once this member left the group (rule (b)).
+                if self.commit_all("shutdown") and self.joined:
+                    self.runtime.publish_status(gone=True)
+                    transactions = self.output.transactions
+                    if transactions is not None:
+                        try:
+                            transactions.commit([], None)  # the tombstone alone
+                        except TransactionFailed as exc:  # rule (b) then moves the tasks
+                            log.warning("status_tombstone_not_committed", error=str(exc))
+                    else:
+                        self.output.producer.flush(10)
+            elif not self._abort:
                 if self.joined:  # before that, no status was published
                     self.placement.publish_status(gone=True)
                 self.commit_all("shutdown")
@@ -222,6 +269,9 @@ class PollingThread(threading.Thread):
         self.recover_broken_producer()
         self.check_failures()
         self.maybe_commit()
+        if self.runtime is not None and self.joined:
+            self.runtime.tick()
+            self._update_owned()
         self.expansion.tick()
         now = time.monotonic()
         if now - self._last_status >= _STATUS_INTERVAL_S:
@@ -299,9 +349,14 @@ class PollingThread(threading.Thread):
 
     def publish_status(self) -> None:
         """Status to the other instances, standbys toward placement, shutdown requests."""
-        if self.joined:  # an instance that has no tasks yet has nothing to say
-            self.placement.publish_status()
-        self.placement.reconcile_standbys()
+        if self.runtime is not None:  # its status goes out from runtime.tick
+            self.placement.reconcile_standbys(
+                self.runtime.plan.copies_for(self.placement.instance_id)
+            )
+        else:
+            if self.joined:  # an instance that has no tasks yet has nothing to say
+                self.placement.publish_status()
+            self.placement.reconcile_standbys()
         self._update_owned()
         request = self.placement.shutdown_request()
         if request is not None:
@@ -369,6 +424,40 @@ class PollingThread(threading.Thread):
                 self.tasks.rewind(task_id)
         return True
 
+    # --- runtime-owned placement (runtime.polling.runtime_assignment) -------------------
+
+    def release_tasks(self, task_ids: list[str]) -> bool:
+        """Hand tasks over: commit (rule 4, all tasks), then close these.
+
+        False, with every task kept, when the commit failed (a commit refused
+        during a rebalance, an aborted transaction): the new owner would
+        start before offsets this instance processed, so the release waits
+        for the next loop turn. Restoring tasks have nothing to commit.
+        """
+        with self.committer.tasks_locked(barrier=self.tasks.processable()):  # key-parallel
+            if not self._commit_locked("hand-over"):
+                return False
+            self.tasks.close([t for t in task_ids if self.tasks.get(t) is not None])
+        self._last_commit = time.monotonic()
+        self._update_owned()
+        return True
+
+    def drop_all_tasks(self, reason: str) -> None:
+        """Membership lost: close every task without committing, unassign its
+        partitions (a new owner may run them already; rule (b) of the hand-over)."""
+        assert self.runtime is not None
+        log.warning("tasks_dropped", reason=reason, tasks=sorted(self.tasks.ids()))
+        transactions = self.output.transactions
+        with self.committer.tasks_locked():
+            if transactions is not None and transactions.open:
+                self._rewind_after_abort(transactions.abort())
+            self.tasks.close(sorted(self.tasks.ids()), discard_output=transactions is not None)
+        data = self.runtime.data_partitions()
+        if data:
+            self._consumer.incremental_unassign(data)
+        self.runtime.renew_identity()
+        self._update_owned()
+
     def request_application_shutdown(self, reason: str) -> None:
         """SHUTDOWN_APPLICATION: ask every instance (this one included) to stop."""
         self.placement.request_application_shutdown(reason)
@@ -378,6 +467,11 @@ class PollingThread(threading.Thread):
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.joined = True
         try:
+            if self.runtime is not None:
+                self.runtime.on_assign(partitions)
+                log.info("group_assigned", placer=self.runtime.is_placer)
+                self._hooks.on_assigned()
+                return
             self.lag_tracker.forget_committed()
             created = self.tasks.create(partitions)
             self._update_owned()
@@ -393,6 +487,9 @@ class PollingThread(threading.Thread):
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         try:
+            if self.runtime is not None:  # only the coordination partition: no task moves
+                self.runtime.on_revoke(partitions)
+                return
             self._hooks.on_revoking()
             affected = self.tasks.of(partitions)
             log.info("partitions_revoked", partitions=len(partitions), tasks=affected)
@@ -408,6 +505,11 @@ class PollingThread(threading.Thread):
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         try:
+            if self.runtime is not None:
+                self._hooks.on_revoking()
+                log.warning("group_membership_lost", tasks=sorted(self.tasks.ids()))
+                self.runtime.on_lost()
+                return
             self._hooks.on_revoking()
             affected = self.tasks.of(partitions)
             log.warning("partitions_lost", partitions=len(partitions), tasks=affected)

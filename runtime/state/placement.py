@@ -9,9 +9,10 @@ instances other than its active owner are ranked by hash(task, instance), and
 the first `num.standby.replicas` keep a standby. Nobody coordinates; when an
 instance joins or leaves, only the tasks that ranked it change hands.
 
-All placement decisions live in this module, so that a later runtime-owned
-assignor can replace the inputs (or the whole module) without touching the
-restoration thread or the tasks. Pure functions; any thread may call.
+The same topic carries the records of runtime-owned placement
+(`task.assignment=runtime`): the placer's `PlacementPlan` and `scale-down`
+requests, and the status fields the placer reads; the decision itself is
+`runtime.polling.placer`. Pure functions and records; any thread may call.
 """
 
 from __future__ import annotations
@@ -25,12 +26,25 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class InstanceStatus:
-    """What one instance publishes about itself."""
+    """What one instance publishes about itself.
+
+    The fields after `timestamp_ms` serve runtime-owned placement
+    (`task.assignment=runtime`): the consumer's member id (to tell whether the
+    instance is in the group's current generation), its capacity (processing
+    threads), the changelog lag of each copy it keeps (learners and
+    standbys), the newest plan version it applied (its acknowledgement) and
+    whether it is leaving.
+    """
 
     instance_id: str
     active_tasks: frozenset[str]
     standby_tasks: frozenset[str] = field(default_factory=frozenset)
     timestamp_ms: int = 0
+    member_id: str = ""
+    capacity: int = 1
+    lags: Mapping[str, int] = field(default_factory=dict)
+    plan_version: int = 0
+    leaving: bool = False
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -38,6 +52,11 @@ class InstanceStatus:
                 "active": sorted(self.active_tasks),
                 "standby": sorted(self.standby_tasks),
                 "ts": self.timestamp_ms,
+                "member": self.member_id,
+                "capacity": self.capacity,
+                "lags": dict(sorted(self.lags.items())),
+                "plan": self.plan_version,
+                "leaving": self.leaving,
             },
             separators=(",", ":"),
         ).encode()
@@ -52,9 +71,79 @@ class InstanceStatus:
                 frozenset(raw["active"]),
                 frozenset(raw.get("standby", ())),
                 int(raw["ts"]),
+                str(raw.get("member", "")),
+                int(raw.get("capacity", 1)),
+                {str(t): int(lag) for t, lag in dict(raw.get("lags", {})).items()},
+                int(raw.get("plan", 0)),
+                bool(raw.get("leaving", False)),
             )
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             return None
+
+
+PLAN_KEY = b"__placement_plan__"
+SCALE_DOWN_KEY = b"__scale_down__"
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    """The placer's decision (`task.assignment=runtime`), versioned.
+
+    `owners`: task -> the one instance that may run it; a task absent has no
+    owner (being handed over, `moves` names to whom). `learners`: task -> an
+    instance restoring a copy to take it over later. `leave`: instances asked
+    to leave (`scale-down`).
+    """
+
+    version: int = 0
+    placer: str = ""
+    owners: Mapping[str, str] = field(default_factory=dict)
+    learners: Mapping[str, str] = field(default_factory=dict)
+    moves: Mapping[str, str] = field(default_factory=dict)
+    leave: frozenset[str] = frozenset()
+    leave_ms: int = 0  # the time of the scale-down request `leave` answers
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "version": self.version,
+                "leave_ms": self.leave_ms,
+                "placer": self.placer,
+                "owners": dict(sorted(self.owners.items())),
+                "learners": dict(sorted(self.learners.items())),
+                "moves": dict(sorted(self.moves.items())),
+                "leave": sorted(self.leave),
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> PlacementPlan | None:
+        try:
+            raw = json.loads(data)
+            return cls(
+                int(raw["version"]),
+                str(raw["placer"]),
+                {str(k): str(v) for k, v in dict(raw["owners"]).items()},
+                {str(k): str(v) for k, v in dict(raw.get("learners", {})).items()},
+                {str(k): str(v) for k, v in dict(raw.get("moves", {})).items()},
+                frozenset(str(i) for i in raw.get("leave", ())),
+                int(raw.get("leave_ms", 0)),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def tasks_of(self, instance_id: str) -> frozenset[str]:
+        return frozenset(t for t, o in self.owners.items() if o == instance_id)
+
+    def copies_for(self, instance_id: str) -> frozenset[str]:
+        """Tasks `instance_id` learns: its learners and the tasks moving to it."""
+        return frozenset(
+            t
+            for mapping in (self.learners, self.moves)
+            for t, o in mapping.items()
+            if o == instance_id
+        )
 
 
 SHUTDOWN_REQUEST_KEY = b"__shutdown_application__"

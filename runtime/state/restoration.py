@@ -25,6 +25,7 @@ bounded step per loop turn.
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
@@ -38,7 +39,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from runtime.logging import get_logger
 from runtime.state.builders import LayeredStore
-from runtime.state.placement import SHUTDOWN_REQUEST_KEY, InstanceStatus, ShutdownRequest
+from runtime.state.placement import (
+    PLAN_KEY,
+    SCALE_DOWN_KEY,
+    SHUTDOWN_REQUEST_KEY,
+    InstanceStatus,
+    PlacementPlan,
+    ShutdownRequest,
+)
 from runtime.state.remote.capture import UploadJob, snapshot_stores
 from runtime.state.remote.download import SnapshotDownload, SnapshotUnusable
 from runtime.state.remote.manager import RemoteState
@@ -210,6 +218,15 @@ class RestorationThread(threading.Thread):
         self.shutdown_request: ShutdownRequest | None = None
         # task id -> {"<changelog>-<partition>": position}, replaced whole.
         self.standby_positions: dict[str, dict[str, int]] = {}
+        # task id -> records its copy here lags behind its changelogs' ends
+        # (absent while an end is unknown); replaced whole, read racily.
+        self.standby_lags: dict[str, int] = {}
+        # Runtime-owned placement: the newest plan and scale-down request seen
+        # on the status topic, and how far the status topic was read (the
+        # next offset): a new placer waits until it read what was there.
+        self.plan = PlacementPlan()
+        self.scale_down_request: dict[str, Any] | None = None
+        self.status_position = -1
         self._consumer = Consumer(consumer_settings)
         self._batch_size = batch_size
         self._actions: queue.SimpleQueue[_Action] = queue.SimpleQueue()
@@ -456,6 +473,18 @@ class RestorationThread(threading.Thread):
             if request is not None:
                 self.shutdown_request = request
             return
+        if key == PLAN_KEY:
+            plan = PlacementPlan.decode(value) if value is not None else None
+            if plan is not None and plan.version > self.plan.version:
+                self.plan = plan
+            return
+        if key == SCALE_DOWN_KEY:
+            try:
+                request = json.loads(value) if value is not None else None
+            except ValueError:
+                request = None
+            self.scale_down_request = request if isinstance(request, dict) else None
+            return
         instance = key.decode("utf-8", "replace")
         statuses = dict(self.statuses)
         status = InstanceStatus.decode(instance, value) if value is not None else None
@@ -468,6 +497,14 @@ class RestorationThread(threading.Thread):
     def restore_once(self, timeout: float = 0.1) -> None:
         messages = self._consumer.consume(self._batch_size, timeout)
         batch = sort_changelog_messages(messages, self._status_topic, self._apply_status)
+        for message in messages:
+            offset = message.offset()
+            if (
+                message.topic() == self._status_topic
+                and message.error() is None
+                and offset is not None
+            ):
+                self.status_position = max(self.status_position, offset + 1)
         next_offsets, reached_end = batch.next_offsets, batch.reached_end
         for tp, records in batch.records.items():
             task_id = self._by_partition.get(tp)
@@ -495,10 +532,15 @@ class RestorationThread(threading.Thread):
                 }
                 for task_id in self._standbys
             }
+            self.standby_lags = self._standby_lags()
         elif self.standby_positions:
             self.standby_positions = {}
+            self.standby_lags = {}
 
     def _partition_done(self, tp: TopicPartitionKey, end_offset: int) -> None:
+        if tp == (self._status_topic, 0):
+            self.status_position = max(self.status_position, end_offset)
+            return
         task_id = self._by_partition.get(tp)
         if task_id is None:
             standby_store = self._standby_stores.get(tp)
@@ -542,6 +584,27 @@ class RestorationThread(threading.Thread):
         )
         state.task.restored_records = state.restored
         self._restored.put(state.task)
+
+    def _standby_lags(self) -> dict[str, int]:
+        """Per standby (learners are standbys): records behind its changelogs'
+        ends, from the watermarks the fetches brought (no request)."""
+        lags: dict[str, int] = {}
+        unknown: set[str] = set()
+        for tp, store in self._standby_stores.items():
+            task_id = self._standby_of[tp]
+            changelog = store.changelog
+            position = changelog.changelog_offset if changelog is not None else None
+            try:
+                _low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(tp[0], tp[1]), cached=True
+                )
+            except KafkaException:
+                high = -1
+            if position is None or high < 0:
+                unknown.add(task_id)
+                continue
+            lags[task_id] = lags.get(task_id, 0) + max(0, high - position)
+        return {t: lag for t, lag in lags.items() if t not in unknown}
 
     def _update_progress(self) -> None:
         for task_id, state in self._restoring.items():
@@ -620,14 +683,26 @@ class RestorationThread(threading.Thread):
         owner = fetching.owner
         for tp, position in positions.items():
             owner.restore_from[tp] = position
+        seconds = round(time.monotonic() - download.started, 3)
         log.info(
             "remote_snapshot_installed",
             task_id=task_id,
+            standby=fetching.standby,
             snapshot=download.snapshot_id,
             bytes=download.downloaded_bytes,
-            seconds=round(time.monotonic() - download.started, 3),
+            seconds=seconds,
             positions={f"{t}-{p}": o for (t, p), o in positions.items()},
         )
+        if positions and self.remote is not None:
+            self.remote.stats.snapshot_installed(
+                task_id,
+                {
+                    "snapshot": download.snapshot_id,
+                    "standby": fetching.standby,
+                    "bytes": download.downloaded_bytes,
+                    "seconds": seconds,
+                },
+            )
         self._continue_after_fetch(fetching, download if positions else None)
 
     def _continue_after_fetch(self, fetching: _Fetching, download: SnapshotDownload | None) -> None:

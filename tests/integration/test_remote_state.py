@@ -235,3 +235,69 @@ def test_corrupt_or_truncated_snapshots_fall_back_and_old_ones_are_deleted(
         counts.check_counts(restored)
     finally:
         assert restored.close(30)
+
+
+def test_standby_starts_from_a_snapshot_and_takes_over_with_little_to_restore(
+    bootstrap: str, tmp_path: Path, bucket: RemoteBucket
+) -> None:
+    """A new instance's standby downloads the newest snapshot and replays only
+    the changelog after it, like an active task; when the other instance
+    leaves, the standby takes over with (almost) nothing left to restore."""
+    counts = CountApp(bootstrap, tmp_path)
+    keys = [f"key-{i}" for i in range(KEYS)]
+    counts.feed(keys)
+    standby = {"num.standby.replicas": 1}
+    a_state, b_state = tmp_path / "a", tmp_path / "b"
+    a = counts.app(a_state, {**bucket.config(interval_ms=1000), **standby})
+    a.start()
+    b: App | None = None
+    try:
+        counts.wait_processed(a, len(keys))
+        wait_snapshots_cover_local_state(a, bucket, counts, a_state)
+        b = counts.app(b_state, {**bucket.config(interval_ms=60_000), **standby})
+        b.start()
+        joined = b
+
+        def running(app: App) -> set[str]:
+            return {t.id for t in app.status().tasks if t.state == "RUNNING"}
+
+        def shared_with_a_standby() -> bool:
+            mine = running(joined)
+            if len(mine) != 1 or running(a) | mine != set(TASKS):
+                return False
+            remote = joined.status().remote_state or {}
+            return set(remote.get("installed", {})) == set(TASKS)
+
+        wait_until(shared_with_a_standby, 90, message="b never got a task and a standby")
+        installed = joined.status().remote_state["installed"]  # type: ignore[index]
+        (active_id,) = running(joined)
+        (standby_id,) = set(TASKS) - {active_id}
+        # (b's active task may have started as a standby too, before the
+        # assignment moved it: either way it started from a snapshot.)
+        assert installed[standby_id]["standby"] is True, installed
+        assert installed[standby_id]["bytes"] > 0
+
+        # More input while both run: the standby follows the changelog's tail.
+        more = [f"key-{i}" for i in range(0, KEYS, 5)]
+        counts.feed(more)
+        wait_until(
+            lambda: a.status().processed + joined.status().processed >= len(keys) + len(more),
+            60,
+            message="the second batch was never processed",
+        )
+        assert a.close(30)
+        wait_until(
+            lambda: running(joined) == set(TASKS),
+            90,
+            message="b never took over a's task",
+        )
+        restore = joined.status().restores[standby_id]
+        # The standby had the snapshot and followed the tail: what a wrote in its
+        # final commits at most remains (a full replay would be ~KEYS/2 records).
+        assert restore["records"] <= KEYS // 20, restore
+        counts.check_counts(joined)
+        counts.check_output()
+    finally:
+        a.close(30)
+        if b is not None:
+            assert b.close(30)

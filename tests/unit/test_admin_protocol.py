@@ -106,6 +106,9 @@ class FakeApp:
     def resume(self, task_id: str | None = None) -> None:
         self.calls.append(("resume", task_id))
 
+    def prepare_leave(self) -> None:
+        self.calls.append(("prepare-leave",))
+
 
 # --- parsing --------------------------------------------------------------------------
 

@@ -22,10 +22,16 @@ class RemoteStats:
         self.snapshot_restore_failures = 0
         # task id -> {"snapshot", "created", "offsets", "bytes", "uploaded_bytes", "seconds"}
         self.last_snapshot: dict[str, dict[str, Any]] = {}
+        # task id -> {"snapshot", "standby", "bytes", "seconds"}: the newest snapshot
+        # installed for an active task or a standby (a standby starts from one too).
+        self.installed: dict[str, dict[str, Any]] = {}
 
     def snapshot_done(self, task_id: str, figures: dict[str, Any]) -> None:
         self.snapshots_uploaded += 1
         self.last_snapshot = {**self.last_snapshot, task_id: figures}
+
+    def snapshot_installed(self, task_id: str, figures: dict[str, Any]) -> None:
+        self.installed = {**self.installed, task_id: figures}
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -38,4 +44,5 @@ class RemoteStats:
             "snapshot_restores": self.snapshot_restores,
             "snapshot_restore_failures": self.snapshot_restore_failures,
             "last_snapshot": dict(self.last_snapshot),
+            "installed": dict(self.installed),
         }

@@ -1,0 +1,177 @@
+"""The placer's decision: the next placement plan from what the instances publish.
+
+Pure functions, no Kafka, no clock; any thread may call (the polling thread of
+the instance that is the placer does). docs/architecture.md, "Runtime-owned
+task placement", has the protocol; this module is the part that must never
+be wrong, so the hand-over safety rule lives here and is hypothesis-tested
+(tests/property/test_placer_schedules.py):
+
+- A task changes owner only through a plan where it has no owner: the old
+  owner is withdrawn first. A plan gives an ownerless task to an instance only
+  when every other instance in the group acknowledged the previous plan (which
+  had no owner for it) and lists it as not active, or the old holder is out of
+  the group (the broker fences its commits).
+- A stateful task is withdrawn from an owner in the group only when the target
+  holds a copy within `acceptable_lag` of the changelog's end; until then the
+  target learns it, at most `max_warmups` learners per plan.
+- Balanced per subtopology by task count, in proportion to capacity
+  (processing threads); leaving instances get nothing; otherwise sticky.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from runtime.state.placement import PlacementPlan
+
+
+@dataclass(frozen=True)
+class Member:
+    """What the placer knows of one instance (its last status, and the group)."""
+
+    instance_id: str
+    capacity: int = 1
+    active: frozenset[str] = frozenset()
+    lags: Mapping[str, int] = field(default_factory=dict)  # task -> lag of its copy here
+    acked: int = 0  # the newest plan version it applied
+    leaving: bool = False
+    in_group: bool = True
+
+
+@dataclass(frozen=True)
+class PlacerSettings:
+    acceptable_lag: int = 10_000
+    max_warmups: int = 2
+
+
+def subtopology_of(task_id: str) -> str:
+    return task_id.split("_", 1)[0]
+
+
+def next_plan(
+    previous: PlacementPlan,
+    members: Mapping[str, Member],
+    tasks: Mapping[str, bool],
+    settings: PlacerSettings,
+    placer: str,
+) -> PlacementPlan:
+    """The plan that follows `previous`, or `previous` itself when nothing changes.
+
+    `tasks` maps every task id to whether it is stateful (changelogged
+    persistent stores). `members` holds every instance with a status; those
+    `in_group=False` are out of the group's current generation.
+    """
+    in_group = {i for i, m in members.items() if m.in_group}
+    current = {t: o for t, o in previous.owners.items() if o in in_group and t in tasks}
+    targets = balance(tasks, current, members, previous, settings.acceptable_lag)
+    owners: dict[str, str] = {}
+    moves: dict[str, str] = {}
+    wanted_learners: list[tuple[int, str, str]] = []
+    for task in sorted(tasks):
+        target, owner = targets.get(task), current.get(task)
+        if owner is not None:
+            if target is None or target == owner:
+                owners[task] = owner
+            elif not tasks[task] or _caught_up(members[target], task, settings):
+                moves[task] = target  # withdrawn: the owner releases it
+            else:
+                owners[task] = owner
+                keep = 0 if previous.learners.get(task) == target else 1
+                wanted_learners.append((keep, task, target))
+        elif target is not None:
+            if may_take(task, target, previous, members):
+                owners[task] = target
+            else:
+                moves[task] = target
+    learners = {task: target for _, task, target in sorted(wanted_learners)[: settings.max_warmups]}
+    if (owners, learners, moves) == (previous.owners, previous.learners, previous.moves):
+        return previous
+    return PlacementPlan(
+        previous.version + 1, placer, owners, learners, moves, previous.leave, previous.leave_ms
+    )
+
+
+def may_take(task: str, taker: str, previous: PlacementPlan, members: Mapping[str, Member]) -> bool:
+    """The hand-over safety rule, for a task without an owner in the group.
+
+    Every other instance in the group must have applied `previous` (where the
+    task had no owner in the group, so they released it) and say it does not
+    run it. Instances out of the group are fenced by the broker (rule (b)).
+    """
+    for instance_id, member in members.items():
+        if instance_id == taker or not member.in_group:
+            continue
+        if member.acked < previous.version or task in member.active:
+            return False
+    return True
+
+
+def _caught_up(member: Member, task: str, settings: PlacerSettings) -> bool:
+    lag = member.lags.get(task)
+    return lag is not None and lag <= settings.acceptable_lag
+
+
+def balance(
+    tasks: Mapping[str, bool],
+    current: Mapping[str, str],
+    members: Mapping[str, Member],
+    previous: PlacementPlan,
+    acceptable_lag: int,
+) -> dict[str, str]:
+    """Target owner per task: per subtopology, counts in proportion to capacity.
+
+    Sticky: an owner keeps its tasks up to its quota; the tasks it keeps are
+    those hardest to move (stateful without a copy elsewhere), so the ones
+    another instance already learned, or stateless ones, move first.
+    """
+    eligible = sorted(
+        i for i, m in members.items() if m.in_group and not m.leaving and m.capacity > 0
+    )
+    if not eligible:
+        return {}
+    capacity = {i: members[i].capacity for i in eligible}
+    total_capacity = sum(capacity.values())
+    groups: dict[str, list[str]] = {}
+    for task in sorted(tasks):
+        groups.setdefault(subtopology_of(task), []).append(task)
+    totals = dict.fromkeys(eligible, 0)
+    targets: dict[str, str] = {}
+
+    def ease(task: str) -> int:
+        """How cheap moving `task` is: stateless 3, a caught-up copy 2, learning 1."""
+        if not tasks[task]:
+            return 3
+        holders = [m for i, m in members.items() if i in capacity and i != current.get(task)]
+        if any(m.lags.get(task, math.inf) <= acceptable_lag for m in holders):
+            return 2
+        return 1 if task in previous.learners or task in previous.moves else 0
+
+    for group in groups.values():
+        quota = {i: math.ceil(len(group) * capacity[i] / total_capacity) for i in eligible}
+        counts = dict.fromkeys(eligible, 0)
+        unplaced = []
+        for task in sorted(group, key=lambda t: (ease(t), t)):
+            owner = current.get(task)
+            if owner in counts and counts[owner] < quota[owner]:
+                targets[task] = owner
+                counts[owner] += 1
+            else:
+                unplaced.append(task)
+        for task in sorted(unplaced, key=lambda t: (-ease(t), t)):
+            choice = min(
+                (i for i in eligible if counts[i] < quota[i]),
+                key=lambda i: (
+                    counts[i] / capacity[i],
+                    members[i].lags.get(task, math.inf),
+                    previous.moves.get(task) != i and previous.learners.get(task) != i,
+                    totals[i] / capacity[i],
+                    i,
+                ),
+            )
+            targets[task] = choice
+            counts[choice] += 1
+        for i in eligible:
+            totals[i] += counts[i]
+    return targets

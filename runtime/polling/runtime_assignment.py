@@ -1,0 +1,459 @@
+"""Runtime-owned task placement (`task.assignment=runtime`): the polling thread's part.
+
+The protocol is in docs/architecture.md ("Runtime-owned task placement"); the
+decision itself is `runtime.polling.placer` (pure). This class:
+
+- joins the group on the one-partition status topic only; whoever owns its
+  partition 0 is the placer (`on_assign`/`on_revoke`/`on_lost`, called from
+  the polling thread's rebalance callbacks);
+- applies the newest plan (`tick`, once per loop turn): releases the tasks
+  the plan does not give this instance (committed and closed through
+  `release`, then its data partitions unassigned), acknowledges the plan in
+  its status, then takes the tasks it was given (data partitions assigned
+  from their committed offsets, tasks created as for any assignment) and
+  keeps the plan's learners as standbys;
+- as the placer, computes and publishes the next plan from the statuses and
+  the group's membership (DescribeConsumerGroups, never blocking the loop);
+- stops the instance once it is leaving and owns nothing.
+
+Processing and state code do not know where an assignment came from: tasks
+are created and closed through `ActiveTasks` as with the group's assignor.
+
+Polling thread only, except `request_leave` (any thread) and the figures
+(`figures`, read racily).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from runtime.logging import get_logger
+from runtime.polling.active_tasks import ActiveTasks
+from runtime.polling.output import OutputChannel
+from runtime.polling.placement import TaskPlacement
+from runtime.polling.placer import Member, PlacerSettings, next_plan
+from runtime.polling.topics import TopicLayout
+from runtime.processing.task import task_id_of
+from runtime.state.placement import PLAN_KEY, PlacementPlan
+from runtime.state.restoration import RestorationThread
+
+log = get_logger("runtime.placement")
+
+_STATUS_INTERVAL_S = 2.0
+_LEARNING_STATUS_INTERVAL_S = 0.5
+_PLACE_INTERVAL_S = 0.1
+_MEMBERSHIP_INTERVAL_S = 2.0
+
+
+class RuntimeAssignment:
+    """Plans in, task events out; the placer when this instance owns the
+    coordination partition. Polling thread only (see the module docstring)."""
+
+    def __init__(
+        self,
+        instance_id: str,
+        group_id: str,
+        layout: TopicLayout,
+        consumer: Consumer,
+        tasks: ActiveTasks,
+        placement: TaskPlacement,
+        restoration: RestorationThread,
+        output: OutputChannel,
+        admin_settings: dict[str, Any],
+        settings: PlacerSettings,
+        release: Callable[[list[str]], bool],
+        drop_all: Callable[[str], None],
+        capacity: Callable[[], int],
+        on_left: Callable[[], None],
+        request_commit: Callable[[], None],
+    ) -> None:
+        self.instance_id = instance_id
+        self._group_id = group_id
+        self._layout = layout
+        self._consumer = consumer
+        self._tasks = tasks
+        self._placement = placement
+        self._restoration = restoration
+        self._output = output
+        self._admin_settings = admin_settings
+        self._admin: AdminClient | None = None
+        self._settings = settings
+        self._release = release
+        self._drop_all = drop_all
+        self._capacity = capacity
+        self._on_left = on_left
+        self._request_commit = request_commit
+        self.coordination = TopicPartition(placement.status_topic, 0)
+        stateful = placement.stateful_tasks
+        self.all_tasks: dict[str, bool] = {
+            task_id_of(sub, p): task_id_of(sub, p) in stateful
+            for sub in sorted(layout.sources)
+            for p in range(layout.task_partitions(sub))
+        }
+        self.plan = PlacementPlan()  # the newest plan known here
+        self.applied = 0  # the newest plan version applied here
+        self._applied_plan = PlacementPlan()
+        self._leave_requested = threading.Event()
+        self.leaving = False
+        self.left = False
+        self._member_id = ""
+        self._generation = 0  # identities renewed after lost memberships
+        self._renewed_at = ""  # the member id under which the identity was renewed
+        self._status_dirty = True
+        self._last_status = 0.0
+        # The placer's side.
+        self.is_placer = False
+        self._placer_ready_at: int | None = None  # status-topic offset to read first
+        self._last_place = 0.0
+        self._in_group: frozenset[str] | None = None  # member ids; None: not known
+        self._membership: Future[Any] | None = None
+        self._membership_stale = True
+        self._last_membership = 0.0
+        # Figures (read racily): hand-overs taken here and their pauses.
+        self._withdrawn_at: dict[str, float] = {}
+        self.handovers = 0
+        self.last_handover_pause_s: float | None = None
+        self.max_handover_pause_s = 0.0
+
+    # --- requests from other threads --------------------------------------------
+
+    def request_leave(self) -> None:
+        """`admin prepare-leave`: hand every task over, then stop. Any thread."""
+        self._leave_requested.set()
+
+    # --- rebalance callbacks (polling thread, inside consume) ------------------------
+
+    def on_assign(self, partitions: list[TopicPartition]) -> None:
+        """The coordination partition: we are the placer (once we read the topic)."""
+        self._membership_stale = True
+        self._consumer.incremental_assign(partitions)
+        if any(self._is_coordination(tp) for tp in partitions):
+            self._consumer.pause([self.coordination])
+            _low, high = self._consumer.get_watermark_offsets(self.coordination, timeout=10)
+            self.is_placer = True
+            self._placer_ready_at = high
+            log.info("placer_elected", instance_id=self.instance_id, read_status_up_to=high)
+
+    def on_revoke(self, partitions: list[TopicPartition]) -> None:
+        """Losing the coordination partition: no more plans from here; the
+        ones produced are flushed before the next placer is assigned."""
+        self._membership_stale = True
+        if any(self._is_coordination(tp) for tp in partitions):
+            self._stop_placing("revoked")
+
+    def on_lost(self) -> None:
+        """The group moved on without us: every task closed dirty, at once."""
+        self._membership_stale = True
+        self._stop_placing("lost")
+        self._drop_all("membership lost")
+        self._status_dirty = True
+
+    def renew_identity(self) -> None:
+        """After a lost membership (every task dropped): go on under a new
+        instance id, as a new process would. Plans naming the old id may
+        still give it tasks the placer has since handed to others (it saw the
+        old member leave the group); the new id owns nothing until a plan
+        gives it something. The old id's status is deleted."""
+        self._placement.publish_status(gone=True)
+        self._renewed_at = self._member_id  # the next new member id is expected
+        self._generation += 1
+        base = self.instance_id.rsplit("~", 1)[0]
+        self.instance_id = f"{base}~{self._generation}"
+        self._placement.instance_id = self.instance_id
+        self.applied = 0
+        self._applied_plan = PlacementPlan()
+        self._withdrawn_at.clear()
+        self._status_dirty = True
+        log.warning("instance_id_renewed", instance_id=self.instance_id)
+
+    def _stop_placing(self, reason: str) -> None:
+        if self.is_placer:
+            self.is_placer = False
+            self._placer_ready_at = None
+            self._output.producer.flush(10)
+            log.info("placer_stepped_down", reason=reason)
+
+    def _is_coordination(self, tp: TopicPartition) -> bool:
+        return tp.topic == self.coordination.topic and tp.partition == 0
+
+    # --- the loop turn ------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Once per loop turn: membership check, the newest plan, status, placing."""
+        self._check_member_id()
+        if self._leave_requested.is_set() and not self.leaving:
+            self.leaving = True
+            self._status_dirty = True
+            log.info("instance_leaving", instance_id=self.instance_id)
+        newest = self._restoration.plan
+        if newest.version > self.plan.version:
+            self.plan = newest
+        if self.instance_id in self.plan.leave and not self.leaving:
+            self.leaving = True
+            self._status_dirty = True
+            log.info("instance_leaving", instance_id=self.instance_id, reason="scale-down")
+        if self.plan.version > self.applied:
+            self.apply(self.plan)
+        now = time.monotonic()
+        # Learning here: the placer hears of the lag sooner, to hand over sooner.
+        interval = _LEARNING_STATUS_INTERVAL_S if self._learning() else _STATUS_INTERVAL_S
+        if self._status_dirty or now - self._last_status >= interval:
+            self.publish_status()
+        if self.is_placer and now - self._last_place >= _PLACE_INTERVAL_S:
+            self._last_place = now
+            self.place()
+        if self.leaving and not self.left and self._owns_nothing():
+            self.left = True
+            log.info("instance_left", instance_id=self.instance_id, plan=self.applied)
+            self._on_left()
+
+    def _learning(self) -> bool:
+        return bool(self.plan.copies_for(self.instance_id))
+
+    def _check_member_id(self) -> None:
+        """A new member id behind our back is a lost membership: the broker
+        no longer fences commits we would make for the old one's tasks."""
+        member_id = self._consumer.memberid() or ""
+        if member_id == self._member_id:
+            return
+        if self._member_id and member_id and self._member_id != self._renewed_at:
+            log.warning("member_id_changed", old=self._member_id, new=member_id)
+            self._drop_all("member id changed")
+        self._member_id = member_id
+        self._status_dirty = True
+
+    def _owns_nothing(self) -> bool:
+        return (
+            not self._tasks
+            and not self.plan.tasks_of(self.instance_id)
+            and self.applied == self.plan.version
+        )
+
+    # --- applying a plan --------------------------------------------------------------
+
+    def apply(self, plan: PlacementPlan) -> None:
+        """Release, acknowledge, take, learn (module docstring)."""
+        mine = plan.tasks_of(self.instance_id)
+        held = self._tasks.ids()
+        released = sorted(held - mine)
+        if released:
+            if not self._release(released):
+                log.warning("tasks_release_postponed", tasks=released, reason="commit failed")
+                return  # tried again at the next loop turn
+            partitions = [tp for t in released for tp in self.partitions_of(t)]
+            self._unassign(partitions)
+            log.info("tasks_released", tasks=released, plan=plan.version)
+        now = time.monotonic()
+        for task in plan.moves:
+            if plan.moves[task] == self.instance_id:
+                self._withdrawn_at.setdefault(task, now)
+        before = self._applied_plan
+        self._applied_plan = plan
+        self.applied = plan.version
+        self.publish_status()  # the acknowledgement, after the release's commit
+        taken = sorted(mine - self._tasks.ids())
+        if taken:
+            partitions = [tp for t in taken for tp in self.partitions_of(t)]
+            # The learners' stores close together, not one task after another.
+            self._placement.release_standbys(taken)
+            self._tasks.create(partitions)
+            self._consumer.incremental_assign(partitions)
+            for task in taken:
+                since = self._withdrawn_at.pop(task, now)
+                if task in before.moves or before.owners.get(task, self.instance_id) != (
+                    self.instance_id
+                ):  # a hand-over, not a first placement
+                    pause = now - since
+                    self.handovers += 1
+                    self.last_handover_pause_s = round(pause, 3)
+                    self.max_handover_pause_s = max(self.max_handover_pause_s, pause)
+            log.info("tasks_taken", tasks=taken, plan=plan.version)
+            self._status_dirty = True
+        self._placement.reconcile_standbys(plan.copies_for(self.instance_id))
+
+    def partitions_of(self, task_id: str) -> list[TopicPartition]:
+        sub_text, partition_text = task_id.split("_", 1)
+        sub, partition = int(sub_text), int(partition_text)
+        return [
+            TopicPartition(topic, partition)
+            for topic in self._layout.sources[sub]
+            if partition < self._layout.partitions[topic]
+        ]
+
+    def _unassign(self, partitions: list[TopicPartition]) -> None:
+        assigned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+        gone = [tp for tp in partitions if (tp.topic, tp.partition) in assigned]
+        if gone:
+            self._consumer.incremental_unassign(gone)
+
+    def data_partitions(self) -> list[TopicPartition]:
+        """Assigned partitions other than the coordination one."""
+        return [tp for tp in self._consumer.assignment() if not self._is_coordination(tp)]
+
+    # --- status -------------------------------------------------------------------
+
+    def publish_status(self, gone: bool = False) -> None:
+        self._status_dirty = False
+        self._last_status = time.monotonic()
+        if gone:
+            self._placement.publish_status(gone=True)
+        else:
+            self._placement.publish_status(
+                member_id=self._member_id,
+                capacity=max(0, self._capacity()),
+                lags=dict(self._restoration.standby_lags),
+                plan_version=self.applied,
+                leaving=self.leaving,
+            )
+        if self._output.transactions is not None:
+            self._request_commit()  # under exactly-once: visible at the commit
+
+    # --- the placer ---------------------------------------------------------------------
+
+    def place(self) -> None:
+        """Publish the next plan if it differs (placer only)."""
+        if not self._ready_to_place():
+            return
+        statuses = dict(self._restoration.statuses)
+        in_group = self._in_group
+        assert in_group is not None
+        members: dict[str, Member] = {
+            instance_id: Member(
+                instance_id,
+                status.capacity,
+                status.active_tasks,
+                status.lags,
+                status.plan_version,
+                status.leaving,
+                in_group=status.member_id in in_group,
+            )
+            for instance_id, status in statuses.items()
+        }
+        # This instance's own view is fresher than its status read back.
+        members[self.instance_id] = Member(
+            self.instance_id,
+            max(0, self._capacity()),
+            self._tasks.ids(),
+            dict(self._restoration.standby_lags),
+            self.applied,
+            self.leaving,
+        )
+        previous = self.plan
+        newest_ack = max((m.acked for m in members.values()), default=0)
+        if newest_ack > previous.version:
+            return  # a plan we have not read yet exists: wait for it
+        previous = self._with_scale_down(previous, members)
+        for instance_id in previous.leave & set(members):  # asked to leave: gets nothing
+            members[instance_id] = dataclasses.replace(members[instance_id], leaving=True)
+        plan = next_plan(previous, members, self.all_tasks, self._settings, self.instance_id)
+        if plan is self.plan:
+            return
+        self._output.produce_one(self.coordination.topic, PLAN_KEY, plan.encode())
+        if self._output.transactions is not None:
+            self._request_commit()
+        self.plan = plan
+        log.info(
+            "plan_published",
+            version=plan.version,
+            owners=len(plan.owners),
+            learners=dict(plan.learners),
+            moves=dict(plan.moves),
+        )
+
+    def _ready_to_place(self) -> bool:
+        """Read the status topic up to where it was at election; membership known."""
+        if self._placer_ready_at is None:
+            return False
+        if self._restoration.status_position < self._placer_ready_at:
+            return False
+        self._refresh_membership()
+        return self._in_group is not None and not self._membership_stale
+
+    def _refresh_membership(self) -> None:
+        """DescribeConsumerGroups without blocking: the member ids of the
+        group's current generation (rule (b) of the hand-over)."""
+        if self._admin is not None:
+            self._admin.poll(0)  # its log lines
+        future = self._membership
+        if future is not None:
+            if not future.done():
+                return
+            self._membership = None
+            try:
+                description = future.result()
+                self._in_group = frozenset(m.member_id for m in description.members)
+            except KafkaException as exc:
+                log.warning("describe_group_failed", error=str(exc))
+                self._in_group = None
+            return
+        now = time.monotonic()
+        if self._membership_stale or now - self._last_membership >= _MEMBERSHIP_INTERVAL_S:
+            if self._admin is None:
+                self._admin = AdminClient(self._admin_settings)
+            self._last_membership = now
+            self._membership_stale = False
+            self._membership = self._admin.describe_consumer_groups([self._group_id])[
+                self._group_id
+            ]
+
+    def _with_scale_down(
+        self, previous: PlacementPlan, members: dict[str, Member]
+    ) -> PlacementPlan:
+        """A `scale-down --fraction` request names no instance: the placer
+        picks that fraction of the instances in the group (the last by id),
+        once per request (the plan keeps the request's time)."""
+        request = self._restoration.scale_down_request
+        if request is None:
+            return previous
+        try:
+            fraction = float(request["fraction"])
+            requested_ms = int(request["ts"])
+        except (KeyError, TypeError, ValueError):
+            return previous
+        if requested_ms <= previous.leave_ms:
+            return previous
+        candidates = sorted(i for i, m in members.items() if m.in_group and not m.leaving)
+        count = min(len(candidates) - 1, math.ceil(len(candidates) * fraction))
+        leave = frozenset(candidates[-count:]) if count > 0 else frozenset()
+        log.info("scale_down_planned", fraction=fraction, leave=sorted(leave))
+        return dataclasses.replace(
+            previous,
+            version=previous.version + 1,
+            leave=previous.leave | leave,
+            leave_ms=requested_ms,
+        )
+
+    # --- figures ----------------------------------------------------------------------
+
+    def figures(self) -> dict[str, Any]:
+        """For status and `admin tasks` (any thread, racy)."""
+        plan = self.plan
+        lags = self._restoration.statuses
+        learner_lags = {
+            task: lags[owner].lags.get(task) if owner in lags else None
+            for task, owner in plan.learners.items()
+        }
+        return {
+            "mode": "runtime",
+            "placer": self.is_placer,
+            "plan_version": plan.version,
+            "applied": self.applied,
+            "leaving": self.leaving,
+            "owners": dict(plan.owners),
+            "learners": {
+                t: {"instance": o, "lag": learner_lags[t]} for t, o in plan.learners.items()
+            },
+            "moves": dict(plan.moves),
+            "handovers": self.handovers,
+            "last_handover_pause_s": self.last_handover_pause_s,
+            "max_handover_pause_s": round(self.max_handover_pause_s, 3),
+        }

@@ -1,0 +1,455 @@
+"""Runtime-owned placement (`task.assignment=runtime`) on a real broker.
+
+Learners: a joining instance first restores a stateful task's store from its
+changelog (through its restore consumer, outside the group), and the task moves
+only when that copy is caught up; the old owner commits and releases it first.
+Measured from the output: a task's output never stops for much longer than
+two commit intervals, and the final counts are exact (no record lost or counted
+twice). Planned departure: `admin prepare-leave` hands an instance's tasks over,
+then the daemon exits 0.
+
+The sink topic uses LogAppendTime, so output timestamps say when each record
+was written, and per-partition gaps are processing gaps (keys land on the same
+partition number in the source and the sink: both use murmur2).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime import App, StreamsBuilder, serdes
+from tests.harness import REPO, Daemon, Feeder, clean_env
+from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 4
+KEYS = 3000
+COMMIT_MS = 1000
+ALL_TASKS = {f"0_{p}" for p in range(PARTITIONS)}
+
+
+# More records make the restore-length gap of `group` placement visible (the
+# issue's benchmark wants 1,000,000); the CI default keeps the test short.
+PREFILL = int(os.environ.get("STREAMS_TEST_LEARNERS_RECORDS", "40000"))
+
+
+def settings(
+    bootstrap: str, app_id: str, state_dir: Path, assignment: str = "runtime"
+) -> dict[str, object]:
+    return {
+        "application.id": app_id,
+        "bootstrap.servers": bootstrap,
+        "task.assignment": assignment,
+        "processing.threads": 1,
+        "commit.interval.ms": COMMIT_MS,
+        # Every update reaches the changelog: a long history to learn.
+        "cache.max.bytes": 0,
+        "acceptable.recovery.lag": 1000,
+        "max.warmup.replicas": 2,
+        "state.dir": str(state_dir),
+        "consumer.session.timeout.ms": 6000,
+        "consumer.heartbeat.interval.ms": 500,
+    }
+
+
+def counting_app(
+    bootstrap: str,
+    app_id: str,
+    source: str,
+    sink: str,
+    state_dir: Path,
+    assignment: str = "runtime",
+    extra: dict[str, object] | None = None,
+) -> App:
+    builder = StreamsBuilder()
+    (
+        builder.stream(source, key_serde=serdes.STRING, value_serde=serdes.STRING)
+        .group_by_key()
+        .count(store="counts")
+        .to_stream()
+        .to(sink, value_serde=serdes.INT64)
+    )
+    return App(
+        builder.build(), {**settings(bootstrap, app_id, state_dir, assignment), **(extra or {})}
+    )
+
+
+def running(app: App) -> set[str]:
+    return {t["id"] for t in app.status()["tasks"] if t["state"] == "RUNNING"}
+
+
+def prefill(bootstrap: str, source: str, n: int) -> Counter[str]:
+    """Records k0..k{KEYS-1} round robin, as the Feeder sends them."""
+    records = [(f"k{i % KEYS}", str(i)) for i in range(n)]
+    produce(bootstrap, source, records)
+    return Counter(k for k, _ in records)
+
+
+def fed(feeder: Feeder) -> Counter[str]:
+    return Counter(f"k{i % feeder.keys}" for i in range(feeder.sent))
+
+
+def assert_counts(bootstrap: str, sink: str, expected: Counter[str]) -> None:
+    def latest() -> dict[str, int]:
+        out: dict[str, int] = {}
+        for m in consume_all(bootstrap, sink, idle=0.5, timeout=60):
+            assert m.key is not None and m.value is not None
+            out[m.key.decode()] = serdes.INT64.deserialize(m.value)
+        return out
+
+    last: dict[str, int] = {}
+
+    def done() -> bool:
+        nonlocal last
+        last = latest()
+        return last == dict(expected)
+
+    try:
+        wait_until(done, 60, interval=1.0)
+    except AssertionError:
+        wrong = {k: (last.get(k), v) for k, v in expected.items() if last.get(k) != v}
+        raise AssertionError(f"{len(wrong)} counts wrong, e.g. {list(wrong.items())[:5]}") from None
+
+
+def longest_gaps(bootstrap: str, sink: str, since_ms: int, until_ms: int) -> dict[int, float]:
+    """Per sink partition, the longest time (s) without output in [since, until]."""
+    stamps: dict[int, list[int]] = {p: [since_ms, until_ms] for p in range(PARTITIONS)}
+    for m in consume_all(bootstrap, sink, idle=0.5, timeout=60):
+        if since_ms <= m.timestamp <= until_ms:
+            stamps[m.partition].append(m.timestamp)
+    gaps = {}
+    for p, ts in stamps.items():
+        ts.sort()
+        gap, start = max((b - a, a) for a, b in zip(ts, ts[1:], strict=False))
+        gaps[p] = gap / 1000
+        print(f"partition {p}: longest gap {gap} ms from +{(start - since_ms) / 1000:.2f} s")
+    return gaps
+
+
+def make_topics(bootstrap: str) -> tuple[str, str]:
+    source, sink = unique_name("learn-in"), unique_name("learn-out")
+    create_topic(bootstrap, source, PARTITIONS)
+    create_topic(bootstrap, sink, PARTITIONS, {"message.timestamp.type": "LogAppendTime"})
+    return source, sink
+
+
+@pytest.mark.parametrize("assignment", ["runtime", "group"])
+def test_scale_out_moves_stateful_tasks_only_to_caught_up_learners(
+    bootstrap: str, tmp_path: Path, assignment: str
+) -> None:
+    """`group` is today's placement, for comparison: same exact counts, but a
+    moved task waits for its restore (the gap is printed, not bounded)."""
+    app_id = unique_name("learners")
+    source, sink = make_topics(bootstrap)
+    expected = prefill(bootstrap, source, PREFILL)
+    a = counting_app(bootstrap, app_id, source, sink, tmp_path / "a", assignment)
+    b = counting_app(bootstrap, app_id, source, sink, tmp_path / "b", assignment)
+    feeder = Feeder(bootstrap, source, rate=400, keys=KEYS)
+    try:
+        a.start()
+        wait_until(lambda: running(a) == ALL_TASKS, 60, message="a never ran all tasks")
+        feeder.start()
+        # Steady state under load (the prefill processed) before the second instance.
+        wait_until(lambda: a.status()["total_lag"] < 2000, 120, interval=0.5, message="a lags")
+        time.sleep(2)
+        since_ms = int(time.time() * 1000)
+        b.start()
+
+        def split() -> bool:
+            ra, rb = running(a), running(b)
+            return len(ra) == 2 and len(rb) == 2 and ra | rb == ALL_TASKS
+
+        wait_until(split, 75, interval=0.2, message="the tasks never split 2/2")
+        split_s = time.time() - since_ms / 1000
+        placement = b.status()["placement"]
+        restored = b.status()["restored"]
+        if assignment == "runtime":
+            assert placement is not None and placement["handovers"] == 2, placement
+            # The moved tasks were learned first: only a tail was restored.
+            assert restored < PREFILL / 8, f"b restored {restored} records as an active task"
+        time.sleep(3)  # processing goes on after the hand-over
+        until_ms = int(time.time() * 1000)
+        feeder.stop()
+        expected += fed(feeder)
+        assert_counts(bootstrap, sink, expected)
+        gaps = longest_gaps(bootstrap, sink, since_ms, until_ms)
+        print(
+            f"task.assignment={assignment}, {PREFILL} records before the join: longest output "
+            f"gap per partition (s) {gaps}; split after {split_s:.1f} s; b restored {restored} "
+            f"records as an active task; placement {placement}"
+        )
+        if assignment == "runtime":
+            # About two commit intervals (measured 1.1-2.0 s here; 2.8 s once
+            # with the 2-core machine at load average 9.5): bounded at three.
+            assert max(gaps.values()) <= 3 * COMMIT_MS / 1000, gaps
+    finally:
+        if feeder.is_alive():
+            feeder.stop()
+        b.close(30)
+        a.close(30)
+
+
+def admin(socket: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runtime", "admin", "--socket", socket, *args],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short directory for the admin socket (AF_UNIX paths are <= 107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="lrn"))
+    yield path
+    for child in path.iterdir():
+        if child.is_socket():
+            child.unlink()
+
+
+def test_prepare_leave_hands_every_task_over_then_exits_0(
+    bootstrap: str, tmp_path: Path, short_dir: Path
+) -> None:
+    app_id = unique_name("leave")
+    source, sink = make_topics(bootstrap)
+    expected = prefill(bootstrap, source, 20_000)
+    sock = str(short_dir / "admin.sock")
+    sets = {
+        **settings(bootstrap, app_id, tmp_path / "daemon"),
+        "admin.socket": sock,
+    }
+    env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
+    daemon = Daemon(tmp_path / "daemon.log", "tests.apps.count_app:topology", sets, env)
+    b = counting_app(bootstrap, app_id, source, sink, tmp_path / "b")
+    feeder = Feeder(bootstrap, source, rate=400, keys=KEYS)
+    try:
+        daemon.start()
+        wait_until(lambda: os.path.exists(sock), 60, message=f"no socket:\n{daemon.tail()}")
+        feeder.start()
+        b.start()
+
+        def shared() -> bool:
+            daemon.assert_alive()
+            return len(running(b)) == 2
+
+        wait_until(shared, 75, interval=0.2, message="b never took half of the tasks")
+        tasks = admin(sock, "tasks")
+        assert tasks.returncode == 0 and "placement plan" in tasks.stdout, tasks
+        since_ms = int(time.time() * 1000)
+        leave = admin(sock, "prepare-leave")
+        assert leave.returncode == 0, leave.stderr
+        code = daemon.wait(75)
+        assert code == 0, f"exit code {code}; log tail:\n{daemon.tail()}"
+        wait_until(lambda: running(b) == ALL_TASKS, 30, message="b never ran all tasks")
+        time.sleep(2)
+        until_ms = int(time.time() * 1000)
+        feeder.stop()
+        expected += fed(feeder)
+        assert_counts(bootstrap, sink, expected)
+        gaps = longest_gaps(bootstrap, sink, since_ms, until_ms)
+        print(f"longest output gap per partition during the leave (s): {gaps}")
+        assert max(gaps.values()) <= 3 * COMMIT_MS / 1000, gaps
+    finally:
+        if feeder.is_alive():
+            feeder.stop()
+        daemon.kill()
+        b.close(30)
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_placer_killed_or_stalled_under_exactly_once_counts_stay_exact(
+    bootstrap: str, tmp_path: Path, fault: str
+) -> None:
+    """The placing instance (a daemon) dies (`kill`: SIGKILL) or stalls past its
+    session timeout (`stop`: SIGSTOP, then SIGCONT once its tasks moved: a
+    zombie). Once the group's new generation no longer holds it (rule (b) of
+    the hand-over), the survivor becomes the placer and takes its tasks. The
+    dead one's open transaction is aborted; the zombie's late commit is fenced
+    by the broker (old generation), it drops its tasks and comes back under a
+    new identity. read_committed counts stay exact either way."""
+    app_id = unique_name(f"placer-{fault}")
+    source, sink = make_topics(bootstrap)
+    expected = prefill(bootstrap, source, 10_000)
+    eos = {"processing.guarantee": "exactly_once_v2"}
+    sets = {**settings(bootstrap, app_id, tmp_path / "daemon"), **eos}
+    env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
+    daemon = Daemon(tmp_path / "daemon.log", "tests.apps.count_app:topology", sets, env)
+    b = counting_app(bootstrap, app_id, source, sink, tmp_path / "b", extra=eos)
+    feeder = Feeder(bootstrap, source, rate=300, keys=KEYS)
+    try:
+        daemon.start()
+
+        def placer_runs_all() -> bool:
+            daemon.assert_alive()
+            return "tasks_taken" in daemon.tail(200_000)
+
+        wait_until(placer_runs_all, 60, interval=0.2, message="the daemon never took its tasks")
+        feeder.start()
+        b.start()
+
+        def shared() -> bool:
+            daemon.assert_alive()
+            return len(running(b)) == 2
+
+        wait_until(shared, 75, interval=0.2, message=f"b never took half:\n{daemon.tail()}")
+        if fault == "kill":
+            daemon.kill()
+        else:
+            daemon.send(signal.SIGSTOP)
+        wait_until(lambda: running(b) == ALL_TASKS, 75, message="b never took the lost tasks")
+        assert b.status()["placement"]["placer"]
+        if fault == "stop":
+            daemon.send(signal.SIGCONT)
+
+            def zombie_dropped_its_tasks() -> bool:
+                daemon.assert_alive()
+                return "instance_id_renewed" in daemon.tail(400_000)
+
+            wait_until(zombie_dropped_its_tasks, 30, message=daemon.tail())
+            # Back under a new identity, it gets tasks again (learned first).
+            wait_until(lambda: len(running(b)) == 2, 75, message=daemon.tail())
+        time.sleep(2)
+        feeder.stop()
+        expected += fed(feeder)
+        assert_counts(bootstrap, sink, expected)
+    finally:
+        if feeder.is_alive():
+            feeder.stop()
+        if daemon.alive():
+            daemon.send(signal.SIGCONT)
+        daemon.kill()
+        b.close(30)
+
+
+def test_an_instance_joining_while_another_restores_neither_crashes_nor_loops(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """The crash loop quixstreams users report: a second instance joins while
+    the first still restores its stores. The restore goes on, the newcomer
+    learns, the tasks split, nothing restarts, the counts are exact."""
+    app_id = unique_name("join-restoring")
+    source, sink = make_topics(bootstrap)
+    expected = prefill(bootstrap, source, 40_000)
+    first = counting_app(bootstrap, app_id, source, sink, tmp_path / "first")
+    first.start()
+    try:
+        assert_counts(bootstrap, sink, expected)
+    finally:
+        first.close(30)
+    # A fresh state directory: the whole changelog is restored first.
+    a = counting_app(bootstrap, app_id, source, sink, tmp_path / "a")
+    b = counting_app(bootstrap, app_id, source, sink, tmp_path / "b")
+    try:
+        a.start()
+
+        def restoring() -> bool:
+            return any(t["state"] == "RESTORING" for t in a.status()["tasks"])
+
+        wait_until(restoring, 60, interval=0.02, message="a never restored")
+        b.start()
+
+        def split() -> bool:
+            for app in (a, b):
+                assert app.state.name in ("RUNNING", "REBALANCING"), app.state
+            ra, rb = running(a), running(b)
+            return len(ra) == 2 and len(rb) == 2 and ra | rb == ALL_TASKS
+
+        wait_until(split, 75, interval=0.2, message="the tasks never split 2/2")
+        assert a.status()["failed_threads"] == 0 and b.status()["failed_threads"] == 0
+        more = [(f"k{i % KEYS}", "x") for i in range(4000)]
+        produce(bootstrap, source, more)
+        expected.update(k for k, _ in more)
+        assert_counts(bootstrap, sink, expected)
+    finally:
+        b.close(30)
+        a.close(30)
+
+
+def test_scale_down_asks_a_fraction_of_the_instances_to_leave(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """`streams-runtime scale-down --fraction 0.5` with two instances: the
+    placer names one, it hands its tasks over and stops cleanly; the other
+    runs everything."""
+    app_id = unique_name("scale-down")
+    source, sink = make_topics(bootstrap)
+    expected = prefill(bootstrap, source, 10_000)
+    a = counting_app(bootstrap, app_id, source, sink, tmp_path / "a")
+    b = counting_app(bootstrap, app_id, source, sink, tmp_path / "b")
+    try:
+        a.start()
+        b.start()
+        wait_until(lambda: len(running(a)) == 2 and len(running(b)) == 2, 75, interval=0.2)
+        request = subprocess.run(
+            [sys.executable, "-m", "runtime", "scale-down", "--fraction", "0.5",
+             "--set", f"application.id={app_id}", "--set", f"bootstrap.servers={bootstrap}",
+             "--set", "task.assignment=runtime"],
+            cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert request.returncode == 0, request.stderr
+        wait_until(lambda: a.wait(0) or b.wait(0), 75, message="no instance left")
+        gone, stayed = (a, b) if a.wait(0) else (b, a)
+        assert gone.state.name == "NOT_RUNNING" and gone.failure is None
+        wait_until(lambda: running(stayed) == ALL_TASKS, 30, message="tasks not all taken")
+        assert not stayed.wait(0)
+        more = [(f"k{i % KEYS}", "x") for i in range(2000)]
+        produce(bootstrap, source, more)
+        expected.update(k for k, _ in more)
+        assert_counts(bootstrap, sink, expected)
+    finally:
+        a.close(30)
+        b.close(30)
+
+
+def test_new_owner_killed_right_after_taking_over_under_exactly_once(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """A crash during a hand-over: the joining instance (a daemon) is killed
+    the moment it takes its first tasks over (restoring their tail, maybe
+    processing a first batch). The placer gives them back once the group's
+    generation no longer holds the dead member; read_committed counts exact."""
+    app_id = unique_name("taker-crash")
+    source, sink = make_topics(bootstrap)
+    expected = prefill(bootstrap, source, 10_000)
+    eos = {"processing.guarantee": "exactly_once_v2"}
+    a = counting_app(bootstrap, app_id, source, sink, tmp_path / "a", extra=eos)
+    sets = {**settings(bootstrap, app_id, tmp_path / "daemon"), **eos}
+    env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
+    daemon = Daemon(tmp_path / "daemon.log", "tests.apps.count_app:topology", sets, env)
+    feeder = Feeder(bootstrap, source, rate=300, keys=KEYS)
+    try:
+        a.start()
+        wait_until(lambda: running(a) == ALL_TASKS, 60, message="a never ran all tasks")
+        feeder.start()
+        daemon.start()
+
+        def taking_over() -> bool:
+            daemon.assert_alive()
+            return '"tasks_taken"' in daemon.tail(400_000)
+
+        wait_until(taking_over, 75, interval=0.01, message="the daemon never took tasks")
+        daemon.kill()
+        wait_until(lambda: running(a) == ALL_TASKS, 75, message="a never took the tasks back")
+        time.sleep(2)
+        feeder.stop()
+        expected += fed(feeder)
+        assert_counts(bootstrap, sink, expected)
+    finally:
+        if feeder.is_alive():
+            feeder.stop()
+        daemon.kill()
+        a.close(30)
