@@ -13,6 +13,7 @@ from runtime.app import (
     ExceptionHandlerResponse,
     IllegalStateError,
 )
+from runtime.collector.first_seen import FirstSeenPartitioner
 from runtime.collector.static_partitioner import VirtualPartitioner
 from runtime.config import ConfigError, StreamsConfig, load_config
 from runtime.polling.topics import TopicError
@@ -43,6 +44,7 @@ __all__ = [
     "SHUTDOWN_CLIENT",
     "App",
     "ExceptionHandlerResponse",
+    "FirstSeenPartitioner",
     "AppState",
     "BranchedKStream",
     "ConfigError",

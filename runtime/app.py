@@ -19,15 +19,17 @@ from typing import Any
 
 from runtime import named_queries
 from runtime.collector.collector import RecordCollector
+from runtime.collector.static_partitioner import open_static_partitioner
 from runtime.config import StreamsConfig, clamp_wait_s
 from runtime.logging import get_logger
 from runtime.named_queries import NamedQueries, reset_query
-from runtime.polling.clients import restore_consumer_config
+from runtime.polling.clients import admin_config, restore_consumer_config
 from runtime.polling.cluster import StartupAdmin
+from runtime.polling.expansion_marker import finish_interrupted_callbacks
 from runtime.polling.polling_thread import PollingThread, PollingThreadHooks
 from runtime.polling.query_changes import QueryChange
 from runtime.polling.serde_check import check_serdes_on_samples
-from runtime.polling.topics import TopicLayout, create_user_topics, resolve_topics
+from runtime.polling.topics import TopicError, TopicLayout, create_user_topics, resolve_topics
 from runtime.processing.errors import ErrorPolicy, TaskFailedError
 from runtime.processing.key_lanes import key_parallel_settings
 from runtime.processing.key_parallel import key_parallel_figures
@@ -176,6 +178,8 @@ class App:
         # One query added or removed at a time (each builds on the topology
         # the previous one left).
         self._query_change = threading.Lock()
+        # Undoes static.partitioner's open() (FirstSeenPartitioner's reader).
+        self._close_partitioner: Callable[[], None] = lambda: None
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -247,6 +251,28 @@ class App:
                         topic=topic,
                         reason="static.partitioner is set: it partitions every sink",
                     )
+            # An expansion callback whose runner stopped before recording it
+            # done runs again here (runtime.polling.expansion_marker).
+            finish_interrupted_callbacks(
+                admin,
+                config.application_id,
+                config.static_partitioner,
+                config.replication_factor,
+            )
+            # A partitioner with a map in Kafka (FirstSeenPartitioner) reads
+            # it whole before any record is partitioned.
+            try:
+                self._close_partitioner = open_static_partitioner(
+                    config.static_partitioner,
+                    config.application_id,
+                    admin_config(config),
+                    config.replication_factor,
+                )
+            except Exception as exc:  # the partitioner's own code or its topic
+                raise TopicError(
+                    f"static.partitioner {config.static_partitioner!r} could not open: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
             # The state manager's thread; it also reads the status topic, so
             # even a stateless app has one (its consumer is the third client).
             # Remote state (state.remote.url): snapshots are taken at commits
@@ -359,6 +385,7 @@ class App:
         if self._restoration is not None:
             self._restoration.request_stop()
             self._restoration.join(timeout=self.config.shutdown_timeout_ms / 1000.0)
+        self._close_partitioner()  # no thread partitions any more
         with self._lock:
             failure = self._failure or polling.fatal_error
             if failure is not None:

@@ -14,8 +14,15 @@ num_partitions) -> int` returns a partition in `[0, num_partitions)` for a
 non-null key (the deserialized key, as a `to()` partitioner gets it) and must
 return the same partition for the same key forever; and optionally
 `on_partition_expansion(old_count, new_count)`, run once per expansion on one
-instance of the application (on its polling thread: keep it short). Records
+instance of the application (on its polling thread: keep it short; see
+`runtime.polling.expansion_marker` for what "once" guarantees). Records
 with a null key are spread round-robin and never reach the partitioner.
+
+A partitioner that needs the cluster (`FirstSeenPartitioner`) also has
+`open(application_id, client_config, replication_factor)` and `close()`:
+`App.start` calls `open` after its topic checks and before any thread
+starts (a failure stops start-up), and `close` once every thread has
+stopped (`open_static_partitioner`).
 
 `static_partition` is called by processing threads (sink nodes), several at
 once: it must be thread-safe and should be fast (it runs once per record).
@@ -26,7 +33,7 @@ from __future__ import annotations
 import importlib
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from runtime.collector.partitioner import default_partition
@@ -35,6 +42,8 @@ __all__ = [
     "StaticPartitioner",
     "VirtualPartitioner",
     "check_static_partitioner",
+    "key_bytes",
+    "open_static_partitioner",
     "static_partitioner_from_name",
 ]
 
@@ -57,10 +66,27 @@ def check_static_partitioner(obj: Any, shown: str) -> Any:
             f"static partitioner {shown} ({kind}) has no static_partition(topic, key, "
             "num_partitions) method"
         )
-    hook = getattr(obj, "on_partition_expansion", None)
-    if hook is not None and not callable(hook):
-        raise ValueError(f"static partitioner {shown}: on_partition_expansion is not callable")
+    for name in ("on_partition_expansion", "open", "close"):
+        hook = getattr(obj, name, None)
+        if hook is not None and not callable(hook):
+            raise ValueError(f"static partitioner {shown}: {name} is not callable")
     return obj
+
+
+def open_static_partitioner(
+    partitioner: Any,
+    application_id: str,
+    client_config: Mapping[str, Any],
+    replication_factor: int,
+) -> Callable[[], None]:
+    """Call the partitioner's `open` if it has one; returns what undoes it
+    (its `close`, or nothing). The caller of `App.start`; exceptions pass."""
+    opener = getattr(partitioner, "open", None)
+    if partitioner is None or isinstance(partitioner, type) or opener is None:
+        return lambda: None
+    opener(application_id, dict(client_config), replication_factor)
+    closer = getattr(partitioner, "close", None)
+    return closer if callable(closer) else (lambda: None)
 
 
 def static_partitioner_from_name(name: str) -> Any:
@@ -92,7 +118,7 @@ def static_partitioner_from_name(name: str) -> Any:
     return check_static_partitioner(target, shown)
 
 
-def _key_bytes(key: Any) -> bytes:
+def key_bytes(key: Any) -> bytes:
     """A key's bytes as the built-in serdes write them (so a plain producer
     hashing the serialized key agrees): bytes as they are, str UTF-8, int
     INT64 (8 bytes big-endian)."""
@@ -103,9 +129,12 @@ def _key_bytes(key: Any) -> bytes:
     if isinstance(key, int) and not isinstance(key, bool):
         return key.to_bytes(8, "big", signed=True)
     raise TypeError(
-        f"VirtualPartitioner cannot hash a {type(key).__name__} key: give key_bytes= a "
+        f"the static partitioner cannot hash a {type(key).__name__} key: give key_bytes= a "
         "function turning it into bytes"
     )
+
+
+_key_bytes = key_bytes
 
 
 class VirtualPartitioner:

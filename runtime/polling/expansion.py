@@ -23,8 +23,10 @@ blocks on the network except once per accepted expansion):
    (`waiting_for`), checking again every interval.
 4. When a new description shows nothing left to grow: the callback
    `on_partition_expansion(old, new)` runs on the one instance that creates
-   the expansion's marker topic `<application.id>-expansion-<digest>` (a
-   CreateTopics succeeds once per name cluster-wide), the producer's metadata
+   the expansion's marker topic (a CreateTopics succeeds once per name
+   cluster-wide; `expansion_marker` has the names, the `-done` topic written
+   after it, and the re-run at start-up that makes it effectively once), the
+   producer's metadata
    is refreshed (it refuses unknown partitions), the new counts are accepted
    (`TopicLayout.partitions`, which sinks read), and held partitions become
    tasks (`ActiveTasks.release_held`).
@@ -40,7 +42,6 @@ racily by `App.status()`.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -53,6 +54,7 @@ from runtime.config import StreamsConfig
 from runtime.logging import get_logger
 from runtime.polling.active_tasks import ActiveTasks
 from runtime.polling.clients import admin_config
+from runtime.polling.expansion_marker import mark_done, marker_topic, run_callback
 from runtime.polling.expansion_plan import plan_expansion
 from runtime.polling.output import OutputChannel
 from runtime.polling.topics import TopicLayout
@@ -84,12 +86,6 @@ def no_static_partitioner_message(changes: dict[str, tuple[int, int]]) -> str:
         "reset the application (its internal topics, state directories and committed "
         "offsets) and start it again on the new partition count"
     )
-
-
-def marker_topic(application_id: str, changes: list[tuple[str, int, int]]) -> str:
-    """The once-only marker of one expansion: the same name on every instance."""
-    text = ";".join(f"{t}:{old}:{new}" for t, old, new in sorted(changes))
-    return f"{application_id}-expansion-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
 class PartitionExpansion:
@@ -325,18 +321,13 @@ class PartitionExpansion:
         self._accept(self._pending_accept)
 
     def _run_callback(self, changes: list[tuple[str, int, int]]) -> None:
-        hook = self._static.on_partition_expansion
-        for old, new in sorted({(old, new) for _, old, new in changes}):
-            try:
-                hook(old, new)
-                log.info("partition_expansion_callback", old_count=old, new_count=new)
-            except Exception as exc:  # the user's code: reported, the expansion goes on
-                log.error(
-                    "partition_expansion_callback_failed",
-                    old_count=old,
-                    new_count=new,
-                    error=f"{type(exc).__name__}: {exc}",
-                )
+        """This instance won the marker: run the callback, then record it
+        done (`expansion_marker`: a callback that raised is run again at
+        the next start-up of an instance)."""
+        pairs = [(old, new) for _, old, new in changes]
+        if run_callback(self._static.on_partition_expansion, pairs):
+            name = marker_topic(self._config.application_id, changes)
+            mark_done(self._admin_client(), name, self._config.replication_factor)
 
     def _producer_sees(self, grown: dict[str, int]) -> bool:
         """Refresh the producer's metadata of `grown` (it refuses a partition

@@ -36,6 +36,8 @@ log = get_logger("runtime.output")
 # A flush that makes no progress for this long is reported as a broker outage
 # (a stalled broker raises no client error until socket timeouts expire).
 _FLUSH_STALL_S = 5.0
+# A metadata request when a record names a partition the producer has not seen.
+_METADATA_TIMEOUT_S = 5.0
 
 
 class OutputChannel:
@@ -143,6 +145,7 @@ class OutputChannel:
         produce = producer.produce
         for record in records:
             topic, partition, key, value, timestamp, headers, _st, _sp, _so = record
+            refreshed = False
             while True:
                 try:
                     produce(
@@ -166,11 +169,29 @@ class OutputChannel:
                         # produced; the abort and rewind redo this work.
                         self.transactions.note_broken(exc.args[0])
                         return len(records)
+                    if not refreshed and exc.args[0].code() == KafkaError._UNKNOWN_PARTITION:
+                        # A partition added a moment ago (a static partitioner
+                        # placed a key there during an expansion this instance
+                        # has not accepted yet): learn it, then try once more.
+                        refreshed = self._refresh_metadata(topic)
+                        if refreshed:
+                            continue
                     # Refused for good (too large, ...): the handler skips it,
                     # dead-letters it, or raises ProductionFailed.
                     self.errors.on_produce_error(record, exc)
                     break
         return len(records)
+
+    def _refresh_metadata(self, topic: str) -> bool:
+        """Ask the cluster for `topic`'s partitions (the producer keeps what it
+        hears); False if the request failed."""
+        try:
+            self.producer.list_topics(topic, timeout=_METADATA_TIMEOUT_S)
+        except KafkaException as exc:
+            log.warning("producer_metadata_failed", topic=topic, error=str(exc))
+            return False
+        log.info("producer_metadata_refreshed", topic=topic, reason="unknown partition")
+        return True
 
     def produce_one(self, topic: str, key: bytes | None, value: bytes | None) -> None:
         """A control record (status, shutdown request) on partition 0 of `topic`."""

@@ -399,6 +399,7 @@ class SinkNode(Node):
         "_send",
         "_partition_count",
         "_static",
+        "_known_count",
         "_resolved",
     )
 
@@ -429,6 +430,7 @@ class SinkNode(Node):
         self._send: Callable[..., None] = _not_initialized
         self._partition_count: Callable[[str], int] = _not_initialized
         self._static: Callable[[str, Any, int], int] | None = None
+        self._known_count: Callable[[str], int] | None = None
 
     def add_child(self, child: Node) -> None:
         raise ValueError(f"sink {self.name!r} cannot have children")
@@ -444,6 +446,7 @@ class SinkNode(Node):
         self._partition_count = ctx.partition_count
         static = getattr(ctx, "static_partitioner", None)  # optional (see TaskContext)
         self._static = static.static_partition if static is not None else None
+        self._known_count = getattr(static, "known_partition_count", None)
 
     def process(self, record: Record) -> None:
         key = record.key
@@ -483,7 +486,7 @@ class SinkNode(Node):
             isinstance(partition, bool)
             or not isinstance(partition, int)
             or not 0 <= partition < num_partitions
-        ):
+        ) and not self._proven(partition):
             raise ValueError(
                 f"sink {self.name!r}: static partitioner returned {partition!r} for topic "
                 f"{self.full_topic!r} with {num_partitions} partitions (expected 0 to "
@@ -491,6 +494,19 @@ class SinkNode(Node):
                 "new partition)"
             )
         return partition
+
+    def _proven(self, partition: Any) -> bool:
+        """True for a partition beyond the count in force that the static
+        partitioner knows exists: `FirstSeenPartitioner` during an expansion,
+        when another instance that had accepted the larger count decided the
+        key first (the producer learns the partition when it is produced)."""
+        known = self._known_count
+        return (
+            known is not None
+            and isinstance(partition, int)
+            and not isinstance(partition, bool)
+            and 0 <= partition < known(self.full_topic)
+        )
 
     def _serialization_error(self, part: str, obj: Any, exc: Exception) -> SerializationError:
         """One line: where, which serde (and where it came from), what it got, the fix."""

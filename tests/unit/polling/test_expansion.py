@@ -11,7 +11,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from runtime import VirtualPartitioner
 from runtime.config import StreamsConfig
-from runtime.polling.expansion import PartitionExpansion, PartitionsChangedError, marker_topic
+from runtime.polling.expansion import PartitionExpansion, PartitionsChangedError
+from runtime.polling.expansion_marker import done_topic, marker_topic
 from runtime.polling.topics import TopicLayout
 from tests.apps import expansion_app
 
@@ -137,7 +138,21 @@ def test_internal_topics_grow_downstream_first_then_the_counts_are_accepted() ->
     assert expansion.expansions == 1 and expansion.waiting_for is None
     assert parts.tasks.released >= 1
     assert static.expansions == [(4, 8)]
-    assert marker_topic(APP, [("in", 4, 8)]) in admin.topics
+    marker = marker_topic(APP, [("in", 4, 8)])
+    assert marker in admin.topics and done_topic(marker) in admin.topics
+
+
+def test_a_callback_that_raises_is_not_recorded_done() -> None:
+    class Failing(VirtualPartitioner):
+        def on_partition_expansion(self, old_count: int, new_count: int) -> None:
+            raise RuntimeError("no")
+
+    expansion, admin, parts = follower(Failing(4), dict(START))
+    admin.counts.update({"out": 8, "in": 8})
+    turns(expansion)
+    marker = marker_topic(APP, [("in", 4, 8)])
+    assert marker in admin.topics and done_topic(marker) not in admin.topics
+    assert parts.layout.partitions["in"] == 8  # the expansion went on
 
 
 def test_the_callback_runs_on_the_instance_that_creates_the_marker_only() -> None:
