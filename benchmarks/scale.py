@@ -37,7 +37,7 @@ Writes ``<out>/scale[-TAG].json``, ``.md`` and ``.png`` (per-task output rate
 over time, 0.5 s bins, the scale events marked, one panel per mode; needs
 matplotlib, the `bench` extra). Daemon and broker logs go to
 ``<out>/logs/scale[-TAG]/``. ``--quick``: 20,000 records, short holds (a
-smoke run, about 2 minutes here).
+smoke run, about 1.5 minutes here).
 
 Threads: only the main thread drives the daemons and samples; the feeder has
 its own thread.
