@@ -24,4 +24,7 @@ WORKLOADS = {
     # Remote state: restore from snapshot + tail vs the full changelog, and the
     # upload cost on the processing rate (benchmarks/remote_state.py).
     "remote-state": "benchmarks.remote_state",
+    # Scale out 1 -> 3 and in 3 -> 2 under load with a large store, learners
+    # (task.assignment=runtime) against the group's assignor (benchmarks/scale.py).
+    "scale": "benchmarks.scale",
 }
