@@ -24,4 +24,7 @@ WORKLOADS = {
     # Remote state: restore from snapshot + tail vs the full changelog, and the
     # upload cost on the processing rate (benchmarks/remote_state.py).
     "remote-state": "benchmarks.remote_state",
+    # Named queries: a light query's latency beside a CPU-bound one, alone /
+    # equal priority / higher priority / weights 3:1 (benchmarks/queries.py).
+    "queries": "benchmarks.queries",
 }
