@@ -501,10 +501,13 @@ def markdown(result: dict[str, Any]) -> str:
         if "error" in r:
             continue
         lags = ", ".join(f"{q} {v['lag_end']}" for q, v in r["per_query"].items())
-        missing = r.get("light", {}).get("missing", 0)
+        missing = (
+            f"; light records missing {r['light']['missing']} of {r['light']['n'] + r['light']['missing']}"
+            if "light" in r
+            else ""
+        )
         details.append(
-            f"- {r['case']}: lag at the end {lags}; light records missing {missing}; "
-            f"load average {r['load_average']:.1f}"
+            f"- {r['case']}: lag at the end {lags}{missing}; load average {r['load_average']:.1f}"
         )
     lines += [
         "",
