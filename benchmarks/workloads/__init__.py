@@ -27,4 +27,7 @@ WORKLOADS = {
     # Scale out 1 -> 3 and in 3 -> 2 under load with a large store, learners
     # (task.assignment=runtime) against the group's assignor (benchmarks/scale.py).
     "scale": "benchmarks.scale",
+    # Named queries: a light query's latency beside a CPU-bound one, alone /
+    # equal priority / higher priority / weights 3:1 (benchmarks/queries.py).
+    "queries": "benchmarks.queries",
 }
