@@ -48,6 +48,7 @@ from runtime.state.remote.settings import RemoteSettings
 from runtime.state.restoration import RestorationThread
 from runtime.status import (
     AppStatus,
+    Progress,
     QueryStatus,
     RestoreProgress,
     TaskStatus,
@@ -894,6 +895,27 @@ class App:
             manager.query_busy_seconds(),
             lag,
             manager.query_latency_p99_ms(),
+        )
+
+    def progress(self) -> Progress:
+        """Running totals, cheap enough to poll many times a second (any thread;
+        see runtime.status.Progress). The same counts as `status()`."""
+        polling = self._polling
+        live = self._task_manager.tasks()
+        processed = sum(t.processed_count for t in live)
+        failure = repr(self._failure) if self._failure else None
+        if polling is None:
+            return Progress(str(self._state), failure, 0, processed, 0, 0, None, None)
+        committer = polling.committer
+        return Progress(
+            state=str(self._state),
+            failure=failure,
+            consumed=polling.consumed_total,
+            processed=processed + polling.tasks.closed_totals["processed"],
+            produced=polling.output.produced_total,
+            commits=committer.commits_total,
+            last_commit=committer.last_commit_wall_time,
+            last_commit_duration_s=committer.last_commit_duration_s,
         )
 
     def status(self) -> AppStatus:

@@ -92,6 +92,25 @@ class QueryStatus:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """The running totals of `App.progress()`: what a watcher polling many times
+    a second needs, without `status()`'s per-task, per-thread and lag detail.
+
+    Why: `status()` builds a snapshot of everything, and the benchmarks that
+    polled it every 20-50 ms were spending several percent of the GIL time on
+    it (py-spy), time the models they compare it with did not pay."""
+
+    state: str
+    failure: str | None
+    consumed: int
+    processed: int
+    produced: int
+    commits: int
+    last_commit: float | None
+    last_commit_duration_s: float | None
+
+
+@dataclass(frozen=True)
 class AppStatus:
     """One instance: state, threads, tasks, counts, lag, commits, failure."""
 

@@ -158,7 +158,8 @@ class _Model:
 
     def processed(self) -> int:
         if self.kind in RUNTIME_MODELS:
-            return self.app.status().processed
+            # progress(), not status(): polled every 20-50 ms during the run.
+            return self.app.progress().processed
         return int(sum(t.processed_total for t in self.app.threads))
 
     def signature(self) -> tuple[Any, ...] | None:

@@ -79,7 +79,11 @@ class CountApp:
         )
 
     def check_counts(self, app: App) -> None:
-        """The store holds exactly the true counts (no key missing, none extra)."""
+        """The store holds exactly the true counts (no key missing, none extra);
+        the cheap running totals agree with the full status once idle."""
+        progress, status = app.progress(), app.status()
+        assert (progress.processed, progress.consumed) == (status.processed, status.consumed)
+        assert progress.state == status.state == "RUNNING"
         stored = dict(app.store(STORE, timeout=30).all())
         assert len(stored) == len(self.truth), (len(stored), len(self.truth))
         wrong = [(k, stored.get(k), n) for k, n in self.truth.items() if stored.get(k) != n]
