@@ -390,6 +390,10 @@ class PollingThread(threading.Thread):
     def commit_all(self, reason: str) -> bool:
         """Commit every processing task (rule 4). True if committed."""
         self._last_commit = time.monotonic()
+        if self.runtime is not None and self.joined:
+            # A membership lost since the last loop turn: the tasks go, not
+            # their offsets (a rejoined member's commit would be accepted).
+            self.runtime.check_membership()
         transactions = self.output.transactions
         if not self.tasks and not (transactions is not None and transactions.open):
             return True
@@ -454,7 +458,11 @@ class PollingThread(threading.Thread):
         during a rebalance, an aborted transaction): the new owner would
         start before offsets this instance processed, so the release waits
         for the next loop turn. Restoring tasks have nothing to commit.
+        False too when the membership was lost meanwhile (every task dropped,
+        nothing committed).
         """
+        if self.runtime is not None and self.runtime.check_membership():
+            return False
         with self.committer.tasks_locked(barrier=self.tasks.processable()):  # key-parallel
             if not self._commit_locked("hand-over"):
                 return False

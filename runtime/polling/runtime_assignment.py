@@ -52,6 +52,10 @@ _STATUS_INTERVAL_S = 2.0
 _LEARNING_STATUS_INTERVAL_S = 0.5
 _PLACE_INTERVAL_S = 0.1
 _MEMBERSHIP_INTERVAL_S = 2.0
+# A placer places only from a group description requested this recently: one
+# older may predate a stall of this process (SIGSTOP, a long GC pause), after
+# which the group may have moved on without it (a zombie placer).
+_MEMBERSHIP_MAX_AGE_S = 2 * _MEMBERSHIP_INTERVAL_S + 1.0
 
 
 class RuntimeAssignment:
@@ -105,9 +109,12 @@ class RuntimeAssignment:
         self._leave_requested = threading.Event()
         self.leaving = False
         self.left = False
+        # The group member id under which this identity holds its tasks: set
+        # at the first assignment after a start or a renewal; any other id
+        # seen later (librdkafka resets it to "" when the session timed out,
+        # then rejoins under a new one) means the membership was lost.
         self._member_id = ""
         self._generation = 0  # identities renewed after lost memberships
-        self._renewed_at = ""  # the member id under which the identity was renewed
         self._status_dirty = True
         self._last_status = 0.0
         # The placer's side.
@@ -118,6 +125,8 @@ class RuntimeAssignment:
         self._membership: Future[Any] | None = None
         self._membership_stale = True
         self._last_membership = 0.0
+        self._membership_sent_at = 0.0  # when the pending description was requested
+        self._in_group_at = 0.0  # when the description in `_in_group` was requested
         # Figures (read racily): hand-overs taken here and their pauses.
         self._withdrawn_at: dict[str, float] = {}
         self.handovers = 0
@@ -133,8 +142,15 @@ class RuntimeAssignment:
     # --- rebalance callbacks (polling thread, inside consume) ------------------------
 
     def on_assign(self, partitions: list[TopicPartition]) -> None:
-        """The coordination partition: we are the placer (once we read the topic)."""
+        """The coordination partition: we are the placer (once we read the topic).
+
+        Also where an identity learns its member id: after a successful
+        join, `memberid()` is the group's id for this generation."""
         self._membership_stale = True
+        self.check_membership()
+        if not self._member_id:
+            self._member_id = self._consumer.memberid() or ""
+            self._status_dirty = True
         self._consumer.incremental_assign(partitions)
         if any(self._is_coordination(tp) for tp in partitions):
             self._consumer.pause([self.coordination])
@@ -145,8 +161,14 @@ class RuntimeAssignment:
 
     def on_revoke(self, partitions: list[TopicPartition]) -> None:
         """Losing the coordination partition: no more plans from here; the
-        ones produced are flushed before the next placer is assigned."""
+        ones produced are flushed before the next placer is assigned.
+
+        librdkafka reports a lost membership (session timed out) as a plain
+        revocation when the application called `incremental_(un)assign`
+        between the loss and the callback, as `apply` does for data
+        partitions: the member id, reset by then, tells them apart."""
         self._membership_stale = True
+        self.check_membership()
         if any(self._is_coordination(tp) for tp in partitions):
             self._stop_placing("revoked")
 
@@ -164,13 +186,16 @@ class RuntimeAssignment:
         old member leave the group); the new id owns nothing until a plan
         gives it something. The old id's status is deleted."""
         self._placement.publish_status(gone=True)
-        self._renewed_at = self._member_id  # the next new member id is expected
+        self._member_id = ""  # the next assignment's member id (on_assign)
         self._generation += 1
         base = self.instance_id.rsplit("~", 1)[0]
         self.instance_id = f"{base}~{self._generation}"
         self._placement.instance_id = self.instance_id
         self.applied = 0
         self._applied_plan = PlacementPlan()
+        # A plan this instance published as a (zombie) placer may be in a
+        # transaction that was just aborted: only plans read back count.
+        self.plan = PlacementPlan()
         self._withdrawn_at.clear()
         self._status_dirty = True
         log.warning("instance_id_renewed", instance_id=self.instance_id)
@@ -189,7 +214,7 @@ class RuntimeAssignment:
 
     def tick(self) -> None:
         """Once per loop turn: membership check, the newest plan, status, placing."""
-        self._check_member_id()
+        self.check_membership()
         if self._leave_requested.is_set() and not self.leaving:
             self.leaving = True
             self._status_dirty = True
@@ -219,17 +244,24 @@ class RuntimeAssignment:
     def _learning(self) -> bool:
         return bool(self.plan.copies_for(self.instance_id))
 
-    def _check_member_id(self) -> None:
-        """A new member id behind our back is a lost membership: the broker
-        no longer fences commits we would make for the old one's tasks."""
+    def check_membership(self) -> bool:
+        """Drop every task if the membership they were taken under is gone.
+
+        A member id other than the identity's (empty once librdkafka saw the
+        session time out, a new one after it rejoined) is a lost membership,
+        whichever callback reported it, if any: the broker fences commits of
+        the old member, but not those a rejoined member would make for tasks
+        the placer has since given to others. Called every loop turn, from
+        the rebalance callbacks and before every commit (polling thread).
+        True if the tasks were dropped (the identity renewed).
+        """
         member_id = self._consumer.memberid() or ""
-        if member_id == self._member_id:
-            return
-        if self._member_id and member_id and self._member_id != self._renewed_at:
-            log.warning("member_id_changed", old=self._member_id, new=member_id)
-            self._drop_all("member id changed")
-        self._member_id = member_id
-        self._status_dirty = True
+        if not self._member_id or member_id == self._member_id:
+            return False
+        log.warning("member_id_changed", old=self._member_id, new=member_id)
+        self._stop_placing("member id changed")
+        self._drop_all("member id changed")  # renews the identity
+        return True
 
     def _owns_nothing(self) -> bool:
         return (
@@ -376,7 +408,13 @@ class RuntimeAssignment:
         if self._restoration.status_position < self._placer_ready_at:
             return False
         self._refresh_membership()
-        return self._in_group is not None and not self._membership_stale
+        if self._in_group is None or self._membership_stale:
+            return False
+        # Not a zombie placer: our own member is in a recent description of
+        # the group (a stalled placer's plans would be built on a stale view
+        # and could collide in version with the new placer's).
+        fresh = time.monotonic() - self._in_group_at <= _MEMBERSHIP_MAX_AGE_S
+        return fresh and bool(self._member_id) and self._member_id in self._in_group
 
     def _refresh_membership(self) -> None:
         """DescribeConsumerGroups without blocking: the member ids of the
@@ -391,6 +429,7 @@ class RuntimeAssignment:
             try:
                 description = future.result()
                 self._in_group = frozenset(m.member_id for m in description.members)
+                self._in_group_at = self._membership_sent_at
             except KafkaException as exc:
                 log.warning("describe_group_failed", error=str(exc))
                 self._in_group = None
@@ -400,6 +439,7 @@ class RuntimeAssignment:
             if self._admin is None:
                 self._admin = AdminClient(self._admin_settings)
             self._last_membership = now
+            self._membership_sent_at = now
             self._membership_stale = False
             self._membership = self._admin.describe_consumer_groups([self._group_id])[
                 self._group_id

@@ -29,7 +29,15 @@ import pytest
 
 from runtime import App, StreamsBuilder, serdes
 from tests.harness import REPO, Daemon, Feeder, clean_env
-from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
+from tests.kafka_helpers import (
+    committed_offsets,
+    consume_all,
+    create_topic,
+    end_offsets,
+    produce,
+    unique_name,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -135,6 +143,26 @@ def longest_gaps(bootstrap: str, sink: str, since_ms: int, until_ms: int) -> dic
         gaps[p] = gap / 1000
         print(f"partition {p}: longest gap {gap} ms from +{(start - since_ms) / 1000:.2f} s")
     return gaps
+
+
+def wait_committed_past(
+    bootstrap: str, group: str, topic: str, ends: dict[int, int], timeout: float = 30
+) -> None:
+    """Until the group's committed offset of every partition reaches `ends`."""
+    committed: dict[int, int] = {}
+
+    def reached() -> bool:
+        nonlocal committed
+        committed = committed_offsets(bootstrap, group, topic)
+        return all(committed.get(p, -1) >= end for p, end in ends.items())
+
+    try:
+        wait_until(reached, timeout, interval=0.5)
+    except AssertionError:
+        behind = {
+            p: (committed.get(p), end) for p, end in ends.items() if committed.get(p, -1) < end
+        }
+        raise AssertionError(f"partitions not committed past the feed: {behind}") from None
 
 
 def make_topics(bootstrap: str) -> tuple[str, str]:
@@ -320,9 +348,23 @@ def test_placer_killed_or_stalled_under_exactly_once_counts_stay_exact(
                 return "instance_id_renewed" in daemon.tail(400_000)
 
             wait_until(zombie_dropped_its_tasks, 30, message=daemon.tail())
-            # Back under a new identity, it gets tasks again (learned first).
-            wait_until(lambda: len(running(b)) == 2, 75, message=daemon.tail())
-        time.sleep(2)
+            # Back under a new identity, it gets tasks again (learned first):
+            # half the tasks are the new identity's in b's plan, b runs the
+            # others, and the daemon took its share (two RUNNING tasks on b
+            # alone would also be b rewinding after an aborted transaction).
+
+            def handed_back() -> bool:
+                daemon.assert_alive()
+                owners = b.status()["placement"]["owners"]
+                renewed = {t for t, o in owners.items() if "~" in o}
+                log = daemon.tail(400_000)
+                taken_again = log.rfind('"tasks_taken"') > log.find("instance_id_renewed")
+                return len(renewed) == 2 and running(b) == ALL_TASKS - renewed and taken_again
+
+            wait_until(handed_back, 75, interval=0.2, message=daemon.tail())
+        # Every partition processed and committed past what was fed until now,
+        # under the final placement (the output after a hand-over counts).
+        wait_committed_past(bootstrap, app_id, source, end_offsets(bootstrap, source))
         feeder.stop()
         expected += fed(feeder)
         assert_counts(bootstrap, sink, expected)

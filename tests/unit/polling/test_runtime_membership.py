@@ -1,0 +1,166 @@
+"""A lost membership under runtime-owned placement, however librdkafka reports it.
+
+A session that timed out (the process was stopped past session.timeout.ms)
+reaches the application as `on_lost`, or as a plain `on_revoke` when the
+application called `incremental_(un)assign` in between (seen on Kafka: the
+zombie placer then kept its identity, published a plan from its stale view of
+the group, and could have committed for tasks given to others once it
+rejoined). What tells it is the member id: reset by librdkafka, then a new
+one. RuntimeAssignment with fakes for everything but its own logic.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from runtime.polling import runtime_assignment
+from runtime.polling.placer import PlacerSettings
+from runtime.polling.runtime_assignment import RuntimeAssignment
+from runtime.state.placement import PlacementPlan
+
+STATUS = "app-status"
+
+
+class FakeConsumer:
+    def __init__(self) -> None:
+        self.member_id = "m1"
+        self.assigned: list[TopicPartition] = []
+
+    def memberid(self) -> str:
+        return self.member_id
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        self.assigned += partitions
+
+    def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
+        gone = {(tp.topic, tp.partition) for tp in partitions}
+        self.assigned = [tp for tp in self.assigned if (tp.topic, tp.partition) not in gone]
+
+    def assignment(self) -> list[TopicPartition]:
+        return list(self.assigned)
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        pass
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:
+        return 0, 0
+
+
+class FakeTasks:
+    def __init__(self) -> None:
+        self.held: set[str] = set()
+
+    def ids(self) -> frozenset[str]:
+        return frozenset(self.held)
+
+    def __bool__(self) -> bool:
+        return bool(self.held)
+
+
+class FakePlacement:
+    status_topic = STATUS
+    stateful_tasks: frozenset[str] = frozenset()
+
+    def __init__(self) -> None:
+        self.instance_id = "i"
+        self.published: list[dict[str, Any]] = []
+
+    def publish_status(self, gone: bool = False, **fields: Any) -> None:
+        self.published.append({"instance_id": self.instance_id, "gone": gone, **fields})
+
+    def reconcile_standbys(self, learners: frozenset[str] = frozenset()) -> None:
+        pass
+
+
+def make() -> tuple[RuntimeAssignment, FakeConsumer, FakeTasks, list[str]]:
+    consumer, tasks, dropped = FakeConsumer(), FakeTasks(), []
+    restoration = SimpleNamespace(
+        plan=PlacementPlan(), standby_lags={}, statuses={}, status_position=0
+    )
+    layout = SimpleNamespace(sources={0: ["in"]}, partitions={"in": 2})
+    layout.task_partitions = lambda sub: 2
+    placement = FakePlacement()
+    runtime: RuntimeAssignment
+
+    def drop_all(reason: str) -> None:
+        dropped.append(reason)
+        tasks.held.clear()
+        runtime.renew_identity()
+
+    runtime = RuntimeAssignment(
+        "i",
+        "app",
+        layout,  # type: ignore[arg-type]
+        consumer,  # type: ignore[arg-type]
+        tasks,  # type: ignore[arg-type]
+        placement,  # type: ignore[arg-type]
+        restoration,  # type: ignore[arg-type]
+        SimpleNamespace(transactions=None, producer=SimpleNamespace(flush=lambda t: 0)),  # type: ignore[arg-type]
+        {},
+        PlacerSettings(),
+        release=lambda ids: True,
+        drop_all=drop_all,
+        capacity=lambda: 1,
+        on_left=lambda: None,
+        request_commit=lambda: None,
+    )
+    runtime.on_assign([TopicPartition(STATUS, 0)])  # joined as m1, the placer
+    tasks.held = {"0_0", "0_1"}
+    return runtime, consumer, tasks, dropped
+
+
+def test_the_first_assignment_names_the_member_and_a_plain_revoke_keeps_the_tasks() -> None:
+    runtime, consumer, tasks, dropped = make()
+    assert runtime.is_placer
+    runtime.on_revoke([TopicPartition(STATUS, 0)])  # still m1: the placer role moved
+    assert not runtime.is_placer
+    assert tasks.ids() == {"0_0", "0_1"} and not dropped
+    assert not runtime.check_membership()
+
+
+def test_a_timed_out_session_reported_as_a_revoke_drops_the_tasks_and_renews() -> None:
+    runtime, consumer, tasks, dropped = make()
+    runtime.plan = PlacementPlan(7, "i", {"0_0": "i", "0_1": "i"})  # maybe never committed
+    consumer.member_id = ""  # librdkafka: session timed out, member id reset
+    runtime.on_revoke([TopicPartition(STATUS, 0)])
+    assert dropped and not tasks.ids() and not runtime.is_placer
+    assert runtime.instance_id == "i~1"
+    assert runtime.plan.version == 0  # only plans read back from the topic count
+    # Rejoined under a new member id: adopted at the assignment, no second drop.
+    consumer.member_id = "m2"
+    assert not runtime.check_membership()
+    runtime.on_assign([])
+    assert not runtime.check_membership() and len(dropped) == 1
+    runtime.publish_status()
+    assert runtime._placement.published[-1]["member_id"] == "m2"  # type: ignore[attr-defined]
+
+
+def test_a_member_id_changed_behind_our_back_is_caught_before_a_commit() -> None:
+    """No callback at all (nothing was assigned): the check that runs
+    before every commit drops the tasks, so a rejoined member commits nothing."""
+    runtime, consumer, tasks, dropped = make()
+    consumer.member_id = "m2"
+    assert runtime.check_membership()
+    assert not tasks.ids() and dropped == ["member id changed"]
+
+
+def test_a_stalled_placer_does_not_place_from_a_stale_view_of_the_group(
+    monkeypatch: Any,
+) -> None:
+    runtime, consumer, tasks, dropped = make()
+    runtime._membership_stale = False
+    runtime._in_group = frozenset({"m1", "m2"})
+    runtime._in_group_at = time.monotonic()
+    monkeypatch.setattr(runtime, "_refresh_membership", lambda: None)
+    assert runtime._ready_to_place()
+    # Described before a stall longer than the session timeout: not fresh.
+    runtime._in_group_at = time.monotonic() - runtime_assignment._MEMBERSHIP_MAX_AGE_S - 1
+    assert not runtime._ready_to_place()
+    # Fresh, but the group went on without this member.
+    runtime._in_group_at = time.monotonic()
+    runtime._in_group = frozenset({"m2"})
+    assert not runtime._ready_to_place()
