@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -103,6 +104,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if isinstance(loaded, int):
         return loaded
     config, topology = loaded
+    # Once running, the daemon handles SIGINT itself whatever its parent set;
+    # start-up answers it too. A shell's background job inherits SIGINT
+    # ignored, and Python then installs no KeyboardInterrupt: Ctrl-C (or a
+    # supervisor's SIGINT) during a long wait for the cluster did nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         preflight(config)
         app = App(topology, config)
