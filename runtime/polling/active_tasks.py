@@ -100,12 +100,19 @@ class ActiveTasks:
         # still to pause (they are assigned only after the callback returns).
         self.held: set[tuple[str, int]] = set()
         self._to_pause: set[tuple[str, int]] = set()
-        # Tasks created for partition numbers the app did not have at start-up.
-        self.created_by_expansion = 0
+        # Tasks created for partition numbers the app did not have at start-up,
+        # each counted once: a rebalance or an aborted transaction closes and
+        # re-creates a task, which is not another task created by an expansion.
+        self._expansion_tasks: set[str] = set()
         self._initial_tasks = {sub: layout.task_partitions(sub) for sub in layout.sources}
 
     # --- views ------------------------------------------------------------------
 
+
+    @property
+    def created_by_expansion(self) -> int:
+        """Distinct tasks created for partitions added since start-up."""
+        return len(self._expansion_tasks)
     def ids(self) -> frozenset[str]:
         return frozenset(self._tasks)
 
@@ -197,7 +204,7 @@ class ActiveTasks:
                 self._tasks[task_id] = task
                 created += 1
                 if tp.partition >= self._initial_tasks.get(sub_id, 0):
-                    self.created_by_expansion += 1
+                    self._expansion_tasks.add(task_id)
                 if task.changelog_partitions:
                     self._restoring.add(task_id)
                     self._restoration.add_task(task)
