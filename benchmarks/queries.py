@@ -53,6 +53,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report import pyplot
+
 NAME = "queries"
 REPO = Path(__file__).resolve().parents[1]
 PARTITIONS = 2
@@ -525,12 +527,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def plot(out_dir: str, name: str, result: dict[str, Any]) -> str | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:  # noqa: BLE001 - the PNG is optional
+    plt = pyplot()
+    if plt is None:
         return None
     runs = [r for r in result["runs"] if r.get("light", {}).get("series")]
     if not runs:

@@ -220,13 +220,22 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(out_dir: str, name: str, result: dict[str, Any]) -> str | None:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend, or None when matplotlib
+    is missing (the plots are optional; the JSON and markdown are not)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except Exception:  # noqa: BLE001 - the PNG is optional
+    except Exception:  # noqa: BLE001 - a broken install is as good as none here
+        return None
+    return plt
+
+
+def plot(out_dir: str, name: str, result: dict[str, Any]) -> str | None:
+    plt = pyplot()
+    if plt is None:
         return None
     rows = [r for r in result["summary"] if r["records_per_s"].get("n")]
     if not rows:

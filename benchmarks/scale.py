@@ -58,6 +58,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report import pyplot
+
 NAME = "scale"
 MODES = ("runtime", "group")
 SAMPLE_S = 0.25
@@ -515,12 +517,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], path: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     runs = [r for r in result["runs"].values() if "error" not in r]
     if not runs:

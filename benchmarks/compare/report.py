@@ -14,7 +14,7 @@ import os
 import statistics
 from typing import Any
 
-from benchmarks.report import write_files
+from benchmarks.report import pyplot, write_files
 
 FIGURES = {
     "records_per_s": "records/s",
@@ -457,12 +457,8 @@ def write(out_dir: str, name: str, result: dict[str, Any]) -> list[str]:
 
 
 def plot(out_dir: str, name: str, result: dict[str, Any]) -> list[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:  # noqa: BLE001 - the plots are optional
+    plt = pyplot()
+    if plt is None:
         return []
     rows = result.get("summary") or summarize(result)
     colors = {"runtime": "#3b75af", "baseline": "#d9822b"}

@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 from benchmarks.compare.report import _med, _range, _ratio, _ratio_of, summarize
-from benchmarks.report import write_files
+from benchmarks.report import pyplot, write_files
 
 __all__ = ["headline", "markdown", "plot", "ratios", "summarize", "write"]
 
@@ -379,12 +379,8 @@ def write(out_dir: str, name: str, result: dict[str, Any]) -> list[str]:
 
 
 def plot(out_dir: str, name: str, result: dict[str, Any]) -> list[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:  # noqa: BLE001 - the plots are optional
+    plt = pyplot()
+    if plt is None:
         return []
     rows = result.get("summary") or summarize(result)
     panels = [
