@@ -476,15 +476,26 @@ class PollingThread(threading.Thread):
         partitions (a new owner may run them already; rule (b) of the hand-over)."""
         assert self.runtime is not None
         log.warning("tasks_dropped", reason=reason, tasks=sorted(self.tasks.ids()))
-        transactions = self.output.transactions
-        with self.committer.tasks_locked():
-            if transactions is not None and transactions.open:
-                self._rewind_after_abort(transactions.abort())
-            self.tasks.close(sorted(self.tasks.ids()), discard_output=transactions is not None)
+        self._close_without_commit(sorted(self.tasks.ids()))
         data = self.runtime.data_partitions()
         if data:
             self._consumer.incremental_unassign(data)
         self.runtime.renew_identity()
+        self._update_owned()
+
+    def _close_without_commit(self, task_ids: list[str]) -> None:
+        """The group moved on without this member: the tasks' offsets can no
+        longer be committed. Produced output stays (at-least-once) or is aborted
+        with the transaction, every task rewound (exactly-once); the new owner
+        reprocesses."""
+        transactions = self.output.transactions
+        with self.committer.tasks_locked():
+            if transactions is not None and transactions.open:
+                self._rewind_after_abort(transactions.abort())
+            self.tasks.close(
+                [t for t in task_ids if self.tasks.get(t) is not None],
+                discard_output=transactions is not None,
+            )
         self._update_owned()
 
     def request_application_shutdown(self, reason: str) -> None:
@@ -542,19 +553,7 @@ class PollingThread(threading.Thread):
             self._hooks.on_revoking()
             affected = self.tasks.of(partitions)
             log.warning("partitions_lost", partitions=len(partitions), tasks=affected)
-            transactions = self.output.transactions
-            with self.committer.tasks_locked():
-                # The group moved on without us: these offsets can no longer be
-                # committed. Produced output stays (at-least-once) or is
-                # aborted with the transaction (exactly-once); the new owner
-                # reprocesses.
-                if transactions is not None and transactions.open:
-                    self._rewind_after_abort(transactions.abort())
-                self.tasks.close(
-                    [t for t in affected if self.tasks.get(t) is not None],
-                    discard_output=transactions is not None,
-                )
-            self._update_owned()
+            self._close_without_commit(affected)
         except BaseException as exc:
             self._fail_in_callback(exc)
 
