@@ -7,8 +7,10 @@ times, the models' order rotated from one thread count to the next, and writes
 
 Models: ``runtime``; ``ks-classic`` (Kafka Streams 4.3.1, ``num.stream.threads``
 = N); ``ks-proc`` (the same with its internal processing-threads mode);
-``quixstreams`` (one thread; stateless and stateful only). Workloads:
-stateless, stateful, io, skew (``benchmarks/compare/workloads.py``). The Kafka
+``quixstreams`` (one thread; stateless and stateful only); ``keypar`` (the
+runtime with ``num.threads.per.task`` = N; io1 and skew only). Workloads:
+stateless, stateful, io, io1 (the I/O workload on one partition: threads beyond
+one help only key-parallel processing), skew (``benchmarks/compare/workloads.py``). The Kafka
 Streams peer is built with Maven and quixstreams gets its own virtualenv, both
 on first use into ``~/.cache/streams-runtime/peers`` (``benchmarks/peers/build.py``).
 
@@ -27,13 +29,19 @@ from typing import Any
 from benchmarks.report import choose, rerender
 
 NAME = "peers"
-ALL_WORKLOADS = ("stateless", "stateful", "io", "skew")
-DEFAULT_MODELS = ("runtime", "ks-classic", "ks-proc", "quixstreams")
+ALL_WORKLOADS = ("stateless", "stateful", "io", "io1", "skew")
+DEFAULT_MODELS = ("runtime", "keypar", "ks-classic", "ks-proc", "quixstreams")
 DEFAULT_THREADS = "1,2,4"
 # Records the JVM processes before the measured run (benchmarks/peers/kafka_streams/
 # README.md, "Warm-up"); the I/O-bound workloads take ~1 ms per record, so fewer.
-DEFAULT_WARMUP = {"stateless": 100_000, "stateful": 100_000, "io": 2_000, "skew": 2_000}
-QUICK_RECORDS = {"stateless": 30_000, "stateful": 30_000, "io": 1_000, "skew": 1_000}
+DEFAULT_WARMUP = {
+    "stateless": 100_000,
+    "stateful": 100_000,
+    "io": 2_000,
+    "io1": 1_000,
+    "skew": 2_000,
+}
+QUICK_RECORDS = {"stateless": 30_000, "stateful": 30_000, "io": 1_000, "io1": 1_000, "skew": 1_000}
 QUICK_WARMUP = {"stateless": 20_000, "stateful": 20_000, "io": 500, "skew": 500}
 
 

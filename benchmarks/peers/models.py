@@ -8,6 +8,9 @@
   ``__processing.threads.enabled__=true``: each stream thread polls and commits,
   one task-executor thread per stream thread processes
   (``benchmarks/peers/kafka_streams/README.md``);
+- ``keypar``: the runtime with ``num.threads.per.task`` = threads (key-parallel
+  processing inside a task), on the one-partition and skewed I/O workloads only,
+  where threads exceed the busy partitions;
 - ``quixstreams``: quixstreams (single-threaded; threads = 1 only), stateless
   and stateful workloads only.
 
@@ -44,6 +47,11 @@ MODELS: dict[str, Model] = {
         Model(
             "ks-proc",
             "Kafka Streams 4.3.1, processing threads: N stream threads + N task executors",
+        ),
+        Model(
+            "keypar",
+            "streams-runtime, key-parallel: num.threads.per.task = N",
+            workloads=frozenset({"io1", "skew"}),
         ),
         Model(
             "quixstreams",
@@ -108,6 +116,6 @@ class Launcher:
             quix_config.update(self.quix_settings)
             spec = dict(spec, config=quix_config)
             return [str(self.quix_python), "-m", "benchmarks.peers.quix_child"], spec
-        if model == "runtime":
+        if model in ("runtime", "keypar"):
             return [], spec  # the compare child (an empty command means the default)
         raise ValueError(f"unknown model {model!r}; choose from {', '.join(MODELS)}")

@@ -27,12 +27,14 @@ __all__ = ["headline", "markdown", "plot", "ratios", "summarize", "write"]
 PEERS = ("ks-classic", "ks-proc", "quixstreams")
 TITLES = {
     "runtime": "runtime",
+    "keypar": "runtime key-parallel",
     "ks-classic": "Kafka Streams classic",
     "ks-proc": "Kafka Streams processing threads",
     "quixstreams": "quixstreams",
 }
 COLORS = {
     "runtime": "#3b75af",
+    "keypar": "#1f3f66",
     "ks-classic": "#d9822b",
     "ks-proc": "#9b59b6",
     "quixstreams": "#2ca02c",
@@ -266,6 +268,19 @@ def _verdicts(result: dict[str, Any], by_key: dict[tuple[str, str, int], Any]) -
                     f"- io: runtime >= {TITLES[peer]} at equal threads (>= {MATCH}x counted as "
                     f"matching): {', '.join(parts)}; "
                     + ("met everywhere." if not misses else "missed at " + ", ".join(misses) + ".")
+                )
+    if "io1" in result["workloads"] and "keypar" in result["models"]:
+        key = headline(result, "io1")
+        for peer in ("ks-classic", "ks-proc"):
+            parts = []
+            for n in threads:
+                r = _figure_ratio(by_key, "io1", ("keypar", n), (peer, n), key)
+                if r is not None:
+                    parts.append(f"t={n}: {_ratio(r)}")
+            if parts:
+                out.append(
+                    f"- io1 (one partition, threads beyond it): runtime key-parallel / "
+                    f"{TITLES[peer]} at equal threads: {', '.join(parts)}."
                 )
     out.append(
         "- Against Kafka Streams (throughput, CPU per record, memory, connections at each thread "
