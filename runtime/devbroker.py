@@ -38,6 +38,8 @@ import uuid
 from types import TracebackType
 from typing import IO, Any
 
+from runtime.brokers.orphan_guard import start_guard
+
 __all__ = ["DevBroker", "free_port", "run_foreground"]
 
 _STOP_GRACE_S = 5.0
@@ -89,6 +91,8 @@ class DevBroker:
         self._owns_log = False
         self._log_file: IO[bytes] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        # Kills Tansu if this process dies without stopping it (runtime.brokers.orphan_guard).
+        self._guard: subprocess.Popen[bytes] | None = None
         self._cluster_id = ""
         self._paused = False
         self._lock = threading.RLock()
@@ -204,6 +208,7 @@ class DevBroker:
             env=env,
             start_new_session=True,
         )
+        self._guard = start_guard(self._proc.pid)
         self._paused = False
         atexit.register(self.stop)
         self._wait_ready(deadline)
@@ -288,6 +293,10 @@ class DevBroker:
                 proc.kill()
             proc.wait()
         self._proc = None
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            guard.kill()  # its broker is gone; it would leave within a second anyway
+            guard.wait()
         self._paused = False
         atexit.unregister(self.stop)
         if self._log_file is not None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from runtime.brokers.kafka_dist import KafkaDist
+from runtime.brokers.orphan_guard import start_guard
 
 __all__ = ["KafkaNode", "NodeAddress", "PortTaken"]
 
@@ -80,6 +81,8 @@ class KafkaNode:
         self._log_level = log_level
         self._log_file: IO[bytes] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        # Kills the JVM if this process dies without stopping it (runtime.brokers.orphan_guard).
+        self._guard: subprocess.Popen[bytes] | None = None
         self._dumping_archive: Path | None = None
         self._log_start = 0
 
@@ -174,6 +177,7 @@ class KafkaNode:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        self._guard = start_guard(self._proc.pid)
 
     def _class_archive_options(self) -> list[str]:
         """Use the shared class archive if there is one, else have this JVM write one at exit.
@@ -279,6 +283,10 @@ class KafkaNode:
                 proc.kill()
             self._finish_archive(proc.wait())
         self._proc = None
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            guard.kill()  # its broker is gone; it would leave within a second anyway
+            guard.wait()
         self._close_log()
 
     def _close_log(self) -> None:
