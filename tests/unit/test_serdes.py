@@ -77,7 +77,11 @@ def test_string_round_trip(text: str) -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text() | st.floats(allow_nan=False),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text()
+    | st.floats(allow_nan=False, allow_infinity=False),
     lambda children: st.lists(children) | st.dictionaries(st.text(), children),
     max_leaves=20,
 )
@@ -91,6 +95,27 @@ def test_json_round_trip(value: object) -> None:
 def test_json_is_compact_utf8() -> None:
     assert serdes.JSON.serialize({"a": [1, 2], "b": "x"}) == b'{"a":[1,2],"b":"x"}'
     assert serdes.JSON.deserialize(b'{"a": 1}') == {"a": 1}
+    assert serdes.JSON.serialize({"name": "Zoë"}) == '{"name":"Zoë"}'.encode()
+
+
+@pytest.mark.parametrize(
+    "number", [2**63, -(2**63) - 1, 12345678901234567890123, 10**19, 9007199254740993]
+)
+def test_json_reads_and_writes_integers_beyond_64_bits_exactly(number: int) -> None:
+    # orjson alone would read the first four as floats and refuse to write them.
+    data = serdes.JSON.serialize({"id": number})
+    assert data == f'{{"id":{number}}}'.encode()
+    assert serdes.JSON.deserialize(data) == {"id": number}
+
+
+def test_json_reads_what_the_standard_library_reads() -> None:
+    assert serdes.JSON.deserialize(b'[NaN, 1e400, "\\ud800"]')[1:] == [float("inf"), "\ud800"]
+    assert serdes.JSON.serialize({1: "a", None: "b"}) == b'{"1":"a","null":"b"}'
+    assert serdes.JSON.serialize(float("nan")) == b"null"
+    with pytest.raises(ValueError):
+        serdes.JSON.deserialize(b"{not json")
+    with pytest.raises(TypeError):
+        serdes.JSON.serialize({1, 2})
 
 
 @pytest.mark.parametrize(
