@@ -96,9 +96,31 @@ class Int64Serde:
 _JSON_ENCODER = json.JSONEncoder(separators=(",", ":"))
 _JSON_DECODER = json.JSONDecoder()
 _ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS  # int, None... keys as strings, as json does
-# orjson reads integers beyond 64 bits as floats (precision lost without a word);
-# any such number has 19 or more digits in a row, which json reads exactly.
-_LONG_NUMBER = re.compile(rb"[0-9]{19}")
+# orjson reads integers beyond 64 bits as floats (precision lost without a word):
+# a float this large in its result may be one, and json reads the text exactly.
+# (A search of the text for 19 digits in a row cost more than orjson's parse.)
+_BIG = 9.2e18  # just under 2**63
+
+
+def _has_big_float(obj: Any) -> bool:
+    """Whether a decoded document holds a float of magnitude >= _BIG (any depth)."""
+    kind = type(obj)
+    if kind is float:
+        return obj >= _BIG or obj <= -_BIG
+    if kind is dict:
+        values = obj.values()
+    elif kind is list:
+        values = obj
+    else:
+        return False
+    for value in values:
+        vkind = type(value)
+        if vkind is float:
+            if value >= _BIG or value <= -_BIG:
+                return True
+        elif (vkind is dict or vkind is list) and _has_big_float(value):
+            return True
+    return False
 
 
 class JsonSerde:
@@ -129,11 +151,13 @@ class JsonSerde:
     def deserialize(self, data: bytes | None) -> Any:
         if data is None:
             return None
-        if _LONG_NUMBER.search(data) is None:
-            try:
-                return orjson.loads(data)
-            except orjson.JSONDecodeError:
-                pass  # json accepts some of it (NaN, 1e400, lone surrogates) or says why not
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass  # json accepts some of it (NaN, 1e400, lone surrogates) or says why not
+        else:
+            if not _has_big_float(obj):
+                return obj
         # Decoding first skips json's encoding detection on bytes.
         return _JSON_DECODER.decode(bytes(data).decode("utf-8"))
 
