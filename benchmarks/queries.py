@@ -20,6 +20,17 @@ out; the remaining lag is recorded). Cases, in this order:
 5. ``weights-3-1``: light + heavy + heavy2 (a second heavy backlog), equal
    priority, ``query.heavy.weight`` 3, ``query.heavy2.weight`` 1 (light 1).
 
+Diagnostic cases, only when named in ``--cases`` (knobs set in the daemon's
+process by ``topologies()``):
+
+- ``priority-no-preempt``: ``light-priority`` with preemption by priority
+  turned off (``BENCH_NO_PREEMPTION``): batches end only at their time slice,
+  as before preemption existed; the before/after comparison in one session.
+- ``priority-switch-0.5ms``: ``light-priority`` with
+  ``sys.setswitchinterval(0.0005)`` (``BENCH_SWITCH_INTERVAL``, as in the
+  compare suite's children): how much of what is left is the polling thread
+  waiting for the GIL the CPU-bound batches hold (5 ms slices by default).
+
 The light query's end-to-end latency: a probe in this process produces one
 record every ``--probe-interval-ms`` (20) ms to the light input, its value the
 wall-clock time (``time.time()``) just before ``produce()``; a separate
@@ -69,6 +80,17 @@ CASES: dict[str, dict[str, Any]] = {
         "config": {"query.heavy.weight": 3, "query.heavy2.weight": 1},
     },
 }
+DEFAULT_CASES = list(CASES)
+CASES["priority-no-preempt"] = {
+    "queries": ["light", "heavy"],
+    "config": {"query.light.priority": 10},
+    "env": {"BENCH_NO_PREEMPTION": "1"},
+}
+CASES["priority-switch-0.5ms"] = {
+    "queries": ["light", "heavy"],
+    "config": {"query.light.priority": 10},
+    "env": {"BENCH_SWITCH_INTERVAL": "0.0005"},
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +102,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--probe-interval-ms", type=float, default=20.0, help="light record every N ms (20)"
     )
     parser.add_argument("--threads", type=int, default=1, help="processing.threads (1)")
-    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset")
+    parser.add_argument(
+        "--cases",
+        default=",".join(DEFAULT_CASES),
+        help=f"comma-separated, of {', '.join(CASES)} (default: the first five)",
+    )
     parser.add_argument("--quick", action="store_true", help="5 s windows: a smoke run")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
     parser.add_argument("--tag", default="", help="suffix of the result files")
@@ -90,8 +116,16 @@ def topologies() -> dict[str, Any]:
     """The mapping the daemon runs (``$BENCH_QUERIES``: comma-separated names);
     query N reads ``$BENCH_QUERY_<N>_INPUT`` and writes ``$BENCH_QUERY_<N>_OUTPUT``;
     names starting with ``heavy`` spin ``$BENCH_HEAVY_RECORD_S`` s per record.
-    Called in the daemon's process, at start-up."""
+    Called in the daemon's process, at start-up, where it also applies the
+    diagnostic knobs ``$BENCH_SWITCH_INTERVAL`` and ``$BENCH_NO_PREEMPTION``."""
     from runtime import StreamsBuilder, serdes
+
+    if os.environ.get("BENCH_SWITCH_INTERVAL"):
+        sys.setswitchinterval(float(os.environ["BENCH_SWITCH_INTERVAL"]))
+    if os.environ.get("BENCH_NO_PREEMPTION"):
+        from runtime.processing.task_manager import TaskManager
+
+        TaskManager._preempt_for_priority = lambda self: None  # type: ignore[method-assign]
 
     per_record = float(os.environ.get("BENCH_HEAVY_RECORD_S", "0.0005"))
 
@@ -222,11 +256,17 @@ def run_case(
     case = CASES[name]
     queries: list[str] = case["queries"]
     app_id = f"qb-{name}-{uuid.uuid4().hex[:6]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMS_RUNTIME_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("STREAMS_RUNTIME_")
+        and k not in ("BENCH_NO_PREEMPTION", "BENCH_SWITCH_INTERVAL")
+    }
     env.update(
         PYTHONPATH=str(REPO),
         BENCH_QUERIES=",".join(queries),
         BENCH_HEAVY_RECORD_S=str(args.heavy_record_ms / 1000.0),
+        **case.get("env", {}),
     )
     for q in queries:
         for side in ("input", "output"):
@@ -319,6 +359,7 @@ def run_case(
         "case": name,
         "queries": queries,
         "config": case["config"],
+        "env": case.get("env", {}),
         "window_s": window,
         "daemon_exit": exit_code,
         "load_average": os.getloadavg()[0],
@@ -508,8 +549,10 @@ def markdown(result: dict[str, Any]) -> str:
             if "light" in r
             else ""
         )
+        knobs = "".join(f"; {k}={v}" for k, v in r.get("env", {}).items())
         details.append(
-            f"- {r['case']}: lag at the end {lags}{missing}; load average {r['load_average']:.1f}"
+            f"- {r['case']}: lag at the end {lags}{missing}; load average "
+            f"{r['load_average']:.1f}{knobs}"
         )
     lines += [
         "",
