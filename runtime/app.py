@@ -613,7 +613,9 @@ class App:
         check_serdes_on_samples(config, Topology.of_subtopologies(added), layout)
         self._task_manager.set_query_share(name, share)
         self._named.add(name, topology, share)
-        done = polling.query_changes.request(QueryChange("add", name, added, layout))
+        done = polling.query_changes.request(
+            QueryChange("add", name, added, layout, topology=composite)
+        )
         try:
             done.result(timeout=clamp_wait_s(timeout))
         except BaseException:
@@ -647,7 +649,9 @@ class App:
             self._check_group_placement("remove a query")
             remaining = without_query(self.topology, name)
         removed = [s for s in self.topology.subtopologies if s.query == name]
-        done = polling.query_changes.request(QueryChange("remove", name, removed, reset=reset))
+        done = polling.query_changes.request(
+            QueryChange("remove", name, removed, reset=reset, topology=remaining)
+        )
         done.result(timeout=clamp_wait_s(timeout))
         with self._lock:
             self.topology = remaining

@@ -193,6 +193,84 @@ def test_add_and_remove_a_query_while_another_runs_without_rewind_or_duplicate(
     assert committed_offsets(bootstrap, group, extra_in) == {0: 0, 1: 0}
 
 
+def counting(source: str, out: str) -> Topology:
+    builder = StreamsBuilder()
+    (
+        builder.stream(source, key_serde=serdes.STRING, value_serde=serdes.STRING)
+        .group_by_key()
+        .count(store="counts")
+        .to_stream()
+        .to(out, key_serde=serdes.STRING, value_serde=serdes.INT64)
+    )
+    return builder.build()
+
+
+def test_a_query_added_at_runtime_gets_standbys_and_loses_them_when_removed(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """Two instances, num.standby.replicas 1: a stateful query added on both
+    while they run gets a standby of each of its tasks on the other instance,
+    as a start-up query does; removing it closes them."""
+    base_in, base_out, c_in, c_out = topics(
+        bootstrap, "sb-base-in", "sb-base-out", "sb-count-in", "sb-count-out"
+    )
+    app_id = unique_name("standby-query")
+
+    def instance(name: str) -> App:
+        config = base_config(
+            bootstrap,
+            tmp_path / name,
+            **{
+                "application.id": app_id,
+                "num.standby.replicas": 1,
+                "processing.threads": 1,
+                "consumer.heartbeat.interval.ms": 500,
+            },
+        )
+        return App({"base": passthrough(base_in, base_out)}, config)
+
+    def mine(app: App, status_key: str) -> set[str]:
+        if status_key == "standbys":
+            return {t for t in app.status()["standbys"] if t.startswith("counts__")}
+        return {
+            t["id"]
+            for t in app.status()["tasks"]
+            if t["state"] == "RUNNING" and t["id"].startswith("counts__")
+        }
+
+    a, b = instance("a"), instance("b")
+    a.start()
+    b.start()
+    try:
+        wait_until(
+            lambda: a.state is AppState.RUNNING and b.state is AppState.RUNNING, 60
+        )
+        for app in (a, b):
+            app.add_query("counts", counting(c_in, c_out))
+        produce(bootstrap, c_in, ((f"k{i % 20}", "x") for i in range(400)))
+        every = {"counts__0_0", "counts__0_1"}
+
+        def mirrored() -> bool:
+            running_a, running_b = mine(a, "tasks"), mine(b, "tasks")
+            return (
+                running_a | running_b == every
+                and mine(a, "standbys") == running_b
+                and mine(b, "standbys") == running_a
+            )
+
+        wait_until(mirrored, 90, interval=0.5, message="the added query's standbys never came")
+        for app in (a, b):
+            app.remove_query("counts")
+        wait_until(
+            lambda: not mine(a, "standbys") and not mine(b, "standbys"),
+            30,
+            message="the removed query's standbys stayed",
+        )
+    finally:
+        a.close(30)
+        b.close(30)
+
+
 class LatencyProbe:
     """Writes one record every `interval` s to `source` (value: its send time)
     and reads `out`, keeping each record's end-to-end latency (seconds)."""
