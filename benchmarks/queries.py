@@ -4,7 +4,8 @@ One Apache Kafka node started by the harness; per case a fresh
 application.id, fresh topics (2 partitions each) and a fresh daemon
 (``python -m runtime run benchmarks.queries:topologies``, a separate process,
 so the probe's Python threads do not share the app's GIL), with one
-processing thread, ``task.timeslice.ms`` 5 and ``commit.interval.ms`` 30000
+processing thread, ``task.timeslice.ms`` 5 (``--timeslice-ms``; the runtime's
+default is 100) and ``commit.interval.ms`` 30000
 (a commit flushes every task's output, the heavy one's too: not what is
 measured here), as the latency test in tests/integration/test_named_queries.py.
 
@@ -27,9 +28,10 @@ process by ``topologies()``):
   turned off (``BENCH_NO_PREEMPTION``): batches end only at their time slice,
   as before preemption existed; the before/after comparison in one session.
 - ``priority-switch-0.5ms``: ``light-priority`` with
-  ``sys.setswitchinterval(0.0005)`` (``BENCH_SWITCH_INTERVAL``, as in the
-  compare suite's children): how much of what is left is the polling thread
-  waiting for the GIL the CPU-bound batches hold (5 ms slices by default).
+  ``gil.switch.interval.us`` 500 (``sys.setswitchinterval(0.0005)``): how
+  much of what is left is the polling thread waiting for the GIL the
+  CPU-bound batches hold (5 ms turns by default). ``BENCH_SWITCH_INTERVAL``
+  in the environment does the same for every case, as in the compare suite.
 
 The light query's end-to-end latency: a probe in this process produces one
 record every ``--probe-interval-ms`` (20) ms to the light input, its value the
@@ -88,8 +90,7 @@ CASES["priority-no-preempt"] = {
 }
 CASES["priority-switch-0.5ms"] = {
     "queries": ["light", "heavy"],
-    "config": {"query.light.priority": 10},
-    "env": {"BENCH_SWITCH_INTERVAL": "0.0005"},
+    "config": {"query.light.priority": 10, "gil.switch.interval.us": 500},
 }
 
 
@@ -102,6 +103,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--probe-interval-ms", type=float, default=20.0, help="light record every N ms (20)"
     )
     parser.add_argument("--threads", type=int, default=1, help="processing.threads (1)")
+    parser.add_argument(
+        "--timeslice-ms", type=int, default=5, help="task.timeslice.ms (5; the default is 100)"
+    )
     parser.add_argument(
         "--cases",
         default=",".join(DEFAULT_CASES),
@@ -259,8 +263,7 @@ def run_case(
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith("STREAMS_RUNTIME_")
-        and k not in ("BENCH_NO_PREEMPTION", "BENCH_SWITCH_INTERVAL")
+        if not k.startswith("STREAMS_RUNTIME_") and k != "BENCH_NO_PREEMPTION"
     }
     env.update(
         PYTHONPATH=str(REPO),
@@ -282,7 +285,7 @@ def run_case(
         "application.id": app_id,
         "bootstrap.servers": session.bootstrap,
         "processing.threads": args.threads,
-        "task.timeslice.ms": 5,
+        "task.timeslice.ms": args.timeslice_ms,
         "commit.interval.ms": 30000,
         "consumer.fetch.wait.max.ms": 5,
         "consumer.session.timeout.ms": 6000,
@@ -444,6 +447,7 @@ def main(args: argparse.Namespace) -> int:
         "heavy_backlog": backlog,
         "probe_interval_ms": args.probe_interval_ms,
         "threads": args.threads,
+        "timeslice_ms": args.timeslice_ms,
         "machine": machine_info("kafka"),
         "load_average_start": os.getloadavg()[0],
         "runs": [],
@@ -506,7 +510,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{m.get('date')}, git {m.get('git_head', '?')}.",
         "",
         f"The app is a separate daemon, {result['threads']} processing thread(s), "
-        f"`task.timeslice.ms` 5, `commit.interval.ms` 30000. Heavy: "
+        f"`task.timeslice.ms` {result.get('timeslice_ms', 5)}, `commit.interval.ms` 30000. Heavy: "
         f"{result['heavy_record_ms']} ms of CPU per record over a backlog of "
         f"{result['heavy_backlog']:,} records. Light: one record every "
         f"{result['probe_interval_ms']:.0f} ms; latency = the probe consumer's `time.time()` "

@@ -9,6 +9,7 @@ thread that caused the change.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import time
 import uuid
@@ -200,6 +201,10 @@ class App:
             config = self.config
             has_state = bool(self.topology.store_specs())
             check_startup(config, uses_state_dir=has_state or config.exactly_once)
+            if config.gil_switch_interval_us:
+                # Process-wide: how long a thread waiting for the GIL waits
+                # before the holder is asked to drop it.
+                sys.setswitchinterval(config.gil_switch_interval_us / 1_000_000)
             startup_admin = StartupAdmin(config)
             startup_admin.wait_for_cluster()
             admin = startup_admin.client

@@ -441,24 +441,25 @@ class TaskManager:
         for q in priority:
             cap = ledger.share(q).max_threads
             room[q] = float("inf") if cap is None else cap
-        for task_id, q in self._query_of.items():
-            room[q] -= len(self._sharers.get(task_id, ())) or int(task_id in self._owners)
+        for task_id, holder_query in self._query_of.items():
+            held = len(self._sharers.get(task_id, ())) or int(task_id in self._owners)
+            room[holder_query] -= held
         waiting: list[int] = []
         for task_id, task in self._tasks.items():
-            q = self._query_of.get(task_id)
-            if q is None or room[q] <= 0 or self._sharers.get(task_id) or not task.buffered:
+            query = self._query_of.get(task_id)
+            if query is None or room[query] <= 0 or self._sharers.get(task_id):
                 continue
-            if self._schedulable(task_id):
-                room[q] -= 1
-                waiting.append(priority[q])
+            if task.buffered and self._schedulable(task_id):
+                room[query] -= 1
+                waiting.append(priority[query])
         if not waiting:
             return
         holders = [
-            (priority[q], task_id, getattr(self._tasks[task_id], "yield_requested", False))
+            (priority[owner_query], task_id, self._tasks[task_id].yield_requested)
             for task_id, thread in self._taken_at
             if self._owners.get(task_id) == thread
             and task_id in self._tasks
-            and (q := self._query_of.get(task_id)) is not None
+            and (owner_query := self._query_of.get(task_id)) is not None
         ]
         for task_id in preemptions(waiting, holders, self._idle):
             self._tasks[task_id].yield_requested = True

@@ -242,9 +242,7 @@ def test_a_query_added_at_runtime_gets_standbys_and_loses_them_when_removed(
     a.start()
     b.start()
     try:
-        wait_until(
-            lambda: a.state is AppState.RUNNING and b.state is AppState.RUNNING, 60
-        )
+        wait_until(lambda: a.state is AppState.RUNNING and b.state is AppState.RUNNING, 60)
         for app in (a, b):
             app.add_query("counts", counting(c_in, c_out))
         produce(bootstrap, c_in, ((f"k{i % 20}", "x") for i in range(400)))

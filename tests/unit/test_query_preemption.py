@@ -204,7 +204,9 @@ class Queries:
         topologies = {}
         for name, fn in (("heavy", heavy_work), ("light", light_work)):
             builder = StreamsBuilder()
-            stream = builder.stream(f"{name}-in", key_serde=serdes.STRING, value_serde=serdes.STRING)
+            stream = builder.stream(
+                f"{name}-in", key_serde=serdes.STRING, value_serde=serdes.STRING
+            )
             stream.map_values(fn).to(
                 f"{name}-out", key_serde=serdes.STRING, value_serde=serdes.STRING
             )
