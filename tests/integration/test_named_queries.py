@@ -444,14 +444,16 @@ def test_light_query_latency_beside_a_heavy_backlog_and_admin_query_commands(
     assert heavy_status["busy_share"] > 0.5
     assert heavy_status["lag"] > 0, "the backlog ran out: the measurement saw no contention"
     assert light_status["priority"] == 10
-    # The target, p99 within 1.5x of running alone, was NOT met here
-    # (2 cores shared with other jobs, load average 6-15): p50 came out 1.6-2.7x,
-    # p99 0.9-4.4x, with or without the priority alike. The light query is
-    # served first (tests/property/test_query_scheduling.py proves the order);
-    # what it loses beside the heavy one is the process it shares: the GIL
-    # the CPU-bound batches hold (the polling thread and the light batch wait
-    # for it) and the cores. Checked: the median stays within 3x (a floor
-    # of 10 ms); the p99 figures are printed for the report, not asserted.
+    # The target, p99 within 1.5x of running alone, is not settled
+    # here (2 cores shared with other jobs, load average 6-22): before
+    # preemption p50 came out 1.6-2.7x and p99 0.9-4.4x; with preemption by
+    # priority p99 was 1.74x and 0.94x in two runs. The light query is served
+    # first (tests/property/test_query_scheduling.py proves the order) and a
+    # heavy batch yields to its input (tests/unit/test_query_preemption.py);
+    # what it still loses is the process it shares: the GIL the CPU-bound
+    # batches hold (the polling thread waits for it) and the cores. Checked:
+    # the median stays within 3x (a floor of 10 ms); the p99 figures are
+    # printed for the report, not asserted.
     p50_alone = sorted(alone)[len(alone) // 2]
     p50_together = sorted(together)[len(together) // 2]
     assert p50_together <= 3.0 * max(p50_alone, 0.010), (p50_alone, p50_together)
