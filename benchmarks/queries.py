@@ -4,7 +4,8 @@ One Apache Kafka node started by the harness; per case a fresh
 application.id, fresh topics (2 partitions each) and a fresh daemon
 (``python -m runtime run benchmarks.queries:topologies``, a separate process,
 so the probe's Python threads do not share the app's GIL), with one
-processing thread, ``task.timeslice.ms`` 5 and ``commit.interval.ms`` 30000
+processing thread, ``task.timeslice.ms`` 5 (``--timeslice-ms``; the runtime's
+default is 100) and ``commit.interval.ms`` 30000
 (a commit flushes every task's output, the heavy one's too: not what is
 measured here), as the latency test in tests/integration/test_named_queries.py.
 
@@ -19,6 +20,18 @@ out; the remaining lag is recorded). Cases, in this order:
 4. ``light-priority``: light + heavy, ``query.light.priority`` 10.
 5. ``weights-3-1``: light + heavy + heavy2 (a second heavy backlog), equal
    priority, ``query.heavy.weight`` 3, ``query.heavy2.weight`` 1 (light 1).
+
+Diagnostic cases, only when named in ``--cases`` (knobs set in the daemon's
+process by ``topologies()``):
+
+- ``priority-no-preempt``: ``light-priority`` with preemption by priority
+  turned off (``BENCH_NO_PREEMPTION``): batches end only at their time slice,
+  as before preemption existed; the before/after comparison in one session.
+- ``priority-switch-0.5ms``: ``light-priority`` with
+  ``gil.switch.interval.us`` 500 (``sys.setswitchinterval(0.0005)``): how
+  much of what is left is the polling thread waiting for the GIL the
+  CPU-bound batches hold (5 ms turns by default). ``BENCH_SWITCH_INTERVAL``
+  in the environment does the same for every case, as in the compare suite.
 
 The light query's end-to-end latency: a probe in this process produces one
 record every ``--probe-interval-ms`` (20) ms to the light input, its value the
@@ -69,6 +82,16 @@ CASES: dict[str, dict[str, Any]] = {
         "config": {"query.heavy.weight": 3, "query.heavy2.weight": 1},
     },
 }
+DEFAULT_CASES = list(CASES)
+CASES["priority-no-preempt"] = {
+    "queries": ["light", "heavy"],
+    "config": {"query.light.priority": 10},
+    "env": {"BENCH_NO_PREEMPTION": "1"},
+}
+CASES["priority-switch-0.5ms"] = {
+    "queries": ["light", "heavy"],
+    "config": {"query.light.priority": 10, "gil.switch.interval.us": 500},
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +103,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--probe-interval-ms", type=float, default=20.0, help="light record every N ms (20)"
     )
     parser.add_argument("--threads", type=int, default=1, help="processing.threads (1)")
-    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset")
+    parser.add_argument(
+        "--timeslice-ms", type=int, default=5, help="task.timeslice.ms (5; the default is 100)"
+    )
+    parser.add_argument(
+        "--cases",
+        default=",".join(DEFAULT_CASES),
+        help=f"comma-separated, of {', '.join(CASES)} (default: the first five)",
+    )
     parser.add_argument("--quick", action="store_true", help="5 s windows: a smoke run")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
     parser.add_argument("--tag", default="", help="suffix of the result files")
@@ -90,8 +120,16 @@ def topologies() -> dict[str, Any]:
     """The mapping the daemon runs (``$BENCH_QUERIES``: comma-separated names);
     query N reads ``$BENCH_QUERY_<N>_INPUT`` and writes ``$BENCH_QUERY_<N>_OUTPUT``;
     names starting with ``heavy`` spin ``$BENCH_HEAVY_RECORD_S`` s per record.
-    Called in the daemon's process, at start-up."""
+    Called in the daemon's process, at start-up, where it also applies the
+    diagnostic knobs ``$BENCH_SWITCH_INTERVAL`` and ``$BENCH_NO_PREEMPTION``."""
     from runtime import StreamsBuilder, serdes
+
+    if os.environ.get("BENCH_SWITCH_INTERVAL"):
+        sys.setswitchinterval(float(os.environ["BENCH_SWITCH_INTERVAL"]))
+    if os.environ.get("BENCH_NO_PREEMPTION"):
+        from runtime.processing.task_manager import TaskManager
+
+        TaskManager._preempt_for_priority = lambda self: None  # type: ignore[method-assign]
 
     per_record = float(os.environ.get("BENCH_HEAVY_RECORD_S", "0.0005"))
 
@@ -222,11 +260,16 @@ def run_case(
     case = CASES[name]
     queries: list[str] = case["queries"]
     app_id = f"qb-{name}-{uuid.uuid4().hex[:6]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMS_RUNTIME_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("STREAMS_RUNTIME_") and k != "BENCH_NO_PREEMPTION"
+    }
     env.update(
         PYTHONPATH=str(REPO),
         BENCH_QUERIES=",".join(queries),
         BENCH_HEAVY_RECORD_S=str(args.heavy_record_ms / 1000.0),
+        **case.get("env", {}),
     )
     for q in queries:
         for side in ("input", "output"):
@@ -242,7 +285,7 @@ def run_case(
         "application.id": app_id,
         "bootstrap.servers": session.bootstrap,
         "processing.threads": args.threads,
-        "task.timeslice.ms": 5,
+        "task.timeslice.ms": args.timeslice_ms,
         "commit.interval.ms": 30000,
         "consumer.fetch.wait.max.ms": 5,
         "consumer.session.timeout.ms": 6000,
@@ -319,6 +362,7 @@ def run_case(
         "case": name,
         "queries": queries,
         "config": case["config"],
+        "env": case.get("env", {}),
         "window_s": window,
         "daemon_exit": exit_code,
         "load_average": os.getloadavg()[0],
@@ -403,6 +447,7 @@ def main(args: argparse.Namespace) -> int:
         "heavy_backlog": backlog,
         "probe_interval_ms": args.probe_interval_ms,
         "threads": args.threads,
+        "timeslice_ms": args.timeslice_ms,
         "machine": machine_info("kafka"),
         "load_average_start": os.getloadavg()[0],
         "runs": [],
@@ -465,7 +510,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{m.get('date')}, git {m.get('git_head', '?')}.",
         "",
         f"The app is a separate daemon, {result['threads']} processing thread(s), "
-        f"`task.timeslice.ms` 5, `commit.interval.ms` 30000. Heavy: "
+        f"`task.timeslice.ms` {result.get('timeslice_ms', 5)}, `commit.interval.ms` 30000. Heavy: "
         f"{result['heavy_record_ms']} ms of CPU per record over a backlog of "
         f"{result['heavy_backlog']:,} records. Light: one record every "
         f"{result['probe_interval_ms']:.0f} ms; latency = the probe consumer's `time.time()` "
@@ -508,8 +553,10 @@ def markdown(result: dict[str, Any]) -> str:
             if "light" in r
             else ""
         )
+        knobs = "".join(f"; {k}={v}" for k, v in r.get("env", {}).items())
         details.append(
-            f"- {r['case']}: lag at the end {lags}{missing}; load average {r['load_average']:.1f}"
+            f"- {r['case']}: lag at the end {lags}{missing}; load average "
+            f"{r['load_average']:.1f}{knobs}"
         )
     lines += [
         "",

@@ -9,6 +9,7 @@ thread that caused the change.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import time
 import uuid
@@ -200,6 +201,10 @@ class App:
             config = self.config
             has_state = bool(self.topology.store_specs())
             check_startup(config, uses_state_dir=has_state or config.exactly_once)
+            if config.gil_switch_interval_us:
+                # Process-wide: how long a thread waiting for the GIL waits
+                # before the holder is asked to drop it.
+                sys.setswitchinterval(config.gil_switch_interval_us / 1_000_000)
             startup_admin = StartupAdmin(config)
             startup_admin.wait_for_cluster()
             admin = startup_admin.client
@@ -613,7 +618,9 @@ class App:
         check_serdes_on_samples(config, Topology.of_subtopologies(added), layout)
         self._task_manager.set_query_share(name, share)
         self._named.add(name, topology, share)
-        done = polling.query_changes.request(QueryChange("add", name, added, layout))
+        done = polling.query_changes.request(
+            QueryChange("add", name, added, layout, topology=composite)
+        )
         try:
             done.result(timeout=clamp_wait_s(timeout))
         except BaseException:
@@ -647,7 +654,9 @@ class App:
             self._check_group_placement("remove a query")
             remaining = without_query(self.topology, name)
         removed = [s for s in self.topology.subtopologies if s.query == name]
-        done = polling.query_changes.request(QueryChange("remove", name, removed, reset=reset))
+        done = polling.query_changes.request(
+            QueryChange("remove", name, removed, reset=reset, topology=remaining)
+        )
         done.result(timeout=clamp_wait_s(timeout))
         with self._lock:
             self.topology = remaining

@@ -127,6 +127,13 @@ class PartitionExpansion:
 
     # --- the loop turn ------------------------------------------------------------
 
+    def set_topology(self, topology: Topology) -> None:
+        """A named query was added or removed: plan later expansions for the
+        app's topology as it is now (its internal topics included)."""
+        self._topology = topology
+        app = self._config.application_id
+        self._internal = {f"{app}-{t.name}" for t in topology.internal_topics()}
+
     def tick(self) -> None:
         """One cheap step (called every loop turn). Raises PartitionsChangedError."""
         self._tasks.pause_held()

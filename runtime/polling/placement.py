@@ -15,7 +15,7 @@ Used by the polling thread only (it owns the producer that publishes).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -71,12 +71,20 @@ class TaskPlacement:
         # Shutdown requests older than this instance are history.
         self._started_ms = int(time.time() * 1000)
         # Tasks with changelogged persistent stores: the ones worth a standby.
-        self._stateful: dict[str, tuple[Subtopology, int]] = {
-            task_id_of(sub.task_name, p): (sub, p)
-            for sub in topology.subtopologies
-            if any(spec.changelog and spec.kind != "memory" for spec in sub.store_specs)
-            for p in range(layout.task_partitions(sub.id))
-        }
+        self._stateful = _stateful_tasks(topology.subtopologies, layout)
+
+    def add_subtopologies(self, subtopologies: Iterable[Subtopology], layout: TopicLayout) -> None:
+        """A named query added at runtime: its stateful tasks get standbys as
+        the others do, from the next `reconcile_standbys` on."""
+        self._stateful.update(_stateful_tasks(subtopologies, layout))
+
+    def remove_subtopologies(self, ids: set[int]) -> None:
+        """A named query removed: its tasks need no standby any more. The ones
+        kept here are closed now (waited for), before a reset deletes state."""
+        doomed = [t for t, (sub, _) in self._stateful.items() if sub.id in ids]
+        for task_id in doomed:
+            del self._stateful[task_id]
+        self.release_standbys(doomed)
 
     def standby_ids(self) -> frozenset[str]:
         return frozenset(self._standbys)
@@ -178,3 +186,16 @@ class TaskPlacement:
         if request is not None and request.timestamp_ms >= self._started_ms:
             return request
         return None
+
+
+def _stateful_tasks(
+    subtopologies: Iterable[Subtopology], layout: TopicLayout
+) -> dict[str, tuple[Subtopology, int]]:
+    """Task id -> (subtopology, partition) of the tasks with changelogged
+    persistent stores, at the layout's partition counts."""
+    return {
+        task_id_of(sub.task_name, p): (sub, p)
+        for sub in subtopologies
+        if any(spec.changelog and spec.kind != "memory" for spec in sub.store_specs)
+        for p in range(layout.task_partitions(sub.id))
+    }

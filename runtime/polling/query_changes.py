@@ -17,9 +17,10 @@ request's future:
   topics leave the layout and the subscription (one rebalance again). Its
   records still in flight from the broker are dropped by the input buffers.
 
-What does not follow a query added at runtime (documented in the README):
-standby replicas and partition expansion know the queries present at
-start-up only.
+Standby placement (`TaskPlacement.add_subtopologies`) and partition
+expansion (`PartitionExpansion.set_topology`) follow both changes: an added
+query's stateful tasks get `num.standby.replicas` standbys like the others, a
+removed query's standbys here are closed before anything is reset.
 
 Polling thread only, except `request`, which any thread may call.
 """
@@ -35,7 +36,7 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from runtime.logging import get_logger
 from runtime.polling.topics import TopicLayout
-from runtime.topology.topology import Subtopology
+from runtime.topology.topology import Subtopology, Topology
 
 if TYPE_CHECKING:
     from runtime.polling.polling_thread import PollingThread
@@ -52,6 +53,7 @@ class QueryChange:
     subtopologies: list[Subtopology]
     layout: TopicLayout | None = None  # add: the resolved layout of the new composite
     reset: bool = False  # remove: commit its input offsets back to the start
+    topology: Topology | None = None  # the app's whole topology after the change
     done: Future[None] = field(default_factory=Future)
 
 
@@ -113,6 +115,9 @@ class QueryChanges:
                 live.changelogs[topic] = sub_id
         polling.output.watch_changelogs(set(new.changelogs))
         polling.tasks.add_subtopologies(change.subtopologies)
+        polling.placement.add_subtopologies(change.subtopologies, live)
+        if change.topology is not None:
+            polling.expansion.set_topology(change.topology)
         polling.subscribe()
         log.info(
             "query_added",
@@ -139,6 +144,9 @@ class QueryChanges:
             live.sources.pop(sub_id, None)
             live.task_names.pop(sub_id, None)
         polling.tasks.remove_subtopologies(ids)
+        polling.placement.remove_subtopologies(ids)
+        if change.topology is not None:
+            polling.expansion.set_topology(change.topology)
         if change.reset:
             self._rewind_offsets(change)
         polling.subscribe()

@@ -146,6 +146,12 @@ class StreamTask:
     key_parallel = False
     """Several threads may hold this task at once (the task manager asks)."""
     threads_per_task = 1
+    yield_requested = False
+    """Set by the task manager (under its lock) while a processing thread holds
+    the task: a task of a higher-priority named query has input and no thread
+    is free, so `process` ends its batch after the current record (preemption
+    by priority, runtime.processing.query_shares). Cleared when the task is
+    handed out and released. Read racily by the holder, once per record."""
 
     def __init__(
         self,
@@ -362,7 +368,8 @@ class StreamTask:
         return now >= self.next_wall_punctuation
 
     def process(self, deadline: float) -> int:
-        """Process buffered records until the deadline or the buffers are empty.
+        """Process buffered records until the deadline, the buffers are empty
+        or the task manager asks the batch to yield (`yield_requested`).
 
         Returns the number of records taken from the buffers. Raises
         TaskFailedError when a handler says fail; the offset of the failing
@@ -379,7 +386,9 @@ class StreamTask:
                 message = records.popleft()
                 self._process_message(message, topic, source)
                 count += 1
-                if count % _CLOCK_CHECK_EVERY == 0 and time.monotonic() >= deadline:
+                if self.yield_requested or (
+                    count % _CLOCK_CHECK_EVERY == 0 and time.monotonic() >= deadline
+                ):
                     break
         else:
             while True:
@@ -389,7 +398,9 @@ class StreamTask:
                 message = queue.records.popleft()
                 self._process_message(message, queue.topic, self._sources[queue.topic])
                 count += 1
-                if count % _CLOCK_CHECK_EVERY == 0 and time.monotonic() >= deadline:
+                if self.yield_requested or (
+                    count % _CLOCK_CHECK_EVERY == 0 and time.monotonic() >= deadline
+                ):
                     break
         self.processed_count += count
         if self._punctuations:

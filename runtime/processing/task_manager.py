@@ -30,7 +30,11 @@ first, then the rules above inside it. `QueryLedger` (runtime.processing.
 query_shares) orders the queries with work: higher `priority` first, then the
 least busy time per `weight`; `max_threads` caps a query's holders. A paused
 query's tasks are never handed out (a failed query is paused). Tasks without
-a query (one plain topology) skip all of it.
+a query (one plain topology) skip all of it. Preemption by priority: when
+routed input (`notify_work`) or a resumed query gives a higher-priority task
+work and no thread is idle, the holder of a lower-priority task is asked to
+end its batch after the current record (`_preempt_for_priority`, the rule in
+query_shares.preemptions); key-parallel tasks are not asked.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from typing import TypeVar
 
 from runtime.logging import get_logger
 from runtime.processing.errors import TaskFailedError
-from runtime.processing.query_shares import QueryLedger, QueryShare
+from runtime.processing.query_shares import QueryLedger, QueryShare, preemptions
 from runtime.processing.task import StreamTask
 
 T = TypeVar("T")
@@ -91,6 +95,10 @@ class TaskManager:
         self._taken_at: dict[tuple[str, str], float] = {}
         # Per query: ms from the last record's timestamp to its batch's end.
         self._latency: dict[str, deque[float]] = {}
+        # Processing threads waiting in acquire_next, and batches asked to
+        # end early for a higher priority (preemption, named queries).
+        self._idle = 0
+        self.preemptions = 0
 
     # --- polling thread -------------------------------------------------------
 
@@ -139,6 +147,11 @@ class TaskManager:
         """How many threads hold `task_id` now (a key-parallel task: its sharers)."""
         with self._cond:
             return len(self._sharers.get(task_id, ())) or int(task_id in self._owners)
+
+    def idle_threads(self) -> int:
+        """Processing threads waiting for work now (read for tests and status)."""
+        with self._cond:
+            return self._idle
 
     def wait_for_change(self, timeout: float) -> None:
         """Block until a task is released or work is notified, at most `timeout`
@@ -199,6 +212,7 @@ class TaskManager:
     def notify_work(self) -> None:
         """Wake idle processing threads: new records were routed."""
         with self._cond:
+            self._preempt_for_priority()
             self._cond.notify_all()
 
     def has_work_in_flight(self) -> bool:
@@ -282,6 +296,7 @@ class TaskManager:
     def resume_query(self, query: str) -> None:
         with self._cond:
             self._paused_queries.discard(query)
+            self._preempt_for_priority()
             self._cond.notify_all()
 
     def paused_queries(self) -> set[str]:
@@ -361,11 +376,16 @@ class TaskManager:
                         self._sharers.setdefault(task.id, []).append(thread_name)
                     else:
                         self._owners[task.id] = thread_name
+                        task.yield_requested = False
                     return task
                 remaining = deadline - now
                 if remaining <= 0:
                     return None
-                self._cond.wait(min(remaining, _MAX_IDLE_WAIT, max(0.0, next_due - now)))
+                self._idle += 1
+                try:
+                    self._cond.wait(min(remaining, _MAX_IDLE_WAIT, max(0.0, next_due - now)))
+                finally:
+                    self._idle -= 1
 
     def release(self, task: StreamTask, thread_name: str, error: TaskFailedError | None) -> None:
         """Unlock a task after a batch; park `error` if the batch failed.
@@ -376,6 +396,7 @@ class TaskManager:
         with self._cond:
             if self._owners.get(task.id) == thread_name:
                 del self._owners[task.id]
+                task.yield_requested = False
             sharers = self._sharers.get(task.id)
             if sharers and thread_name in sharers:
                 sharers.remove(thread_name)
@@ -400,6 +421,49 @@ class TaskManager:
             if future is not None and not self._held() and not future.done():
                 future.set_result(None)
             self._cond.notify_all()
+
+    def _preempt_for_priority(self) -> None:
+        """Ask lower-priority batches to yield to waiting higher-priority work.
+
+        Only named queries of different priorities; a task counts as waiting
+        when it has buffered input, is schedulable and free, within its
+        query's `max_threads`. Holders are the tasks processing threads hold
+        alone. Costs one pass over the tasks; called under the lock by
+        `notify_work` (the polling thread, after routing) and `resume_query`.
+        """
+        if not self._query_of or self._scheduling_stopped():
+            return
+        ledger = self._ledger
+        priority = {q: ledger.share(q).priority for q in set(self._query_of.values())}
+        if len(set(priority.values())) < 2:
+            return
+        room: dict[str, float] = {}
+        for q in priority:
+            cap = ledger.share(q).max_threads
+            room[q] = float("inf") if cap is None else cap
+        for task_id, holder_query in self._query_of.items():
+            held = len(self._sharers.get(task_id, ())) or int(task_id in self._owners)
+            room[holder_query] -= held
+        waiting: list[int] = []
+        for task_id, task in self._tasks.items():
+            query = self._query_of.get(task_id)
+            if query is None or room[query] <= 0 or self._sharers.get(task_id):
+                continue
+            if task.buffered and self._schedulable(task_id):
+                room[query] -= 1
+                waiting.append(priority[query])
+        if not waiting:
+            return
+        holders = [
+            (priority[owner_query], task_id, self._tasks[task_id].yield_requested)
+            for task_id, thread in self._taken_at
+            if self._owners.get(task_id) == thread
+            and task_id in self._tasks
+            and (owner_query := self._query_of.get(task_id)) is not None
+        ]
+        for task_id in preemptions(waiting, holders, self._idle):
+            self._tasks[task_id].yield_requested = True
+            self.preemptions += 1
 
     def _held(self) -> bool:
         """Any task held by any thread (call under the lock)."""

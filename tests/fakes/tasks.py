@@ -12,6 +12,7 @@ class FakeTask:
 
     key_parallel = False
     threads_per_task = 1
+    yield_requested = False  # honoured per record, as StreamTask.process does
 
     def __init__(self, task_id: str, per_batch: int = 3, work_s: float = 0.0) -> None:
         self.id = task_id
@@ -50,6 +51,8 @@ class FakeTask:
             taken += 1
             if self._work_s:
                 time.sleep(self._work_s)
+            if self.yield_requested:
+                break
         if self.next_wall_punctuation <= time.monotonic():
             self.punctuations += 1
             self.next_wall_punctuation = float("inf")

@@ -193,6 +193,82 @@ def test_add_and_remove_a_query_while_another_runs_without_rewind_or_duplicate(
     assert committed_offsets(bootstrap, group, extra_in) == {0: 0, 1: 0}
 
 
+def counting(source: str, out: str) -> Topology:
+    builder = StreamsBuilder()
+    (
+        builder.stream(source, key_serde=serdes.STRING, value_serde=serdes.STRING)
+        .group_by_key()
+        .count(store="counts")
+        .to_stream()
+        .to(out, key_serde=serdes.STRING, value_serde=serdes.INT64)
+    )
+    return builder.build()
+
+
+def test_a_query_added_at_runtime_gets_standbys_and_loses_them_when_removed(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """Two instances, num.standby.replicas 1: a stateful query added on both
+    while they run gets a standby of each of its tasks on the other instance,
+    as a start-up query does; removing it closes them."""
+    base_in, base_out, c_in, c_out = topics(
+        bootstrap, "sb-base-in", "sb-base-out", "sb-count-in", "sb-count-out"
+    )
+    app_id = unique_name("standby-query")
+
+    def instance(name: str) -> App:
+        config = base_config(
+            bootstrap,
+            tmp_path / name,
+            **{
+                "application.id": app_id,
+                "num.standby.replicas": 1,
+                "processing.threads": 1,
+                "consumer.heartbeat.interval.ms": 500,
+            },
+        )
+        return App({"base": passthrough(base_in, base_out)}, config)
+
+    def mine(app: App, status_key: str) -> set[str]:
+        if status_key == "standbys":
+            return {t for t in app.status()["standbys"] if t.startswith("counts__")}
+        return {
+            t["id"]
+            for t in app.status()["tasks"]
+            if t["state"] == "RUNNING" and t["id"].startswith("counts__")
+        }
+
+    a, b = instance("a"), instance("b")
+    a.start()
+    b.start()
+    try:
+        wait_until(lambda: a.state is AppState.RUNNING and b.state is AppState.RUNNING, 60)
+        for app in (a, b):
+            app.add_query("counts", counting(c_in, c_out))
+        produce(bootstrap, c_in, ((f"k{i % 20}", "x") for i in range(400)))
+        every = {"counts__0_0", "counts__0_1"}
+
+        def mirrored() -> bool:
+            running_a, running_b = mine(a, "tasks"), mine(b, "tasks")
+            return (
+                running_a | running_b == every
+                and mine(a, "standbys") == running_b
+                and mine(b, "standbys") == running_a
+            )
+
+        wait_until(mirrored, 90, interval=0.5, message="the added query's standbys never came")
+        for app in (a, b):
+            app.remove_query("counts")
+        wait_until(
+            lambda: not mine(a, "standbys") and not mine(b, "standbys"),
+            30,
+            message="the removed query's standbys stayed",
+        )
+    finally:
+        a.close(30)
+        b.close(30)
+
+
 class LatencyProbe:
     """Writes one record every `interval` s to `source` (value: its send time)
     and reads `out`, keeping each record's end-to-end latency (seconds)."""
@@ -368,14 +444,16 @@ def test_light_query_latency_beside_a_heavy_backlog_and_admin_query_commands(
     assert heavy_status["busy_share"] > 0.5
     assert heavy_status["lag"] > 0, "the backlog ran out: the measurement saw no contention"
     assert light_status["priority"] == 10
-    # The issue's target, p99 within 1.5x of running alone, was NOT met here
-    # (2 cores shared with other jobs, load average 6-15): p50 came out 1.6-2.7x,
-    # p99 0.9-4.4x, with or without the priority alike. The light query is
-    # served first (tests/property/test_query_scheduling.py proves the order);
-    # what it loses beside the heavy one is the process it shares: the GIL
-    # the CPU-bound batches hold (the polling thread and the light batch wait
-    # for it) and the cores. Checked: the median stays within 3x (a floor
-    # of 10 ms); the p99 figures are printed for the report, not asserted.
+    # The issue's target, p99 within 1.5x of running alone, is not settled
+    # here (2 cores shared with other jobs, load average 6-22): before
+    # preemption p50 came out 1.6-2.7x and p99 0.9-4.4x; with preemption by
+    # priority p99 was 1.74x and 0.94x in two runs. The light query is served
+    # first (tests/property/test_query_scheduling.py proves the order) and a
+    # heavy batch yields to its input (tests/unit/test_query_preemption.py);
+    # what it still loses is the process it shares: the GIL the CPU-bound
+    # batches hold (the polling thread waits for it) and the cores. Checked:
+    # the median stays within 3x (a floor of 10 ms); the p99 figures are
+    # printed for the report, not asserted.
     p50_alone = sorted(alone)[len(alone) // 2]
     p50_together = sorted(together)[len(together) // 2]
     assert p50_together <= 3.0 * max(p50_alone, 0.010), (p50_alone, p50_together)
