@@ -70,13 +70,16 @@ class TaskPlacement:
         self._removals: dict[str, Future[bool]] = {}
         # Shutdown requests older than this instance are history.
         self._started_ms = int(time.time() * 1000)
-        # Tasks with changelogged persistent stores: the ones worth a standby.
-        self._stateful: dict[str, tuple[Subtopology, int]] = {
-            task_id_of(sub.task_name, p): (sub, p)
+        # Subtopologies with changelogged persistent stores: their tasks are
+        # the ones worth a standby (`_stateful`, from the counts in force).
+        self._layout = layout
+        self._stateful_subtopologies = [
+            sub
             for sub in topology.subtopologies
             if any(spec.changelog and spec.kind != "memory" for spec in sub.store_specs)
-            for p in range(layout.task_partitions(sub.id))
-        }
+        ]
+        self._stateful_for: dict[int, int] = {}
+        self._stateful_tasks: dict[str, tuple[Subtopology, int]] = {}
 
     def standby_ids(self) -> frozenset[str]:
         return frozenset(self._standbys)
@@ -102,6 +105,26 @@ class TaskPlacement:
     def stateful_tasks(self) -> frozenset[str]:
         """Ids of the tasks with changelogged persistent stores."""
         return frozenset(self._stateful)
+
+    @property
+    def _stateful(self) -> dict[str, tuple[Subtopology, int]]:
+        """Stateful task id -> (subtopology, partition), for the partition
+        counts in force: an accepted partition expansion adds tasks
+        (`PartitionExpansion._accept` grows `TopicLayout.partitions`)."""
+        counts = {
+            sub.id: self._layout.task_partitions(sub.id)
+            for sub in self._stateful_subtopologies
+            if sub.id in self._layout.sources  # a removed query's are gone
+        }
+        if counts != self._stateful_for:
+            self._stateful_for = counts
+            self._stateful_tasks = {
+                task_id_of(sub.task_name, p): (sub, p)
+                for sub in self._stateful_subtopologies
+                if sub.id in counts
+                for p in range(counts[sub.id])
+            }
+        return self._stateful_tasks
 
     def reconcile_standbys(self, learners: frozenset[str] = frozenset()) -> None:
         """Move the standbys kept here toward what placement says, plus

@@ -97,12 +97,15 @@ class RuntimeAssignment:
         self._on_left = on_left
         self._request_commit = request_commit
         self.coordination = TopicPartition(placement.status_topic, 0)
-        stateful = placement.stateful_tasks
-        self.all_tasks: dict[str, bool] = {
-            task_id_of(sub, p): task_id_of(sub, p) in stateful
-            for sub in sorted(layout.sources)
-            for p in range(layout.task_partitions(sub))
-        }
+        # Every task to place (id -> stateful), from the partition counts in
+        # force here (`_follow_partition_counts`).
+        self.all_tasks: dict[str, bool] = {}
+        self._counts_seen: dict[str, int] = {}
+        self._follow_partition_counts()
+        # Tasks the applied plan gives this instance whose partitions are
+        # beyond the counts in force here: the placer followed a partition
+        # expansion before this instance did. Taken once it has.
+        self._not_in_force: set[str] = set()
         self.plan = PlacementPlan()  # the newest plan known here
         self.applied = 0  # the newest plan version applied here
         self._applied_plan = PlacementPlan()
@@ -197,6 +200,7 @@ class RuntimeAssignment:
         # transaction that was just aborted: only plans read back count.
         self.plan = PlacementPlan()
         self._withdrawn_at.clear()
+        self._not_in_force.clear()
         self._status_dirty = True
         log.warning("instance_id_renewed", instance_id=self.instance_id)
 
@@ -215,6 +219,8 @@ class RuntimeAssignment:
     def tick(self) -> None:
         """Once per loop turn: membership check, the newest plan, status, placing."""
         self.check_membership()
+        if self._follow_partition_counts() and self._not_in_force:
+            self._take_in_force()
         if self._leave_requested.is_set() and not self.leaving:
             self.leaving = True
             self._status_dirty = True
@@ -240,6 +246,24 @@ class RuntimeAssignment:
             self.left = True
             log.info("instance_left", instance_id=self.instance_id, plan=self.applied)
             self._on_left()
+
+    def _follow_partition_counts(self) -> bool:
+        """`all_tasks` from the partition counts in force; True if they grew.
+
+        A partition expansion accepted here (`PartitionExpansion._accept`
+        grows `TopicLayout.partitions` in place) adds tasks: the placer
+        places them, an instance takes those it was given."""
+        counts = dict(self._layout.partitions)
+        if counts == self._counts_seen:
+            return False
+        self._counts_seen = counts
+        stateful = self._placement.stateful_tasks
+        self.all_tasks = {
+            task_id_of(sub, p): task_id_of(sub, p) in stateful
+            for sub in sorted(self._layout.sources)
+            for p in range(self._layout.task_partitions(sub))
+        }
+        return True
 
     def _learning(self) -> bool:
         return bool(self.plan.copies_for(self.instance_id))
@@ -292,25 +316,44 @@ class RuntimeAssignment:
         self._applied_plan = plan
         self.applied = plan.version
         self.publish_status()  # the acknowledgement, after the release's commit
-        taken = sorted(mine - self._tasks.ids())
-        if taken:
-            partitions = [tp for t in taken for tp in self.partitions_of(t)]
-            # The learners' stores close together, not one task after another.
-            self._placement.release_standbys(taken)
-            self._tasks.create(partitions)
-            self._consumer.incremental_assign(partitions)
-            for task in taken:
-                since = self._withdrawn_at.pop(task, now)
-                if task in before.moves or before.owners.get(task, self.instance_id) != (
-                    self.instance_id
-                ):  # a hand-over, not a first placement
-                    pause = now - since
-                    self.handovers += 1
-                    self.last_handover_pause_s = round(pause, 3)
-                    self.max_handover_pause_s = max(self.max_handover_pause_s, pause)
-            log.info("tasks_taken", tasks=taken, plan=plan.version)
-            self._status_dirty = True
+        given = mine - self._tasks.ids()
+        self._not_in_force = {t for t in given if t not in self.all_tasks}
+        self._take(sorted(given - self._not_in_force), before, now)
+        if self._not_in_force:
+            log.info("tasks_given_beyond_partition_counts", tasks=sorted(self._not_in_force))
         self._placement.reconcile_standbys(plan.copies_for(self.instance_id))
+
+    def _take(self, taken: list[str], before: PlacementPlan, now: float) -> None:
+        """Create the tasks and assign their partitions from the committed
+        offsets; count the hand-overs among them (`before`: the plan applied
+        until now)."""
+        if not taken:
+            return
+        partitions = [tp for t in taken for tp in self.partitions_of(t)]
+        # The learners' stores close together, not one task after another.
+        self._placement.release_standbys(taken)
+        self._tasks.create(partitions)
+        self._consumer.incremental_assign(partitions)
+        for task in taken:
+            since = self._withdrawn_at.pop(task, now)
+            if task in before.moves or before.owners.get(task, self.instance_id) != (
+                self.instance_id
+            ):  # a hand-over, not a first placement
+                pause = now - since
+                self.handovers += 1
+                self.last_handover_pause_s = round(pause, 3)
+                self.max_handover_pause_s = max(self.max_handover_pause_s, pause)
+        log.info("tasks_taken", tasks=taken, plan=self.applied)
+        self._status_dirty = True
+
+    def _take_in_force(self) -> None:
+        """Take the tasks given before this instance followed their partition
+        expansion, now that it has (and still given: not in a newer plan yet)."""
+        given = self._applied_plan.tasks_of(self.instance_id) - self._tasks.ids()
+        self._not_in_force &= given
+        ready = sorted(t for t in self._not_in_force if t in self.all_tasks)
+        self._not_in_force -= set(ready)
+        self._take(ready, self._applied_plan, time.monotonic())
 
     def partitions_of(self, task_id: str) -> list[TopicPartition]:
         sub_text, partition_text = task_id.split("_", 1)
