@@ -532,6 +532,8 @@ class PollingThread(threading.Thread):
                 # Leave the group without committing: close() would call
                 # on_revoke, which must not commit after a fatal error.
                 self.tasks.close_all_dirty()
+            if self.runtime is not None:
+                self.runtime.closing = True
             if self.joined:
                 self._consumer.close()
             else:

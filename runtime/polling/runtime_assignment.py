@@ -151,6 +151,10 @@ class RuntimeAssignment:
         # then rejoins under a new one) means the membership was lost.
         self._member_id = ""
         self._generation = 0  # identities renewed after lost memberships
+        # Set by the polling thread before it closes the consumer: the member
+        # id then goes with the LeaveGroup, which is no lost membership (the
+        # final commit is done, and the handle refuses calls meanwhile).
+        self.closing = False
         self._status_dirty = True
         self._last_status = 0.0
         # The placer's side.
@@ -325,6 +329,8 @@ class RuntimeAssignment:
         the rebalance callbacks and before every commit (polling thread).
         True if the tasks were dropped (the identity renewed).
         """
+        if self.closing:
+            return False
         member_id = self._consumer.memberid() or ""
         if not self._member_id or member_id == self._member_id:
             return False

@@ -179,3 +179,14 @@ def test_a_stalled_placer_does_not_place_from_a_stale_view_of_the_group(
     runtime._in_group_at = time.monotonic()
     runtime._in_group = frozenset({"m2"})
     assert not runtime._ready_to_place()
+
+
+def test_closing_the_consumer_is_no_lost_membership() -> None:
+    """`close()` leaves the group (the member id goes) and may run a callback
+    on a handle that refuses calls: nothing is dropped, nothing is asked."""
+    runtime, consumer, tasks, dropped = make()
+    runtime.closing = True
+    consumer.member_id = ""
+    runtime.on_assign([TopicPartition(STATUS, 0)])
+    assert not runtime.check_membership()
+    assert not dropped and tasks.ids() == {"0_0", "0_1"} and runtime.instance_id == "i"
