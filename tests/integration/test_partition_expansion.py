@@ -339,6 +339,7 @@ def test_two_instances_spread_the_new_tasks(bootstrap: str, tmp_path: Path, prot
         feeder._halt.set()
         closed = [app.close(30) for app in apps]
     assert all(closed)
+    assert all(app.state is AppState.NOT_RUNNING for app in apps), [app.failure for app in apps]
     assert partitioner.expansions == [(4, 8)], "the callback runs on one instance, once"
     check_counts(records, sent, exactly_once=False)
     print(f"new tasks: A {split[0]}, B {split[1]}")
