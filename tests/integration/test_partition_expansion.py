@@ -331,6 +331,8 @@ def test_two_instances_spread_the_new_tasks(bootstrap: str, tmp_path: Path, prot
             return a | b == all_tasks and not a & b and bool(a & new_tasks) and bool(b & new_tasks)
 
         wait_until(spread, 60, interval=0.1, message="the new tasks did not spread over both")
+        # The tasks can spread before the feeder's next round reaches the new keys.
+        wait_until(lambda: all(k in feeder.sent for k in NEW_KEYS), 30, message="new keys unsent")
         sent = feeder.stop()
         records = final_values(bootstrap, sink, sent, apps)
         split = [sorted(tasks_of(app) & new_tasks) for app in apps]
