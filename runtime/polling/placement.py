@@ -70,20 +70,29 @@ class TaskPlacement:
         self._removals: dict[str, Future[bool]] = {}
         # Shutdown requests older than this instance are history.
         self._started_ms = int(time.time() * 1000)
-        # Tasks with changelogged persistent stores: the ones worth a standby.
-        self._stateful = _stateful_tasks(topology.subtopologies, layout)
+        # Subtopologies with changelogged persistent stores: their tasks are
+        # the ones worth a standby (`_stateful`, from the counts in force).
+        self._layout = layout
+        self._stateful_subtopologies = [
+            sub for sub in topology.subtopologies if _has_changelogged_store(sub)
+        ]
+        # The counts `_stateful_tasks` was computed for; None: compute again.
+        self._stateful_for: dict[int, int] | None = None
+        self._stateful_tasks: dict[str, tuple[Subtopology, int]] = {}
 
     def add_subtopologies(self, subtopologies: Iterable[Subtopology], layout: TopicLayout) -> None:
         """A named query added at runtime: its stateful tasks get standbys as
         the others do, from the next `reconcile_standbys` on."""
-        self._stateful.update(_stateful_tasks(subtopologies, layout))
+        self._layout = layout
+        self._stateful_subtopologies.extend(s for s in subtopologies if _has_changelogged_store(s))
+        self._stateful_for = None
 
     def remove_subtopologies(self, ids: set[int]) -> None:
         """A named query removed: its tasks need no standby any more. The ones
         kept here are closed now (waited for), before a reset deletes state."""
-        doomed = [t for t, (sub, _) in self._stateful.items() if sub.id in ids]
-        for task_id in doomed:
-            del self._stateful[task_id]
+        doomed = [t for t, (sub, _) in self._stateful_tasks.items() if sub.id in ids]
+        self._stateful_subtopologies = [s for s in self._stateful_subtopologies if s.id not in ids]
+        self._stateful_for = None
         self.release_standbys(doomed)
 
     def standby_ids(self) -> frozenset[str]:
@@ -110,6 +119,26 @@ class TaskPlacement:
     def stateful_tasks(self) -> frozenset[str]:
         """Ids of the tasks with changelogged persistent stores."""
         return frozenset(self._stateful)
+
+    @property
+    def _stateful(self) -> dict[str, tuple[Subtopology, int]]:
+        """Stateful task id -> (subtopology, partition), for the partition
+        counts in force: an accepted partition expansion adds tasks
+        (`PartitionExpansion._accept` grows `TopicLayout.partitions`)."""
+        counts = {
+            sub.id: self._layout.task_partitions(sub.id)
+            for sub in self._stateful_subtopologies
+            if sub.id in self._layout.sources  # a removed query's are gone
+        }
+        if counts != self._stateful_for:
+            self._stateful_for = counts
+            self._stateful_tasks = {
+                task_id_of(sub.task_name, p): (sub, p)
+                for sub in self._stateful_subtopologies
+                if sub.id in counts
+                for p in range(counts[sub.id])
+            }
+        return self._stateful_tasks
 
     def reconcile_standbys(self, learners: frozenset[str] = frozenset()) -> None:
         """Move the standbys kept here toward what placement says, plus
@@ -188,14 +217,6 @@ class TaskPlacement:
         return None
 
 
-def _stateful_tasks(
-    subtopologies: Iterable[Subtopology], layout: TopicLayout
-) -> dict[str, tuple[Subtopology, int]]:
-    """Task id -> (subtopology, partition) of the tasks with changelogged
-    persistent stores, at the layout's partition counts."""
-    return {
-        task_id_of(sub.task_name, p): (sub, p)
-        for sub in subtopologies
-        if any(spec.changelog and spec.kind != "memory" for spec in sub.store_specs)
-        for p in range(layout.task_partitions(sub.id))
-    }
+def _has_changelogged_store(sub: Subtopology) -> bool:
+    """Whether a subtopology's tasks have a changelogged persistent store (worth a standby)."""
+    return any(spec.changelog and spec.kind != "memory" for spec in sub.store_specs)

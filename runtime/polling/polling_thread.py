@@ -181,8 +181,8 @@ class PollingThread(threading.Thread):
                 self.output,
                 admin_config(config),
                 PlacerSettings(config.acceptable_recovery_lag, config.max_warmup_replicas),
-                release=self.release_tasks,
-                drop_all=self.drop_all_tasks,
+                self.committer,
+                lifecycle=self,
                 capacity=hooks.capacity,
                 on_left=lambda: self.request_stop(commit=True),
                 request_commit=self.request_commit,
@@ -213,20 +213,7 @@ class PollingThread(threading.Thread):
             while not self._stop_event.is_set():
                 self.poll_once()
             if not self._abort and self.runtime is not None:
-                # Committed first: the tombstone tells the placer the tasks
-                # are released (the hand-over rule), so nothing may follow it.
-                # Without a good commit there is no tombstone: the tasks move
-                # once this member left the group (rule (b)).
-                if self.commit_all("shutdown") and self.joined:
-                    self.runtime.publish_status(gone=True)
-                    transactions = self.output.transactions
-                    if transactions is not None:
-                        try:
-                            transactions.commit([], None)  # the tombstone alone
-                        except TransactionFailed as exc:  # rule (b) then moves the tasks
-                            log.warning("status_tombstone_not_committed", error=str(exc))
-                    else:
-                        self.output.producer.flush(10)
+                self.runtime.stop_cleanly(self.commit_all, self.joined)
             elif not self._abort:
                 if self.joined:  # before that, no status was published
                     self.placement.publish_status(gone=True)
@@ -367,9 +354,7 @@ class PollingThread(threading.Thread):
     def publish_status(self) -> None:
         """Status to the other instances, standbys toward placement, shutdown requests."""
         if self.runtime is not None:  # its status goes out from runtime.tick
-            self.placement.reconcile_standbys(
-                self.runtime.plan.copies_for(self.placement.instance_id)
-            )
+            self.runtime.reconcile_copies()
         else:
             if self.joined:  # an instance that has no tasks yet has nothing to say
                 self.placement.publish_status()
@@ -449,41 +434,15 @@ class PollingThread(threading.Thread):
                 self.tasks.rewind(task_id)
         return True
 
-    # --- runtime-owned placement (runtime.polling.runtime_assignment) -------------------
+    # --- what runtime-owned placement needs (runtime_assignment.TaskLifecycle) ----------
 
-    def release_tasks(self, task_ids: list[str]) -> bool:
-        """Hand tasks over: commit (rule 4, all tasks), then close these.
-
-        False, with every task kept, when the commit failed (a commit refused
-        during a rebalance, an aborted transaction): the new owner would
-        start before offsets this instance processed, so the release waits
-        for the next loop turn. Restoring tasks have nothing to commit.
-        False too when the membership was lost meanwhile (every task dropped,
-        nothing committed).
-        """
-        if self.runtime is not None and self.runtime.check_membership():
-            return False
-        with self.committer.tasks_locked(barrier=self.tasks.processable()):  # key-parallel
-            if not self._commit_locked("hand-over"):
-                return False
-            self.tasks.close([t for t in task_ids if self.tasks.get(t) is not None])
+    def restart_commit_interval(self) -> None:
         self._last_commit = time.monotonic()
-        self._update_owned()
-        return True
 
-    def drop_all_tasks(self, reason: str) -> None:
-        """Membership lost: close every task without committing, unassign its
-        partitions (a new owner may run them already; rule (b) of the hand-over)."""
-        assert self.runtime is not None
-        log.warning("tasks_dropped", reason=reason, tasks=sorted(self.tasks.ids()))
-        self._close_without_commit(sorted(self.tasks.ids()))
-        data = self.runtime.data_partitions()
-        if data:
-            self._consumer.incremental_unassign(data)
-        self.runtime.renew_identity()
+    def tasks_changed(self) -> None:
         self._update_owned()
 
-    def _close_without_commit(self, task_ids: list[str]) -> None:
+    def close_without_commit(self, task_ids: list[str]) -> None:
         """The group moved on without this member: the tasks' offsets can no
         longer be committed. Produced output stays (at-least-once) or is aborted
         with the transaction, every task rewound (exactly-once); the new owner
@@ -547,13 +506,12 @@ class PollingThread(threading.Thread):
         try:
             if self.runtime is not None:
                 self._hooks.on_revoking()
-                log.warning("group_membership_lost", tasks=sorted(self.tasks.ids()))
                 self.runtime.on_lost()
                 return
             self._hooks.on_revoking()
             affected = self.tasks.of(partitions)
             log.warning("partitions_lost", partitions=len(partitions), tasks=affected)
-            self._close_without_commit(affected)
+            self.close_without_commit(affected)
         except BaseException as exc:
             self._fail_in_callback(exc)
 
@@ -574,6 +532,8 @@ class PollingThread(threading.Thread):
                 # Leave the group without committing: close() would call
                 # on_revoke, which must not commit after a fatal error.
                 self.tasks.close_all_dirty()
+            if self.runtime is not None:
+                self.runtime.closing = True
             if self.joined:
                 self._consumer.close()
             else:

@@ -14,10 +14,17 @@ decision itself is `runtime.polling.placer` (pure). This class:
   keeps the plan's learners as standbys;
 - as the placer, computes and publishes the next plan from the statuses and
   the group's membership (DescribeConsumerGroups, never blocking the loop);
-- stops the instance once it is leaving and owns nothing.
+- stops the instance once it is leaving and owns nothing, and at a clean
+  stop publishes its tombstone only after the final commit (`stop_cleanly`);
+- checks the membership its tasks were taken under (`check_membership`,
+  every loop turn, in the rebalance callbacks and before every commit) and
+  drops every task, uncommitted, once it is lost (`drop_all`).
 
 Processing and state code do not know where an assignment came from: tasks
 are created and closed through `ActiveTasks` as with the group's assignor.
+Commits go through the polling thread's commit protocol (`TaskLifecycle`,
+with the `Committer`'s task locks), so an aborted transaction rewinds every
+task as for any other commit.
 
 Polling thread only, except `request_leave` (any thread) and the figures
 (`figures`, read racily).
@@ -31,17 +38,19 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from runtime.logging import get_logger
 from runtime.polling.active_tasks import ActiveTasks
+from runtime.polling.committer import Committer
 from runtime.polling.output import OutputChannel
 from runtime.polling.placement import TaskPlacement
 from runtime.polling.placer import Member, PlacerSettings, next_plan
 from runtime.polling.topics import TopicLayout
+from runtime.polling.transactions import TransactionFailed
 from runtime.processing.task import task_id_of
 from runtime.state.placement import PLAN_KEY, PlacementPlan
 from runtime.state.restoration import RestorationThread
@@ -56,6 +65,30 @@ _MEMBERSHIP_INTERVAL_S = 2.0
 # older may predate a stall of this process (SIGSTOP, a long GC pause), after
 # which the group may have moved on without it (a zombie placer).
 _MEMBERSHIP_MAX_AGE_S = 2 * _MEMBERSHIP_INTERVAL_S + 1.0
+
+
+class TaskLifecycle(Protocol):
+    """What the polling thread does for placement with its tasks (the
+    `PollingThread`; its thread only)."""
+
+    def commit_locked(self, reason: str) -> bool:
+        """Commit every processing task (rule 4), every task locked by the
+        caller; False if not committed (an aborted transaction: every task
+        rewound)."""
+        ...
+
+    def close_without_commit(self, task_ids: list[str]) -> None:
+        """Close tasks whose offsets can no longer be committed (a lost
+        membership): output aborted and every task rewound under exactly-once."""
+        ...
+
+    def restart_commit_interval(self) -> None:
+        """A commit just happened outside the commit interval's own."""
+        ...
+
+    def tasks_changed(self) -> None:
+        """The tasks here changed (the figures other threads read)."""
+        ...
 
 
 class RuntimeAssignment:
@@ -74,8 +107,8 @@ class RuntimeAssignment:
         output: OutputChannel,
         admin_settings: dict[str, Any],
         settings: PlacerSettings,
-        release: Callable[[list[str]], bool],
-        drop_all: Callable[[str], None],
+        committer: Committer,
+        lifecycle: TaskLifecycle,
         capacity: Callable[[], int],
         on_left: Callable[[], None],
         request_commit: Callable[[], None],
@@ -91,18 +124,21 @@ class RuntimeAssignment:
         self._admin_settings = admin_settings
         self._admin: AdminClient | None = None
         self._settings = settings
-        self._release = release
-        self._drop_all = drop_all
+        self._committer = committer
+        self._lifecycle = lifecycle
         self._capacity = capacity
         self._on_left = on_left
         self._request_commit = request_commit
         self.coordination = TopicPartition(placement.status_topic, 0)
-        stateful = placement.stateful_tasks
-        self.all_tasks: dict[str, bool] = {
-            task_id_of(sub, p): task_id_of(sub, p) in stateful
-            for sub in sorted(layout.sources)
-            for p in range(layout.task_partitions(sub))
-        }
+        # Every task to place (id -> stateful), from the partition counts in
+        # force here (`_follow_partition_counts`).
+        self.all_tasks: dict[str, bool] = {}
+        self._counts_seen: dict[str, int] = {}
+        self._follow_partition_counts()
+        # Tasks the applied plan gives this instance whose partitions are
+        # beyond the counts in force here: the placer followed a partition
+        # expansion before this instance did. Taken once it has.
+        self._not_in_force: set[str] = set()
         self.plan = PlacementPlan()  # the newest plan known here
         self.applied = 0  # the newest plan version applied here
         self._applied_plan = PlacementPlan()
@@ -115,6 +151,10 @@ class RuntimeAssignment:
         # then rejoins under a new one) means the membership was lost.
         self._member_id = ""
         self._generation = 0  # identities renewed after lost memberships
+        # Set by the polling thread before it closes the consumer: the member
+        # id then goes with the LeaveGroup, which is no lost membership (the
+        # final commit is done, and the handle refuses calls meanwhile).
+        self.closing = False
         self._status_dirty = True
         self._last_status = 0.0
         # The placer's side.
@@ -174,10 +214,23 @@ class RuntimeAssignment:
 
     def on_lost(self) -> None:
         """The group moved on without us: every task closed dirty, at once."""
+        log.warning("group_membership_lost", tasks=sorted(self._tasks.ids()))
         self._membership_stale = True
         self._stop_placing("lost")
-        self._drop_all("membership lost")
+        self.drop_all("membership lost")
         self._status_dirty = True
+
+    def drop_all(self, reason: str) -> None:
+        """Membership lost: close every task without committing, unassign its
+        partitions (a new owner may run them already; rule (b) of the
+        hand-over), and go on under a new identity."""
+        log.warning("tasks_dropped", reason=reason, tasks=sorted(self._tasks.ids()))
+        self._lifecycle.close_without_commit(sorted(self._tasks.ids()))
+        data = self.data_partitions()
+        if data:
+            self._consumer.incremental_unassign(data)
+        self.renew_identity()
+        self._lifecycle.tasks_changed()
 
     def renew_identity(self) -> None:
         """After a lost membership (every task dropped): go on under a new
@@ -197,6 +250,7 @@ class RuntimeAssignment:
         # transaction that was just aborted: only plans read back count.
         self.plan = PlacementPlan()
         self._withdrawn_at.clear()
+        self._not_in_force.clear()
         self._status_dirty = True
         log.warning("instance_id_renewed", instance_id=self.instance_id)
 
@@ -215,6 +269,8 @@ class RuntimeAssignment:
     def tick(self) -> None:
         """Once per loop turn: membership check, the newest plan, status, placing."""
         self.check_membership()
+        if self._follow_partition_counts() and self._not_in_force:
+            self._take_in_force()
         if self._leave_requested.is_set() and not self.leaving:
             self.leaving = True
             self._status_dirty = True
@@ -241,6 +297,24 @@ class RuntimeAssignment:
             log.info("instance_left", instance_id=self.instance_id, plan=self.applied)
             self._on_left()
 
+    def _follow_partition_counts(self) -> bool:
+        """`all_tasks` from the partition counts in force; True if they grew.
+
+        A partition expansion accepted here (`PartitionExpansion._accept`
+        grows `TopicLayout.partitions` in place) adds tasks: the placer
+        places them, an instance takes those it was given."""
+        counts = dict(self._layout.partitions)
+        if counts == self._counts_seen:
+            return False
+        self._counts_seen = counts
+        stateful = self._placement.stateful_tasks
+        self.all_tasks = {
+            task_id_of(sub, p): task_id_of(sub, p) in stateful
+            for sub in sorted(self._layout.sources)
+            for p in range(self._layout.task_partitions(sub))
+        }
+        return True
+
     def _learning(self) -> bool:
         return bool(self.plan.copies_for(self.instance_id))
 
@@ -255,12 +329,14 @@ class RuntimeAssignment:
         the rebalance callbacks and before every commit (polling thread).
         True if the tasks were dropped (the identity renewed).
         """
+        if self.closing:
+            return False
         member_id = self._consumer.memberid() or ""
         if not self._member_id or member_id == self._member_id:
             return False
         log.warning("member_id_changed", old=self._member_id, new=member_id)
         self._stop_placing("member id changed")
-        self._drop_all("member id changed")  # renews the identity
+        self.drop_all("member id changed")  # renews the identity
         return True
 
     def _owns_nothing(self) -> bool:
@@ -278,7 +354,7 @@ class RuntimeAssignment:
         held = self._tasks.ids()
         released = sorted(held - mine)
         if released:
-            if not self._release(released):
+            if not self.release(released):
                 log.warning("tasks_release_postponed", tasks=released, reason="commit failed")
                 return  # tried again at the next loop turn
             partitions = [tp for t in released for tp in self.partitions_of(t)]
@@ -292,25 +368,65 @@ class RuntimeAssignment:
         self._applied_plan = plan
         self.applied = plan.version
         self.publish_status()  # the acknowledgement, after the release's commit
-        taken = sorted(mine - self._tasks.ids())
-        if taken:
-            partitions = [tp for t in taken for tp in self.partitions_of(t)]
-            # The learners' stores close together, not one task after another.
-            self._placement.release_standbys(taken)
-            self._tasks.create(partitions)
-            self._consumer.incremental_assign(partitions)
-            for task in taken:
-                since = self._withdrawn_at.pop(task, now)
-                if task in before.moves or before.owners.get(task, self.instance_id) != (
-                    self.instance_id
-                ):  # a hand-over, not a first placement
-                    pause = now - since
-                    self.handovers += 1
-                    self.last_handover_pause_s = round(pause, 3)
-                    self.max_handover_pause_s = max(self.max_handover_pause_s, pause)
-            log.info("tasks_taken", tasks=taken, plan=plan.version)
-            self._status_dirty = True
+        given = mine - self._tasks.ids()
+        self._not_in_force = {t for t in given if t not in self.all_tasks}
+        self._take(sorted(given - self._not_in_force), before, now)
+        if self._not_in_force:
+            log.info("tasks_given_beyond_partition_counts", tasks=sorted(self._not_in_force))
         self._placement.reconcile_standbys(plan.copies_for(self.instance_id))
+
+    def release(self, task_ids: list[str]) -> bool:
+        """Hand tasks over: commit (rule 4, all tasks), then close these.
+
+        False, with every task kept, when the commit failed (a commit refused
+        during a rebalance, an aborted transaction): the new owner would
+        start before offsets this instance processed, so the release waits
+        for the next loop turn. Restoring tasks have nothing to commit.
+        False too when the membership was lost meanwhile (every task dropped,
+        nothing committed).
+        """
+        if self.check_membership():
+            return False
+        tasks = self._tasks
+        with self._committer.tasks_locked(barrier=tasks.processable()):  # key-parallel
+            if not self._lifecycle.commit_locked("hand-over"):
+                return False
+            tasks.close([t for t in task_ids if tasks.get(t) is not None])
+        self._lifecycle.restart_commit_interval()
+        self._lifecycle.tasks_changed()
+        return True
+
+    def _take(self, taken: list[str], before: PlacementPlan, now: float) -> None:
+        """Create the tasks and assign their partitions from the committed
+        offsets; count the hand-overs among them (`before`: the plan applied
+        until now)."""
+        if not taken:
+            return
+        partitions = [tp for t in taken for tp in self.partitions_of(t)]
+        # The learners' stores close together, not one task after another.
+        self._placement.release_standbys(taken)
+        self._tasks.create(partitions)
+        self._consumer.incremental_assign(partitions)
+        for task in taken:
+            since = self._withdrawn_at.pop(task, now)
+            if task in before.moves or before.owners.get(task, self.instance_id) != (
+                self.instance_id
+            ):  # a hand-over, not a first placement
+                pause = now - since
+                self.handovers += 1
+                self.last_handover_pause_s = round(pause, 3)
+                self.max_handover_pause_s = max(self.max_handover_pause_s, pause)
+        log.info("tasks_taken", tasks=taken, plan=self.applied)
+        self._status_dirty = True
+
+    def _take_in_force(self) -> None:
+        """Take the tasks given before this instance followed their partition
+        expansion, now that it has (and still given: not in a newer plan yet)."""
+        given = self._applied_plan.tasks_of(self.instance_id) - self._tasks.ids()
+        self._not_in_force &= given
+        ready = sorted(t for t in self._not_in_force if t in self.all_tasks)
+        self._not_in_force -= set(ready)
+        self._take(ready, self._applied_plan, time.monotonic())
 
     def partitions_of(self, task_id: str) -> list[TopicPartition]:
         sub_text, partition_text = task_id.split("_", 1)
@@ -331,6 +447,10 @@ class RuntimeAssignment:
         """Assigned partitions other than the coordination one."""
         return [tp for tp in self._consumer.assignment() if not self._is_coordination(tp)]
 
+    def reconcile_copies(self) -> None:
+        """The standbys kept here toward the plan's learners and moves."""
+        self._placement.reconcile_standbys(self.plan.copies_for(self._placement.instance_id))
+
     # --- status -------------------------------------------------------------------
 
     def publish_status(self, gone: bool = False) -> None:
@@ -348,6 +468,25 @@ class RuntimeAssignment:
             )
         if self._output.transactions is not None:
             self._request_commit()  # under exactly-once: visible at the commit
+
+    def stop_cleanly(self, commit_all: Callable[[str], bool], joined: bool) -> None:
+        """A clean stop: the final commit, then this instance's status tombstone.
+
+        Committed first: the tombstone tells the placer the tasks are
+        released (the hand-over rule), so nothing may follow it. Without a
+        good commit there is no tombstone: the tasks move once this member
+        left the group (rule (b)). Before joining, nothing was published."""
+        if not commit_all("shutdown") or not joined:
+            return
+        self.publish_status(gone=True)
+        transactions = self._output.transactions
+        if transactions is not None:
+            try:
+                transactions.commit([], None)  # the tombstone alone
+            except TransactionFailed as exc:  # rule (b) then moves the tasks
+                log.warning("status_tombstone_not_committed", error=str(exc))
+        else:
+            self._output.producer.flush(10)
 
     # --- the placer ---------------------------------------------------------------------
 

@@ -9,8 +9,9 @@ record lost, none counted twice (exactly_once_v2: not even processed twice),
 each key stays on one partition of every topic, the new keys on the new
 partitions, the internal topics end at 8 partitions, the callback ran once,
 the app never left RUNNING/REBALANCING. Also: two instances spread the new
-tasks (classic and KIP-848 group protocols); without a static partitioner the app stops with the reason; joined
-topics with different counts make the app wait, saying so.
+tasks (classic and KIP-848 group protocols, and `task.assignment=runtime`);
+without a static partitioner the app stops with the reason; joined topics
+with different counts make the app wait, saying so.
 
 Skipped on Tansu (no CreatePartitions).
 """
@@ -124,11 +125,13 @@ def partition_counts(bootstrap: str, *topics: str) -> dict[str, int]:
 def app_config(
     bootstrap: str, app_id: str, state_dir: Path, protocol: str = "classic", **extra: Any
 ) -> dict[str, Any]:
-    timing = (
-        {"consumer.session.timeout.ms": 6000, "consumer.heartbeat.interval.ms": 500}
-        if protocol == "classic"
-        else {"consumer.group.protocol": "consumer"}  # KIP-848: the broker assigns
+    timing: dict[str, Any] = (
+        {"consumer.group.protocol": "consumer"}  # KIP-848: the broker assigns
+        if protocol == "consumer"
+        else {"consumer.session.timeout.ms": 6000, "consumer.heartbeat.interval.ms": 500}
     )
+    if protocol == "runtime":  # the classic protocol, the runtime places tasks
+        timing["task.assignment"] = "runtime"
     return {
         "application.id": app_id,
         "bootstrap.servers": bootstrap,
@@ -280,8 +283,12 @@ def run_expand(bootstrap: str, app_id: str, source: str, sink: str) -> str:
     return result.stdout
 
 
-@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+@pytest.mark.parametrize("protocol", ["classic", "consumer", "runtime"])
 def test_two_instances_spread_the_new_tasks(bootstrap: str, tmp_path: Path, protocol: str) -> None:
+    """`runtime`: task.assignment=runtime (the classic protocol): no
+    rebalance brings the new partitions; the placer places the new tasks
+    once it accepted the new counts, and an instance that was given some
+    before it accepted them takes them when it has."""
     source, sink, app_id = unique_name("x2-in"), unique_name("x2-out"), unique_name("expand2")
     create_topic(bootstrap, source, 4)
     create_topic(bootstrap, sink, 4)
@@ -324,6 +331,8 @@ def test_two_instances_spread_the_new_tasks(bootstrap: str, tmp_path: Path, prot
             return a | b == all_tasks and not a & b and bool(a & new_tasks) and bool(b & new_tasks)
 
         wait_until(spread, 60, interval=0.1, message="the new tasks did not spread over both")
+        # The tasks can spread before the feeder's next round reaches the new keys.
+        wait_until(lambda: all(k in feeder.sent for k in NEW_KEYS), 30, message="new keys unsent")
         sent = feeder.stop()
         records = final_values(bootstrap, sink, sent, apps)
         split = [sorted(tasks_of(app) & new_tasks) for app in apps]
@@ -332,6 +341,7 @@ def test_two_instances_spread_the_new_tasks(bootstrap: str, tmp_path: Path, prot
         feeder._halt.set()
         closed = [app.close(30) for app in apps]
     assert all(closed)
+    assert all(app.state is AppState.NOT_RUNNING for app in apps), [app.failure for app in apps]
     assert partitioner.expansions == [(4, 8)], "the callback runs on one instance, once"
     check_counts(records, sent, exactly_once=False)
     print(f"new tasks: A {split[0]}, B {split[1]}")

@@ -76,7 +76,28 @@ class FakePlacement:
         pass
 
 
-def make() -> tuple[RuntimeAssignment, FakeConsumer, FakeTasks, list[str]]:
+class FakeLifecycle:
+    """The polling thread's side: `dropped` lists the task sets closed
+    without a commit."""
+
+    def __init__(self, tasks: FakeTasks, dropped: list[list[str]]) -> None:
+        self.tasks, self.dropped = tasks, dropped
+
+    def commit_locked(self, reason: str) -> bool:
+        return True
+
+    def close_without_commit(self, task_ids: list[str]) -> None:
+        self.dropped.append(task_ids)
+        self.tasks.held -= set(task_ids)
+
+    def restart_commit_interval(self) -> None:
+        pass
+
+    def tasks_changed(self) -> None:
+        pass
+
+
+def make() -> tuple[RuntimeAssignment, FakeConsumer, FakeTasks, list[list[str]]]:
     consumer, tasks, dropped = FakeConsumer(), FakeTasks(), []
     restoration = SimpleNamespace(
         plan=PlacementPlan(), standby_lags={}, statuses={}, status_position=0
@@ -84,13 +105,6 @@ def make() -> tuple[RuntimeAssignment, FakeConsumer, FakeTasks, list[str]]:
     layout = SimpleNamespace(sources={0: ["in"]}, partitions={"in": 2})
     layout.task_partitions = lambda sub: 2
     placement = FakePlacement()
-    runtime: RuntimeAssignment
-
-    def drop_all(reason: str) -> None:
-        dropped.append(reason)
-        tasks.held.clear()
-        runtime.renew_identity()
-
     runtime = RuntimeAssignment(
         "i",
         "app",
@@ -102,8 +116,8 @@ def make() -> tuple[RuntimeAssignment, FakeConsumer, FakeTasks, list[str]]:
         SimpleNamespace(transactions=None, producer=SimpleNamespace(flush=lambda t: 0)),  # type: ignore[arg-type]
         {},
         PlacerSettings(),
-        release=lambda ids: True,
-        drop_all=drop_all,
+        SimpleNamespace(),  # type: ignore[arg-type]  # the committer: no release here
+        lifecycle=FakeLifecycle(tasks, dropped),
         capacity=lambda: 1,
         on_left=lambda: None,
         request_commit=lambda: None,
@@ -145,7 +159,8 @@ def test_a_member_id_changed_behind_our_back_is_caught_before_a_commit() -> None
     runtime, consumer, tasks, dropped = make()
     consumer.member_id = "m2"
     assert runtime.check_membership()
-    assert not tasks.ids() and dropped == ["member id changed"]
+    assert not tasks.ids() and dropped == [["0_0", "0_1"]]
+    assert runtime.instance_id == "i~1"
 
 
 def test_a_stalled_placer_does_not_place_from_a_stale_view_of_the_group(
@@ -164,3 +179,14 @@ def test_a_stalled_placer_does_not_place_from_a_stale_view_of_the_group(
     runtime._in_group_at = time.monotonic()
     runtime._in_group = frozenset({"m2"})
     assert not runtime._ready_to_place()
+
+
+def test_closing_the_consumer_is_no_lost_membership() -> None:
+    """`close()` leaves the group (the member id goes) and may run a callback
+    on a handle that refuses calls: nothing is dropped, nothing is asked."""
+    runtime, consumer, tasks, dropped = make()
+    runtime.closing = True
+    consumer.member_id = ""
+    runtime.on_assign([TopicPartition(STATUS, 0)])
+    assert not runtime.check_membership()
+    assert not dropped and tasks.ids() == {"0_0", "0_1"} and runtime.instance_id == "i"
