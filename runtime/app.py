@@ -21,7 +21,7 @@ from typing import Any
 from runtime import named_queries
 from runtime.collector.collector import RecordCollector
 from runtime.collector.static_partitioner import open_static_partitioner
-from runtime.config import StreamsConfig, clamp_wait_s
+from runtime.config import ConfigError, StreamsConfig, clamp_wait_s
 from runtime.logging import get_logger
 from runtime.named_queries import NamedQueries, reset_query
 from runtime.polling.clients import admin_config, restore_consumer_config
@@ -146,6 +146,14 @@ class App:
             config if isinstance(config, StreamsConfig) else StreamsConfig.from_dict(config)
         )
         self._named, self.topology = NamedQueries.of(topology, self.config)
+        if self._named.enabled and self.config.task_assignment == "runtime":
+            # The placer reads task ids as `<subtopology>_<partition>`; named
+            # queries' ids carry the query's name as well.
+            raise ConfigError(
+                "task.assignment",
+                "'runtime' does not support named queries yet (App({name: topology})); "
+                "run them with task.assignment=group (the default)",
+            )
         self._lock = threading.RLock()
         self._state = AppState.CREATED
         self._listeners: list[StateListener] = []

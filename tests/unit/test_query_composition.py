@@ -117,6 +117,13 @@ def test_query_keys_must_name_a_query_of_the_app() -> None:
     assert app.status().queries[0].priority == 1
 
 
+def test_named_queries_under_runtime_placement_are_refused_naming_the_key() -> None:
+    # The placer reads task ids as <subtopology>_<partition>; a query's ids carry its name.
+    with pytest.raises(ConfigError, match=r"task.assignment.*named queries.*=group"):
+        App({"hot": plain("in", "out")}, {**BASE, "task.assignment": "runtime"})
+    assert App(plain("in", "out"), {**BASE, "task.assignment": "runtime"}).queries == []
+
+
 def test_a_paused_query_is_not_scheduled_and_resumes() -> None:
     a, b = FakeTask("a__0_0"), FakeTask("b__0_0")
     a.query, b.query = "a", "b"  # type: ignore[attr-defined]
