@@ -38,6 +38,13 @@ log = get_logger("runtime.output")
 _FLUSH_STALL_S = 5.0
 # A metadata request when a record names a partition the producer has not seen.
 _METADATA_TIMEOUT_S = 5.0
+# `serve()` polls the producer at most this often. A poll releases the GIL,
+# and while a processing thread runs Python, taking it back waits up to the
+# interpreter's switch interval (5 ms): a poll on every loop turn doubled the
+# GIL waits of a turn whose only other one is consume(), halving the batches
+# the polling thread could route per second. Reports are error-only, so
+# there is rarely anything to serve; `flush()` serves everything anyway.
+_SERVE_INTERVAL_S = 0.05
 
 
 class OutputChannel:
@@ -92,6 +99,7 @@ class OutputChannel:
             send=self._produce,
         )
         self.produced_total = 0
+        self._next_serve = 0.0  # time.monotonic() of the next producer poll
 
     @property
     def producer(self) -> Producer:
@@ -199,7 +207,12 @@ class OutputChannel:
             self.transactions.note_broken(exc.args[0])
 
     def serve(self) -> None:
-        """Serve delivery reports without blocking."""
+        """Serve delivery reports and client errors without blocking, at most
+        every `_SERVE_INTERVAL_S` (see there)."""
+        now = time.monotonic()
+        if now < self._next_serve:
+            return
+        self._next_serve = now + _SERVE_INTERVAL_S
         producer = self.producer
         self._serve_reports(lambda: producer.poll(0))
 
