@@ -108,11 +108,11 @@ class ActiveTasks:
 
     # --- views ------------------------------------------------------------------
 
-
     @property
     def created_by_expansion(self) -> int:
         """Distinct tasks created for partitions added since start-up."""
         return len(self._expansion_tasks)
+
     def ids(self) -> frozenset[str]:
         return frozenset(self._tasks)
 

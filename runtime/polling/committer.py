@@ -288,9 +288,7 @@ class Committer:
             log.debug("committed", reason=reason, partitions=len(offsets))
         return CommitResult(offsets_committed, len(offsets))
 
-    def _changelog_positions(
-        self, changelogs: list[tuple[str, int]]
-    ) -> dict[tuple[str, int], int]:
+    def _changelog_positions(self, changelogs: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """Step 5: the end offset of each changelog partition (see the module
         docstring); the ones the broker did not give are left out."""
         if not changelogs:

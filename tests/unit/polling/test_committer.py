@@ -242,7 +242,12 @@ def test_exactly_once_commits_every_offset_in_the_transaction() -> None:
     a.process(2)
     b.process(5)
     assert c.commit([a, b], "interval").committed
-    assert log[-3:] == ["txn_commit 2 gen-3", "post_commit 0_0 True", "post_commit 1_0 True"]
+    assert log[-4:] == [
+        "txn_commit 2 gen-3",
+        "end_offsets 2",
+        "post_commit 0_0 True",
+        "post_commit 1_0 True",
+    ]
     assert "consumer_commit" not in " ".join(log)
     assert output.transactions is not None
     assert sorted(tp.offset for tp in output.transactions.committed_offsets) == [2, 5]
