@@ -138,7 +138,6 @@ class StreamThread(threading.Thread):
         self._output = OutputChannel(
             config,
             RecordCollector(),
-            set(layout.changelogs),
             layout.max_message_bytes,
             on_client_error=self._on_client_error,
             on_stall=lambda unacknowledged: log.warning(

@@ -21,10 +21,20 @@ A commit, in order:
    group metadata, so a zombie of an older generation cannot commit); under
    at_least_once the producer is flushed until every record is acknowledged,
    then the input offsets are committed;
-5. post-commit: each task writes its store batches to disk and a checkpoint
-   naming the changelog offsets the delivery reports acknowledged
-   (`StreamTask.post_commit`); then `after_commit(tasks)`, if set (remote
-   state takes its snapshots there: runtime.state.remote.capture).
+5. positions: one ListOffsets request (per leader) asks the broker for the
+   end offsets of the changelog partitions this commit wrote
+   (`CommitBatch.changelogs`). The output is acknowledged by now (step 4) and
+   nothing is produced until the commit ends, so an end offset is never
+   below the task's last changelog record; it is the record's offset + 1, or
+   a transaction marker further (exactly_once_v2: the consumer reads the
+   last stable offset, which may still lag behind the marker: lower, never
+   higher). One request per commit replaces one success delivery report (a
+   Python call on this thread) per output record. A failed lookup keeps the
+   old positions (lower than the truth: restoration replays a little more);
+6. post-commit: each task writes its store batches to disk and a checkpoint
+   naming those changelog positions (`StreamTask.post_commit`); then
+   `after_commit(tasks)`, if set (remote state takes its snapshots there:
+   runtime.state.remote.capture).
 
 On a failed transaction the committer returns the failure
 (`CommitResult.aborted`) and does nothing else: the coordinator decides what
@@ -42,7 +52,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 
 from runtime.logging import get_logger
 from runtime.polling.output import OutputChannel
@@ -59,6 +69,8 @@ _LOCK_WARN_AFTER_S = 5.0
 # this long (and none waits for a retry): no processing thread is there to
 # finish them (all stopped, or none configured).
 _BARRIER_STALL_S = 2.0
+# How long step 5 waits for the changelogs' end offsets (tasks are locked).
+_POSITIONS_TIMEOUT_S = 5.0
 
 
 class CommittableTask(Protocol):
@@ -138,6 +150,7 @@ class Committer:
         self.last_commit_wall_time: float | None = None
         self.last_commit_duration_s = 0.0
         self.barrier_aborts = 0
+        self.position_lookup_failures = 0
         # Set by a barrier that was not reached: the commit in the same
         # `tasks_locked` block aborts instead (exactly_once_v2).
         self._barrier_broken: str | None = None
@@ -221,7 +234,7 @@ class Committer:
             self._locks.unlock_all_tasks()
 
     def commit(self, tasks: Sequence[CommittableTask], reason: str) -> CommitResult:
-        """Steps 2-5 for `tasks`; every task must be locked (`tasks_locked`)."""
+        """Steps 2-6 for `tasks`; every task must be locked (`tasks_locked`)."""
         started = time.monotonic()
         transactions = self._output.transactions
         if self._barrier_broken is not None and transactions is not None:
@@ -261,7 +274,9 @@ class Committer:
             if refused is not None:
                 raise refused
             offsets_committed = self._commit_offsets(offsets, reason)
-        positions = self._output.take_changelog_positions()
+        positions = self._changelog_positions(
+            [changelog for batch in batches for changelog in batch.changelogs]
+        )
         for task in tasks:
             task.post_commit(positions, offsets_committed)
         if self.after_commit is not None and offsets_committed:
@@ -272,6 +287,28 @@ class Committer:
             self.last_commit_duration_s = time.monotonic() - started
             log.debug("committed", reason=reason, partitions=len(offsets))
         return CommitResult(offsets_committed, len(offsets))
+
+    def _changelog_positions(self, changelogs: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Step 5: the end offset of each changelog partition (see the module
+        docstring); the ones the broker did not give are left out."""
+        if not changelogs:
+            return {}
+        try:
+            # A timestamp of OFFSET_END (-1) asks ListOffsets for the latest
+            # offset; librdkafka groups the partitions into one request per leader.
+            ends = self._consumer.offsets_for_times(
+                [TopicPartition(topic, partition, OFFSET_END) for topic, partition in changelogs],
+                timeout=_POSITIONS_TIMEOUT_S,
+            )
+        except KafkaException as exc:
+            self.position_lookup_failures += 1
+            log.warning("changelog_positions_unknown", error=str(exc))
+            return {}
+        return {
+            (tp.topic, tp.partition): tp.offset
+            for tp in ends
+            if tp.error is None and tp.offset >= 0
+        }
 
     def _commit_offsets(self, offsets: list[TopicPartition], reason: str) -> bool:
         if not offsets:

@@ -2,11 +2,11 @@
 
 `OutputChannel` owns the process's one producer (a transactional one under
 exactly_once_v2, wrapped by `Transactions`), moves the record collector's
-buffers into it, and reads its delivery reports: refusals go to the
-production exception handler (`production.OutputErrors`), and the offsets of
-acknowledged changelog records become the stores' changelog positions
-(`take_changelog_positions`), so checkpoints name offsets the broker gave,
-not counts kept by hand.
+buffers into it, and reads its delivery reports. Reports are error-only:
+refusals go to the production exception handler (`production.OutputErrors`);
+a success costs nothing (no Python call per output record). The changelog
+positions that checkpoints name are asked of the broker once per commit
+instead (`Committer`, after the output is acknowledged).
 
 Used by the polling thread only: the producer is not shared with any other
 thread, and delivery reports are served inside its `poll()`/`flush()` calls.
@@ -38,6 +38,13 @@ log = get_logger("runtime.output")
 _FLUSH_STALL_S = 5.0
 # A metadata request when a record names a partition the producer has not seen.
 _METADATA_TIMEOUT_S = 5.0
+# `serve()` polls the producer at most this often. A poll releases the GIL,
+# and while a processing thread runs Python, taking it back waits up to the
+# interpreter's switch interval (5 ms): a poll on every loop turn doubled the
+# GIL waits of a turn whose only other one is consume(), halving the batches
+# the polling thread could route per second. Reports are error-only, so
+# there is rarely anything to serve; `flush()` serves everything anyway.
+_SERVE_INTERVAL_S = 0.05
 
 
 class OutputChannel:
@@ -50,14 +57,12 @@ class OutputChannel:
         self,
         config: StreamsConfig,
         collector: RecordCollector,
-        changelog_topics: set[str],
         max_message_bytes: int | None,
         on_client_error: Callable[[KafkaError], None],
         on_stall: Callable[[int], None],
         client_id: str | None = None,
     ) -> None:
         self._collector = collector
-        self._changelog_topics = changelog_topics
         self._on_stall = on_stall
         self._on_client_error = on_client_error
         settings = producer_config(
@@ -65,12 +70,10 @@ class OutputChannel:
         )
         if client_id is not None:
             settings["client.id"] = client_id
-        # Changelog positions come from success reports. librdkafka reports
-        # successes for every record or none, and each report is a Python
-        # call: an app without changelogs keeps error-only reports (the
-        # stateless hot path pays nothing), one with changelogs pays one call
-        # per output record, which returns at once for other topics.
-        settings["delivery.report.only.error"] = not changelog_topics
+        # Error-only reports: a success report is one Python call (and one
+        # GIL acquisition) per output record on this thread. Changelog
+        # positions are looked up once per commit instead (committer.py).
+        settings["delivery.report.only.error"] = True
         if max_message_bytes is not None:
             # Records too large for a topic are then refused by produce(),
             # where the record and its origin are at hand (see production.py).
@@ -95,10 +98,8 @@ class OutputChannel:
             config.exactly_once,
             send=self._produce,
         )
-        # changelog (topic, partition) -> next offset after the last
-        # acknowledged record since the last take.
-        self._changelog_positions: dict[tuple[str, int], int] = {}
         self.produced_total = 0
+        self._next_serve = 0.0  # time.monotonic() of the next producer poll
 
     @property
     def producer(self) -> Producer:
@@ -206,7 +207,12 @@ class OutputChannel:
             self.transactions.note_broken(exc.args[0])
 
     def serve(self) -> None:
-        """Serve delivery reports without blocking."""
+        """Serve delivery reports and client errors without blocking, at most
+        every `_SERVE_INTERVAL_S` (see there)."""
+        now = time.monotonic()
+        if now < self._next_serve:
+            return
+        self._next_serve = now + _SERVE_INTERVAL_S
         producer = self.producer
         self._serve_reports(lambda: producer.poll(0))
 
@@ -259,31 +265,13 @@ class OutputChannel:
         self._on_client_error(error)
 
     def _on_delivery(self, error: KafkaError | None, message: Message) -> None:
+        # Error-only reports (delivery.report.only.error): never a success.
         if error is not None:
             self.errors.on_delivery_error(error, message)
-            return
-        topic = message.topic()
-        if topic in self._changelog_topics:
-            key = (topic, message.partition())
-            after: int = message.offset() + 1  # type: ignore[operator]
-            if after > self._changelog_positions.get(key, -1):  # type: ignore[arg-type]
-                self._changelog_positions[key] = after  # type: ignore[index]
-
-    def watch_changelogs(self, topics: set[str]) -> None:
-        """Changelogs of a query added at runtime. Their positions are seen only
-        if the producer reports successes (it does when the app started with
-        a changelog); otherwise their tasks restore from the changelog's start."""
-        self._changelog_topics |= topics
-
-    def take_changelog_positions(self) -> dict[tuple[str, int], int]:
-        """Changelog positions acknowledged since the last take (after a flush)."""
-        positions, self._changelog_positions = self._changelog_positions, {}
-        return positions
 
     def discard(self) -> None:
         """After an aborted transaction: drop undrained output and its reports."""
         self._collector.take_all()
-        self._changelog_positions = {}
         self.errors.take_failure()
 
     # --- shutdown ---------------------------------------------------------------

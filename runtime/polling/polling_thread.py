@@ -140,7 +140,6 @@ class PollingThread(threading.Thread):
         self.output = OutputChannel(
             config,
             collector,
-            set(layout.changelogs),
             layout.max_message_bytes,
             on_client_error=self.health.on_client_error,
             on_stall=self.health.on_flush_stall,

@@ -113,7 +113,6 @@ class QueryChanges:
         for topic, sub_id in new.changelogs.items():
             if sub_id in live.sources:
                 live.changelogs[topic] = sub_id
-        polling.output.watch_changelogs(set(new.changelogs))
         polling.tasks.add_subtopologies(change.subtopologies)
         polling.placement.add_subtopologies(change.subtopologies, live)
         if change.topology is not None:

@@ -106,6 +106,9 @@ class CommitBatch(NamedTuple):
     """Next offset to commit per input topic, only for topics that moved."""
     output: list[OutputRecord]
     """Output since the last hand-over, cached state writes included, in order."""
+    changelogs: tuple[tuple[str, int], ...] = ()
+    """Changelog partitions written since the last commit: the committer asks
+    the broker for their positions once this output is acknowledged."""
 
 
 class TaskSettings:
@@ -196,6 +199,9 @@ class StreamTask:
         # task is handed to the task manager.
         self.directory = task_directory(settings.state_dir, settings.application_id, self.id)
         self._flush_listeners: dict[str, FlushListener] = {}
+        # changelog records logged per store at the last prepare_commit
+        # (polling thread, task locked): which changelogs a commit wrote.
+        self._logged_at_commit: dict[str, int] = {}
         self.stores: dict[str, LayeredStore] = build_task_stores(
             subtopology.store_specs,
             self.directory,
@@ -553,18 +559,29 @@ class StreamTask:
         }
         for store in self.stores.values():
             store.emit_cached()
+        # After every emission: one store's emission may write another's.
+        written: list[tuple[str, int]] = []
+        logged_at_commit = self._logged_at_commit
+        for name, store in self.stores.items():
+            changelog = store.changelog
+            if changelog is not None and changelog.records_logged != logged_at_commit.get(name, 0):
+                logged_at_commit[name] = changelog.records_logged
+                written.append((changelog.topic, changelog.partition))
         self._pending_offsets = offsets
-        return CommitBatch(self, offsets, self.take_output())
+        return CommitBatch(self, offsets, self.take_output(), tuple(written))
 
     def post_commit(
         self, changelog_positions: Mapping[tuple[str, int], int], offsets_committed: bool
     ) -> None:
         """Commit, second half, once the output is acknowledged (or its
         transaction committed): store batches go to disk atomically, each
-        changelog position moves to what the producer's delivery reports say
-        (the next offset after the last acknowledged changelog record), the
-        checkpoint names those positions, and, if the input offsets were
-        committed, they count as committed. Polling thread, task locked.
+        changelog written since the last commit moves to the position the
+        broker gave for it (its end offset, looked up after the output was
+        acknowledged; a changelog missing from `changelog_positions` keeps its
+        position, which can only be lower than the truth: restoration then
+        replays a few records the store already holds), the checkpoint names
+        those positions, and, if the input offsets were committed, they count
+        as committed. Polling thread, task locked.
         """
         offsets = self._pending_offsets
         self._pending_offsets = {}

@@ -190,7 +190,9 @@ class CachingKeyValueStore:
             del dirty[key]  # re-insert: dirty order is order of last write
         dirty[key] = None
         self._bytes += delta
-        if self._budget.charge(delta):
+        # An update of the same size (a count, most aggregates) leaves the
+        # budget as it was: no trip through its lock.
+        if delta and self._budget.charge(delta):
             self._evict()
 
     def _evict(self) -> None:

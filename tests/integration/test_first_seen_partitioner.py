@@ -416,7 +416,6 @@ def test_the_producer_learns_a_partition_added_since_it_last_looked(bootstrap: s
     output = OutputChannel(
         StreamsConfig.from_dict({"application.id": "unseen", "bootstrap.servers": bootstrap}),
         RecordCollector(),
-        set(),
         None,
         on_client_error=lambda err: None,
         on_stall=lambda n: None,

@@ -21,7 +21,8 @@ class Log(list[str]):
 
 
 class FakeTask:
-    """Processes numbered records; each record makes one output record."""
+    """Processes numbered records; each record makes one output record and one
+    changelog record (`("cl-<partition>", n)`, changelog partition ("cl", p))."""
 
     def __init__(self, name: str, partition: int, log: Log) -> None:
         self.id = name
@@ -32,18 +33,24 @@ class FakeTask:
         self.pending_output: list[Any] = []
         self.post_commits: list[tuple[dict, bool]] = []
         self._pending = -1
+        self.logged = 0
+        self._logged_at_commit = 0
 
     def process(self, count: int) -> None:
         for _ in range(count):
             self.processed += 1
             self.pending_output.append((self.id, self.processed))
+            self.pending_output.append((f"cl-{self.partition}", self.logged))
+            self.logged += 1
 
     def prepare_commit(self) -> CommitBatch:
         self._log.append(f"prepare {self.id}")
         offsets = {"in": self.processed + 1} if self.processed != self.committed else {}
         self._pending = self.processed
         output, self.pending_output = self.pending_output, []
-        return CommitBatch(self, offsets, output)  # type: ignore[arg-type]
+        written = (("cl", self.partition),) if self.logged != self._logged_at_commit else ()
+        self._logged_at_commit = self.logged
+        return CommitBatch(self, offsets, output, written)  # type: ignore[arg-type]
 
     def post_commit(self, positions: dict, offsets_committed: bool) -> None:
         self._log.append(f"post_commit {self.id} {offsets_committed}")
@@ -108,18 +115,34 @@ class FakeOutput:
         self.acknowledged += self.in_flight
         self.in_flight = []
 
-    def take_changelog_positions(self) -> dict:
-        return {("cl", 0): 7}
-
     def serve(self) -> None:
         self.served += 1
 
 
 class FakeConsumer:
-    def __init__(self, log: Log) -> None:
+    """Commits offsets; end offsets of changelog ("cl", p) come from what
+    `output` acknowledged (one offset per acknowledged changelog record)."""
+
+    def __init__(self, log: Log, output: FakeOutput) -> None:
         self._log = log
+        self._output = output
         self.fail = False
+        self.fail_lookup = False
         self.committed: dict[tuple[str, int], int] = {}
+
+    def offsets_for_times(self, partitions: list[TopicPartition], timeout: float) -> list:
+        self._log.append(f"end_offsets {len(partitions)}")
+        if self.fail_lookup:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+        assert all(tp.offset == -1 for tp in partitions), "OFFSET_END: the latest offset"
+        return [
+            TopicPartition(
+                tp.topic,
+                tp.partition,
+                sum(1 for name, _ in self._output.acknowledged if name == f"cl-{tp.partition}"),
+            )
+            for tp in partitions
+        ]
 
     def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> None:
         self._log.append(f"consumer_commit {len(offsets)}")
@@ -160,7 +183,7 @@ def committer(
 ) -> tuple[Committer, Log, FakeOutput, FakeConsumer, FakeLocks]:
     log = Log()
     output = FakeOutput(log, FakeTransactions(log) if eos else None)
-    consumer = FakeConsumer(log)
+    consumer = FakeConsumer(log, output)
     locks = FakeLocks()
     return Committer(locks, output, consumer, lambda: False), log, output, consumer, locks  # type: ignore[arg-type]
 
@@ -174,15 +197,17 @@ def test_at_least_once_order_prepare_drain_flush_offsets_then_state() -> None:
     assert log == [
         "prepare 0_0",
         "prepare 0_1",
-        "drain 5",
+        "drain 10",
         "flush",
         "consumer_commit 2",
+        "end_offsets 2",
         "post_commit 0_0 True",
         "post_commit 0_1 True",
     ]
     assert result.committed and result.partitions == 2
     assert consumer.committed == {("in", 0): 3, ("in", 1): 2}
-    assert a.post_commits[0][0] == {("cl", 0): 7}, "changelog positions from delivery reports"
+    positions = {("cl", 0): 3, ("cl", 1): 2}
+    assert a.post_commits[0][0] == positions, "changelog positions asked of the broker"
     assert c.commits_total == 1
 
 
@@ -204,7 +229,7 @@ def test_a_failed_offset_commit_still_writes_state_but_keeps_offsets_uncommitted
     consumer.fail = True
     result = c.commit([task], "interval")
     assert not result.committed
-    assert task.post_commits == [({("cl", 0): 7}, False)]
+    assert task.post_commits == [({("cl", 0): 1}, False)]
     assert task.committed == -1 and c.failures_total == 1
     consumer.fail = False
     assert c.commit([task], "interval").committed
@@ -217,7 +242,12 @@ def test_exactly_once_commits_every_offset_in_the_transaction() -> None:
     a.process(2)
     b.process(5)
     assert c.commit([a, b], "interval").committed
-    assert log[-3:] == ["txn_commit 2 gen-3", "post_commit 0_0 True", "post_commit 1_0 True"]
+    assert log[-4:] == [
+        "txn_commit 2 gen-3",
+        "end_offsets 2",
+        "post_commit 0_0 True",
+        "post_commit 1_0 True",
+    ]
     assert "consumer_commit" not in " ".join(log)
     assert output.transactions is not None
     assert sorted(tp.offset for tp in output.transactions.committed_offsets) == [2, 5]
@@ -253,7 +283,7 @@ def test_tasks_locked_waits_for_the_lock_serving_the_producer_and_unlocks() -> N
     output = FakeOutput(log)
     pending: Future[None] = Future()
     locks = FakeLocks(pending)
-    c = Committer(locks, output, FakeConsumer(log), lambda: False)  # type: ignore[arg-type]
+    c = Committer(locks, output, FakeConsumer(log, output), lambda: False)  # type: ignore[arg-type]
     served_before = output.served
 
     import threading
@@ -297,6 +327,35 @@ def test_offsets_are_never_committed_past_acknowledged_output(ops: list[tuple]) 
             done_upto = consumer.committed.get(("in", task.partition), 0)
             acked = {n for name, n in output.acknowledged if name == task.id}
             assert set(range(done_upto)) <= acked
+            # The checkpoint's changelog position never names a changelog
+            # record the broker has not acknowledged.
+            logged = {n for name, n in output.acknowledged if name == f"cl-{task.partition}"}
+            for positions, _ in task.post_commits:
+                position = positions.get(("cl", task.partition))
+                assert position is None or set(range(position)) <= logged
+
+
+def test_a_commit_asks_only_for_the_changelogs_it_wrote() -> None:
+    c, log, _output, _consumer, _ = committer()
+    a, b = FakeTask("0_0", 0, log), FakeTask("0_1", 1, log)
+    a.process(2)
+    c.commit([a, b], "interval")
+    assert "end_offsets 1" in log
+    assert b.post_commits[0][0] == {("cl", 0): 2}, "b wrote nothing: no position for it"
+    log.clear()
+    c.commit([a, b], "interval")
+    assert not any(entry.startswith("end_offsets") for entry in log), "nothing written"
+
+
+def test_an_unanswered_position_lookup_keeps_the_old_positions_and_commits() -> None:
+    c, log, _output, consumer, _ = committer()
+    task = FakeTask("0_0", 0, log)
+    task.process(3)
+    consumer.fail_lookup = True
+    result = c.commit([task], "interval")
+    assert result.committed and consumer.committed == {("in", 0): 3}
+    assert task.post_commits == [({}, True)], "no position is better than a wrong one"
+    assert c.position_lookup_failures == 1
 
 
 class FakeKeyParallelTask(FakeTask):
