@@ -360,9 +360,7 @@ class KeyParallelTask(StreamTask):
         """One thread alone (no collector at hand): output stays for `take_output`."""
         return self.process_shared(deadline, None)
 
-    def process_shared(
-        self, deadline: float, sink: OutputSink | None, contenders: int = 1
-    ) -> int:
+    def process_shared(self, deadline: float, sink: OutputSink | None, contenders: int = 1) -> int:
         """Take grabs of key lanes until the deadline or nothing is left for this thread.
 
         Each grab's output goes to `sink` before its keys are released.
@@ -393,9 +391,7 @@ class KeyParallelTask(StreamTask):
             record.sink = None
         return total
 
-    def _run_grab(
-        self, grab: Grab, record: _ThreadRecord, deadline: float, contenders: int
-    ) -> int:
+    def _run_grab(self, grab: Grab, record: _ThreadRecord, deadline: float, contenders: int) -> int:
         done: list[int] = []
         to_retry: list[int] = []
         failure: TaskFailedError | None = None
