@@ -17,7 +17,13 @@ its own, so that hypothesis can drive it through any interleaving:
   While records are fast (CPU-bound: the GIL runs one thread anyway) and
   nothing else is in flight, a grab is a chunk straight from the input
   queue instead, with no lanes and no other grab beside it: the default
-  mode's cost.
+  mode's cost. "Fast" is measured per grab from the thread's CPU time: a
+  record is fast when the time it waits beyond its CPU time and the wait
+  for the GIL that the busy threads explain (`contenders`) is short, so
+  that CPU-bound records stay fast when many threads contend for the GIL
+  (their wall time per record grows with the thread count, their waiting
+  does not); a second thread is then of no use to the task, and takes no
+  grab beside the one active (it would only add lanes and contention).
 - complete: the thread reports how many records of each lane it finished
   (`complete`); unfinished ones go back to the head of their lane, a failed
   record to be retried puts its lane in backoff (`RetryPolicy`).
@@ -60,18 +66,26 @@ MAX_GRAB = 64
 GRAB_TARGET_S = 0.001
 # Until measured, records are assumed this slow (one-lane grabs).
 _INITIAL_RECORD_S = 0.001
-# Records faster than this on average (CPU-bound work, which the GIL does not
-# run in parallel anyway) are taken in chunks while nothing else is in
-# flight: no lanes, one thread, the cost of the default mode.
+# Records that wait (off the GIL: I/O, sleeps, C code releasing it) less than
+# this, or less than their own CPU time, on average are fast: CPU-bound work,
+# which the GIL does not run in parallel anyway. They are taken in chunks
+# while nothing else is in flight: no lanes, one thread, the cost of the
+# default mode.
 CHUNK_BELOW_S = 0.0001
-# A chunk takes about this long (at most MAX_CHUNK records): one thread works
-# the task meanwhile, so chunks amortise their hand-over and locks as the
-# default mode's batches do.
+# A chunk takes about this much CPU time (at most MAX_CHUNK records): one
+# thread works the task meanwhile, so chunks amortise their hand-over and
+# locks as the default mode's batches do. CPU time, not wall time: under GIL
+# contention the wall time per record grows with the thread count, and
+# chunks sized by it would shrink to a few records.
 CHUNK_TARGET_S = 0.01
 MAX_CHUNK = 2048
 # Most records one `take` moves from the input queues into lanes (bounds how
 # long one thread holds the lanes' lock while dispatching).
 MAX_DISPATCH = 512
+# A grab of fast records that has run this long is stuck on a surprise slow
+# record (a lane grab of fast records takes a few ms even when many threads
+# contend for the GIL): other threads may then take the other keys again.
+STALL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -157,6 +171,10 @@ Pull = Callable[[int], list[Any]]
 """`pull(limit)`: up to `limit` records from the input queues, in dispatch
 order (called under the lanes' lock)."""
 
+Unpull = Callable[[list[Any]], None]
+"""`unpull(records)`: put records a chunk pulled and did not complete back at
+the head of the input queue, in their order (called under the lanes' lock)."""
+
 _BUSY, _BACKOFF = 1, 2
 
 
@@ -195,6 +213,10 @@ class KeyLanes:
         self.in_flight = 0
         self.completed_beyond = 0  # completed, above the watermark
         self.active_grabs = 0
+        # When each active grab started (by id), and the oldest of them
+        # (inf: none; read racily by `stalled`).
+        self._grab_starts: dict[int, float] = {}
+        self._oldest_grab_at = float("inf")
         self.dispatched_total = 0
         self.completed_total = 0
         self.stream_time = -1
@@ -203,8 +225,12 @@ class KeyLanes:
         self.exclusive_wanted = False
         self._exclusive_running = False
         self._chunk_active = False
-        # Moving average of the time per completed record (sizes grabs).
+        # Moving averages per attempted record: wall time (sizes lane grabs),
+        # the thread's CPU time (sizes chunks) and the wait beyond both CPU
+        # and GIL contention (`fast`). Until measured, records are slow.
         self.record_s = _INITIAL_RECORD_S
+        self.cpu_s = _INITIAL_RECORD_S
+        self.wait_s = _INITIAL_RECORD_S
 
     # --- the scheduler's view (racy reads) -------------------------------------
 
@@ -225,6 +251,20 @@ class KeyLanes:
         """When the earliest lane in backoff may be retried (inf: none)."""
         backoff = self._backoff
         return backoff[0][0] if backoff else float("inf")
+
+    @property
+    def fast(self) -> bool:
+        """Records are CPU-bound (they wait less than 0.1 ms, or less than they
+        compute): another thread on this task cannot run beside this one under
+        the GIL, so chunks, and no second thread (racy read)."""
+        wait = self.wait_s
+        return wait < CHUNK_BELOW_S or wait < self.cpu_s
+
+    @property
+    def stalled(self) -> bool:
+        """A grab has been active for more than STALL_S (a racy read): a slow
+        record, so other keys need other threads even if records are fast."""
+        return self._clock() - self._oldest_grab_at > STALL_S
 
     @property
     def lanes(self) -> int:
@@ -251,15 +291,17 @@ class KeyLanes:
                 self._end_backoffs()
             if self._chunk_active:
                 return None  # the chunk's keys are unknown: nothing else runs beside it
-            fast = (
-                self.record_s < CHUNK_BELOW_S
-                and self._single_topic is not None
-                and not self.dispatch_held
-            )
-            if fast and undispatched and not self.in_flight and not self.active_grabs:
-                return self._take_chunk(pull)
+            fast = self.fast and self._single_topic is not None and not self.dispatch_held
+            if fast:
+                if self.active_grabs and not self.stalled:
+                    # CPU-bound records: a second thread would only contend
+                    # for the GIL and turn chunks into lanes; the active
+                    # grab's thread goes on alone (unless it is stuck).
+                    return None
+                if undispatched and not self.in_flight:
+                    return self._take_chunk(pull)
             # Fast records: let the lanes drain (chunks follow) unless nothing
-            # in them is ready (keys busy or backing off).
+            # in them is ready (keys backing off).
             if undispatched and not self.dispatch_held and not (fast and self._ready):
                 room = self.window - self.in_flight
                 if room > 0:
@@ -267,9 +309,14 @@ class KeyLanes:
             ready = self._ready
             if not ready:
                 return None
-            # Share the ready records with the threads taking grabs now.
-            fair_share = -(-self.ready_records // (self.active_grabs + 1))
-            budget = max(1, min(MAX_GRAB, fair_share, int(GRAB_TARGET_S / self.record_s)))
+            if fast and not self.active_grabs:
+                # One thread drains the lanes alone (see above): no sharing,
+                # and the wall time per record is mostly GIL contention.
+                budget = MAX_GRAB
+            else:
+                # Share the ready records with the threads taking grabs now.
+                fair_share = -(-self.ready_records // (self.active_grabs + 1))
+                budget = max(1, min(MAX_GRAB, fair_share, int(GRAB_TARGET_S / self.record_s)))
             pending = self._pending
             blocked = self._blocked
             grab = Grab()
@@ -282,28 +329,52 @@ class KeyLanes:
                 lanes.append((key, records))
                 taken += len(records)
             self.ready_records -= taken
-            self.active_grabs += 1
+            self._started(grab)
             return grab
 
     def _take_chunk(self, pull: Pull) -> Grab | None:
         """Nothing in flight and records are fast: the next records straight
         from the input queue, in offset order, as one grab (under the lock)."""
-        records = pull(min(MAX_CHUNK, self.window, max(1, int(CHUNK_TARGET_S / self.record_s))))
+        records = pull(min(MAX_CHUNK, self.window, max(1, int(CHUNK_TARGET_S / self.cpu_s))))
         if not records:
             return None
         count = len(records)
         self.in_flight += count
         self.dispatched_total += count
-        self.active_grabs += 1
         self._chunk_active = True
-        return Grab(records)
+        grab = Grab(records)
+        self._started(grab)
+        return grab
+
+    def _started(self, grab: Grab) -> None:
+        """Count `grab` as active from now (under the lock)."""
+        now = self._clock()
+        self._grab_starts[id(grab)] = now
+        if self._oldest_grab_at == float("inf"):
+            self._oldest_grab_at = now
+        self.active_grabs += 1
+
+    def _ended(self, grab: Grab) -> None:
+        """`grab` is no longer active (under the lock)."""
+        starts = self._grab_starts
+        started = starts.pop(id(grab), None)
+        if started is not None and started <= self._oldest_grab_at:
+            self._oldest_grab_at = min(starts.values(), default=float("inf"))
+        self.active_grabs -= 1
 
     def _complete_chunk(
-        self, chunk: list[Any], done: int, retry: RetryPolicy, retrying: bool
+        self,
+        chunk: list[Any],
+        done: int,
+        retry: RetryPolicy,
+        retrying: bool,
+        unpull: Unpull | None,
     ) -> int:
         """A chunk is the whole in-flight set: its done prefix is the watermark's
-        next step; the rest goes into lanes (the first record's key into
-        backoff when it is to be retried). Under the lock."""
+        next step; the rest goes back to the head of the input queue (`unpull`:
+        as if never pulled, so the next grab is a chunk again), or into lanes
+        when the first record's key is to be retried (into backoff) or there is
+        no `unpull`. Under the lock."""
         self._chunk_active = False
         if done:
             stream_time = self.stream_time
@@ -319,6 +390,9 @@ class KeyLanes:
         if rest:
             self.in_flight -= len(rest)
             self.dispatched_total -= len(rest)
+            if unpull is not None and not retrying:
+                unpull(rest)
+                return done
             if retrying:
                 key = rest[0].key()
                 self.failures[key] = attempt = self.failures.get(key, 0) + 1
@@ -370,24 +444,32 @@ class KeyLanes:
         retry: RetryPolicy,
         busy_s: float = 0.0,
         to_retry: Iterable[int] = (),
+        cpu_s: float | None = None,
+        contenders: int = 1,
+        unpull: Unpull | None = None,
     ) -> int:
         """Finish a grab: `done[i]` records of `grab.lanes[i]` completed, in
         order from the first (missing: none); the lanes at the indexes in
         `to_retry` failed on the record after those and wait for a retry.
 
         Completed records count toward the watermark; the rest go back to the
-        head of their lane. `busy_s` is how long the grab took (sizes later
-        grabs). Returns how many records completed.
+        head of their lane (a chunk's: to the input queue through `unpull`).
+        `busy_s` is how long the grab took, `cpu_s` the CPU time the thread
+        spent on it (None: not measured, all of `busy_s` counts as waiting)
+        and `contenders` how many threads were competing for the GIL
+        meanwhile (busy processing threads and the polling thread): they size
+        later grabs and tell whether records are fast. Returns how many
+        records completed.
         """
         with self._lock:
             retrying = set(to_retry)
             if grab.chunk is not None:
                 count = done[0] if done else 0
-                completed = self._complete_chunk(grab.chunk, count, retry, 0 in retrying)
-                self._note_time(busy_s, completed + len(retrying))
+                completed = self._complete_chunk(grab.chunk, count, retry, 0 in retrying, unpull)
+                self._note_time(busy_s, completed + len(retrying), cpu_s, contenders)
                 self.in_flight -= completed
                 self.completed_total += completed
-                self.active_grabs -= 1
+                self._ended(grab)
                 return completed
             pending = self._pending
             blocked = self._blocked
@@ -430,18 +512,36 @@ class KeyLanes:
                     ready.append(key)
                     ready_added += len(waiting)
             self.ready_records += ready_added
-            self._note_time(busy_s, completed + len(retrying))
+            self._note_time(busy_s, completed + len(retrying), cpu_s, contenders)
             self.in_flight -= completed
             self.completed_total += completed
             self.completed_beyond += completed
             if completed:
                 self._advance()
-            self.active_grabs -= 1
+            self._ended(grab)
             return completed
 
-    def _note_time(self, busy_s: float, attempted: int) -> None:
-        if attempted and busy_s > 0.0:
-            self.record_s = 0.8 * self.record_s + 0.2 * max(busy_s / attempted, 1e-7)
+    def _note_time(
+        self, busy_s: float, attempted: int, cpu_s: float | None, contenders: int
+    ) -> None:
+        """Fold one grab's times into the moving averages (under the lock).
+
+        The wait is what the wall time leaves beyond the CPU time and the GIL
+        wait that `contenders` threads explain (each CPU-bound contender holds
+        the GIL about as long as this thread computes): CPU-bound records wait
+        about nothing at any thread count, records waiting on I/O keep most
+        of their wait."""
+        if not attempted or busy_s <= 0.0:
+            return
+        per = 1.0 / attempted
+        self.record_s = 0.8 * self.record_s + 0.2 * max(busy_s * per, 1e-7)
+        if cpu_s is None:
+            cpu = wait = busy_s
+        else:
+            cpu = min(max(cpu_s, 0.0), busy_s)
+            wait = max(0.0, busy_s - cpu * max(1, contenders))
+        self.cpu_s = 0.8 * self.cpu_s + 0.2 * max(cpu * per, 1e-7)
+        self.wait_s = 0.8 * self.wait_s + 0.2 * wait * per
 
     def _advance(self) -> None:
         """Move the watermark over the completed head of the dispatch order.

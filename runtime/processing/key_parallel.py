@@ -232,6 +232,15 @@ class KeyParallelTask(StreamTask):
         return self._lanes.completed_total
 
     @property
+    def shareable(self) -> bool:
+        """Whether one more thread could work on this task beside those holding
+        it: not while its records are CPU-bound (`KeyLanes.fast`: under the GIL
+        a second thread only contends), unless a grab is stuck on a slow record
+        (`KeyLanes.stalled`). The scheduler's rule; a racy read."""
+        lanes = self._lanes
+        return not lanes.fast or lanes.stalled
+
+    @property
     def backing_off(self) -> bool:
         return self._lanes.next_retry_at != float("inf")
 
@@ -351,10 +360,13 @@ class KeyParallelTask(StreamTask):
         """One thread alone (no collector at hand): output stays for `take_output`."""
         return self.process_shared(deadline, None)
 
-    def process_shared(self, deadline: float, sink: OutputSink | None) -> int:
+    def process_shared(self, deadline: float, sink: OutputSink | None, contenders: int = 1) -> int:
         """Take grabs of key lanes until the deadline or nothing is left for this thread.
 
         Each grab's output goes to `sink` before its keys are released.
+        `contenders`: threads competing for the GIL during this batch (busy
+        processing threads, this one included, and the polling thread), to
+        tell GIL waits from I/O waits (`KeyLanes.complete`).
         Raises TaskFailedError when a handler says fail (after completing what
         the grab finished; the failing record is not completed).
         """
@@ -367,7 +379,7 @@ class KeyParallelTask(StreamTask):
                 grab = lanes.take(self._pull, self._undispatched())
                 if grab is None:
                     break
-                total += self._run_grab(grab, record, deadline)
+                total += self._run_grab(grab, record, deadline, contenders)
                 if self._punctuations:
                     self._maybe_punctuate(record)
                 if time.monotonic() >= deadline:
@@ -379,11 +391,12 @@ class KeyParallelTask(StreamTask):
             record.sink = None
         return total
 
-    def _run_grab(self, grab: Grab, record: _ThreadRecord, deadline: float) -> int:
+    def _run_grab(self, grab: Grab, record: _ThreadRecord, deadline: float, contenders: int) -> int:
         done: list[int] = []
         to_retry: list[int] = []
         failure: TaskFailedError | None = None
         monotonic = time.monotonic
+        cpu_started = time.thread_time()
         started = monotonic()
         lanes = self._lanes
         failures_of = lanes.failures
@@ -429,7 +442,16 @@ class KeyParallelTask(StreamTask):
             # The grab's output goes before its keys are released (rule 2).
             self._hand_over_now(record)
             elapsed = monotonic() - started
-            completed = lanes.complete(grab, done, self._retry, elapsed, to_retry)
+            completed = lanes.complete(
+                grab,
+                done,
+                self._retry,
+                elapsed,
+                to_retry,
+                time.thread_time() - cpu_started,
+                contenders,
+                self._unpull,
+            )
             self._busy_s += elapsed  # racy sum: a status figure only
         if failure is not None:
             self._failed = True
@@ -536,6 +558,14 @@ class KeyParallelTask(StreamTask):
         if single is not None:
             return len(single.records)
         return sum(len(q.records) for q in self._queue_list)
+
+    def _unpull(self, records: list[Message]) -> None:
+        """Put a chunk's unfinished records back at the head of the input queue
+        (chunks come from a single input queue only). The polling thread only
+        appends at the tail meanwhile; deque ends are thread-safe."""
+        single = self._single_queue
+        assert single is not None, "a chunk from a task with several input topics"
+        single.records.extendleft(reversed(records))
 
     def _pull(self, limit: int) -> list[Message]:
         """Up to `limit` records from the input queues, in the order one thread

@@ -21,9 +21,12 @@ paused task is never handed out.
 Key-parallel tasks (`task.key_parallel`, runtime.processing.key_parallel) are
 held shared: up to `task.threads_per_task` threads at once, each working on
 other keys (rule 1 relaxed per key, never within a key). Such a task is handed
-to one more thread while it has records that thread could take
-(`task.buffered`). Commits and interactive queries still need it alone: they
-wait until no thread holds a share, and a waiting query stops new shares.
+to one more thread only when no unheld task has work, while it has records
+that thread could take (`task.buffered`), and while its records are not
+CPU-bound (`task.shareable`: under the GIL a second thread on CPU-bound
+records only contends, and turns the task's cheap chunks into key lanes).
+Commits and interactive queries still need it alone: they wait until no
+thread holds a share, and a waiting query stops new shares.
 
 Named queries (`task.query`, runtime.topology.queries): the query goes
 first, then the rules above inside it. `QueryLedger` (runtime.processing.
@@ -82,6 +85,9 @@ class TaskManager:
         self._sharers: dict[str, list[str]] = {}
         # Key-parallel tasks a query waits for: no new shares meanwhile.
         self._exclusive_waiting: set[str] = set()
+        # Processing threads holding a task now (written under the lock, read
+        # racily: how many threads compete for the GIL, see `busy_threads`).
+        self._busy = 0
         self._failed: dict[str, TaskFailedError] = {}
         self._failures_to_report: list[TaskFailedError] = []
         self._paused: set[str] = set()
@@ -152,6 +158,12 @@ class TaskManager:
         """Processing threads waiting for work now (read for tests and status)."""
         with self._cond:
             return self._idle
+
+    @property
+    def busy_threads(self) -> int:
+        """Processing threads holding a task now (a racy read, any thread): a
+        key-parallel task tells waits for the GIL from waits on I/O with it."""
+        return self._busy
 
     def wait_for_change(self, timeout: float) -> None:
         """Block until a task is released or work is notified, at most `timeout`
@@ -377,6 +389,7 @@ class TaskManager:
                     else:
                         self._owners[task.id] = thread_name
                         task.yield_requested = False
+                    self._busy += 1
                     return task
                 remaining = deadline - now
                 if remaining <= 0:
@@ -397,9 +410,11 @@ class TaskManager:
             if self._owners.get(task.id) == thread_name:
                 del self._owners[task.id]
                 task.yield_requested = False
+                self._busy -= 1
             sharers = self._sharers.get(task.id)
             if sharers and thread_name in sharers:
                 sharers.remove(thread_name)
+                self._busy -= 1
             now = self._clock()
             if task.id in self._tasks:
                 self._last_served[task.id] = now
@@ -546,8 +561,8 @@ class TaskManager:
         threshold = now - self._starvation_s
         last_served = self._last_served
         # A key-parallel task other threads hold is joined only when no task
-        # is free: sharing pays where records wait on I/O, and costs where
-        # they are CPU-bound and other tasks have work.
+        # is free, and never while its records are CPU-bound: sharing pays
+        # where records wait on I/O, and costs where they are CPU-bound.
         shared: StreamTask | None = None
         shared_buffered = 0
         sharers = self._sharers
@@ -555,6 +570,8 @@ class TaskManager:
             if not self._schedulable(task_id):
                 continue
             if sharers.get(task_id):
+                if not getattr(task, "shareable", True):
+                    continue
                 buffered = task.buffered
                 if buffered > shared_buffered:
                     shared, shared_buffered = task, buffered

@@ -94,7 +94,11 @@ class ProcessingThread(threading.Thread):
                     if task.key_parallel:
                         # Shared with other threads: each grab's output goes
                         # to the collector before its keys are released.
-                        task.process_shared(started + self._timeslice_s, self._collector)  # type: ignore[attr-defined]
+                        # The polling thread competes for the GIL too.
+                        contenders = manager.busy_threads + 1
+                        task.process_shared(  # type: ignore[attr-defined]
+                            started + self._timeslice_s, self._collector, contenders
+                        )
                     else:
                         task.process(started + self._timeslice_s)
                 except TaskFailedError as exc:

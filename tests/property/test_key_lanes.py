@@ -88,6 +88,10 @@ class KeyLanesMachine(RuleBasedStateMachine):
             pulled.append(self.queue.popleft())
         return pulled
 
+    def unpull(self, records: list[FakeRecord]) -> None:
+        """A chunk's unfinished records back at the head of the input queue."""
+        self.queue.extendleft(reversed(records))
+
     # --- threads ------------------------------------------------------------------
 
     @rule()
@@ -108,9 +112,14 @@ class KeyLanesMachine(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(idle))
         in_flight_before = self.lanes.in_flight
         wanted = self.lanes.exclusive_wanted
+        alone = self.lanes.fast and not self.lanes.dispatch_held and not self.lanes.stalled
+        others = any(grab is not None for grab in self.threads.values())
         grab = self.lanes.take(self.pull, len(self.queue))
         if wanted:
             assert grab is None, "a grab was taken while a punctuation waited or ran"
+        if alone and others:
+            assert grab is None, "a second grab beside one on CPU-bound records"
+            assert self.lanes.in_flight == in_flight_before, "dispatched beside it"
         if self.lanes.dispatch_held:
             assert self.lanes.in_flight == in_flight_before, "dispatched while held"
         assert self.lanes.in_flight <= self.lanes.window
@@ -172,7 +181,9 @@ class KeyLanesMachine(RuleBasedStateMachine):
                 offset = record.offset()
                 self.completions[offset] = self.completions.get(offset, 0) + 1
                 self.completed_by_key.setdefault(key, []).append(offset)
-        self.lanes.complete(grab, done, self.retry, 0.0, to_retry)
+        give_back = data.draw(st.booleans())
+        unpull = self.unpull if give_back else None
+        self.lanes.complete(grab, done, self.retry, 0.0, to_retry, None, 1, unpull)
         self.threads[name] = None
         if self.lanes.exclusive_wanted and all(g is None for g in self.threads.values()):
             # The last grab to finish runs the punctuation that waited for it.
@@ -183,8 +194,11 @@ class KeyLanesMachine(RuleBasedStateMachine):
 
     @rule(fast=st.booleans())
     def records_get_faster_or_slower(self, fast: bool) -> None:
-        """The measured time per record: below CHUNK_BELOW_S, chunks are taken."""
+        """The measured wait per record: below CHUNK_BELOW_S, chunks are taken
+        and no second grab runs beside one."""
         self.lanes.record_s = 1e-6 if fast else 1e-3
+        self.lanes.wait_s = 0.0 if fast else 1e-3
+        self.lanes.cpu_s = 1e-6
 
     @rule(seconds=st.sampled_from([0.005, 0.02, 0.1]))
     def time_passes(self, seconds: float) -> None:

@@ -223,3 +223,51 @@ def test_the_longest_waiting_starving_task_goes_first() -> None:
     assert manager.acquire_next("t1", 0.1, never) is older
     assert manager.acquire_next("t2", 0.1, never) is newer
     assert manager.acquire_next("t3", 0.1, never) is hot
+
+
+class FakeSharedTask(FakeTask):
+    """A key-parallel task as the scheduler sees it: held shared, and
+    `shareable` while its records are not CPU-bound."""
+
+    key_parallel = True
+    threads_per_task = 4
+
+    def __init__(self, task_id: str, shareable: bool) -> None:
+        super().__init__(task_id)
+        self.shareable = shareable
+
+
+@pytest.mark.parametrize("shareable", [True, False])
+def test_a_second_thread_joins_a_held_key_parallel_task_only_while_shareable(
+    shareable: bool,
+) -> None:
+    """Records that wait on I/O: a thread with nothing else to do joins the
+    task. CPU-bound records (not shareable): it does not, as the GIL would run
+    one of the two threads at a time anyway."""
+    task = FakeSharedTask("0_0", shareable)
+    for i in range(10):
+        task.add(i)
+    manager = manager_with(task)
+    assert manager.acquire_next("t1", 0.1, never) is task
+    joined = manager.acquire_next("t2", 0.05, never)
+    assert (joined is task) == shareable
+    assert manager.holders("0_0") == (2 if shareable else 1)
+
+
+def test_busy_threads_counts_exclusive_and_shared_holders() -> None:
+    plain, shared = FakeTask("0_0"), FakeSharedTask("0_1", shareable=True)
+    plain.add(0)
+    for i in range(5):
+        shared.add(i)
+    manager = manager_with(plain, shared)
+    assert manager.busy_threads == 0
+    first = manager.acquire_next("t1", 0.1, never)
+    second = manager.acquire_next("t2", 0.1, never)
+    third = manager.acquire_next("t3", 0.1, never)
+    assert {id(first), id(second), id(third)} == {id(plain), id(shared)}
+    assert manager.busy_threads == 3
+    manager.release(shared, "t9", None)  # type: ignore[arg-type]  # not a holder: no change
+    assert manager.busy_threads == 3
+    for name, task in (("t1", first), ("t2", second), ("t3", third)):
+        manager.release(task, name, None)  # type: ignore[arg-type]
+    assert manager.busy_threads == 0
