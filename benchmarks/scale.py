@@ -130,6 +130,16 @@ class Instance:
         return {t["id"] for t in status["tasks"] if t["state"] == "RUNNING"}
 
 
+def stop_all(instances: list[Instance]) -> None:
+    """SIGTERM every live daemon at once, then wait for each (SIGKILL after 30 s)."""
+    for instance in instances:
+        if instance.daemon.alive():
+            instance.daemon.send(signal.SIGTERM)
+    for instance in instances:
+        if instance.daemon.alive() and instance.daemon.wait(30) is None:
+            instance.daemon.kill()
+
+
 def _deadline_loop(timeout: float, what: str, step: Any) -> float:
     """Call `step()` every SAMPLE_S until it returns True; the wall time then."""
     deadline = time.monotonic() + timeout
@@ -263,12 +273,7 @@ def run_mode(session: Any, mode: str, args: argparse.Namespace, log_root: Path) 
     finally:
         if feeder.is_alive():
             feeder.stop()
-        for inst in instances:
-            if inst.daemon.alive():
-                inst.daemon.send(signal.SIGTERM)
-        for inst in instances:
-            if inst.daemon.alive() and inst.daemon.wait(30) is None:
-                inst.daemon.kill()
+        stop_all(instances)
         shutil.rmtree(sock_dir, ignore_errors=True)
     run = analyse(mode, bootstrap, sink, parts, events, samples, instances, fed, args, load_s)
     run["initial_restore_records"] = initial_restore

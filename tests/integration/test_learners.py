@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.harness import load_records
-from benchmarks.scale import Instance
+from benchmarks.scale import Instance, stop_all
 from runtime import App, StreamsBuilder, serdes
 from tests.harness import REPO, Daemon, Feeder, clean_env
 from tests.kafka_helpers import (
@@ -249,15 +249,6 @@ def running_now(instance: Instance) -> set[str]:
     """The tasks a daemon runs, from a fresh status (none while it does not answer)."""
     instance.status()
     return instance.running()
-
-
-def stop_all(instances: list[Instance]) -> None:
-    for instance in instances:
-        if instance.daemon.alive():
-            instance.daemon.send(signal.SIGTERM)
-    for instance in instances:
-        if instance.daemon.alive() and instance.daemon.wait(30) is None:
-            instance.daemon.kill()
 
 
 @pytest.mark.parametrize("assignment", ["runtime", "group"])
