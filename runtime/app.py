@@ -588,7 +588,6 @@ class App:
             self._check_named("add a query")
             if self._state not in (AppState.RUNNING, AppState.REBALANCING) or polling is None:
                 raise IllegalStateError(f"add_query() needs a running app, it is {self._state}")
-            self._check_group_placement("add a query")
             composite = with_query(self.topology, name, topology)
         added = [s for s in composite.subtopologies if s.query == name]
         if polling.assignment_strategy != "range" and any(len(s.sources) > 1 for s in added):
@@ -659,7 +658,6 @@ class App:
             self._check_named("remove a query")
             if self._state not in (AppState.RUNNING, AppState.REBALANCING) or polling is None:
                 raise IllegalStateError(f"remove_query() needs a running app, it is {self._state}")
-            self._check_group_placement("remove a query")
             remaining = without_query(self.topology, name)
         removed = [s for s in self.topology.subtopologies if s.query == name]
         done = polling.query_changes.request(
@@ -694,16 +692,6 @@ class App:
             raise IllegalStateError(
                 f"cannot {what}: this app runs one plain topology; start it with a mapping "
                 "App({name: topology, ...}, config) to run named queries"
-            )
-
-    def _check_group_placement(self, what: str) -> None:
-        # Every instance's placer works from the task layout it started with;
-        # a query added on one instance would be tasks the others never place.
-        if self.config.task_assignment == "runtime":
-            raise IllegalStateError(
-                f"cannot {what} at runtime under task.assignment=runtime (not supported "
-                "yet): put the query in the app's mapping and restart the instances, "
-                "or run with task.assignment=group"
             )
 
     def _check_known(self, name: str) -> None:
