@@ -24,6 +24,12 @@ its own, so that hypothesis can drive it through any interleaving:
   (their wall time per record grows with the thread count, their waiting
   does not); a second thread is then of no use to the task, and takes no
   grab beside the one active (it would only add lanes and contention).
+  A grab that shared the task with other grabs cannot always tell: when k
+  threads' CPU time adds up to the wall time, records that sleep 1 ms and
+  compute 150 us look like CPU-bound ones at 8 threads. Only a grab run alone
+  settles it, so "fast" also needs the last alone measurement to say so;
+  when the shared measurements say fast and no alone measurement is recent,
+  the next grab is a small probe taken once no other grab is active.
 - complete: the thread reports how many records of each lane it finished
   (`complete`); unfinished ones go back to the head of their lane, a failed
   record to be retried puts its lane in backoff (`RetryPolicy`).
@@ -86,6 +92,11 @@ MAX_DISPATCH = 512
 # record (a lane grab of fast records takes a few ms even when many threads
 # contend for the GIL): other threads may then take the other keys again.
 STALL_S = 0.05
+# An alone measurement (a grab no other grab overlapped) younger than this
+# settles whether records are fast; an older one is refreshed by a probe
+# when the shared measurements say fast (a probe idles the task's other
+# threads for about one grab, so not more often).
+PROBE_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -154,11 +165,14 @@ class Grab:
     in offset order); or a `chunk`: records straight from the input queue, in
     offset order, whatever their keys (see `KeyLanes.take`)."""
 
-    __slots__ = ("lanes", "chunk")
+    __slots__ = ("lanes", "chunk", "alone_since")
 
     def __init__(self, chunk: list[Any] | None = None) -> None:
         self.lanes: list[tuple[Key, list[Any]]] = []
         self.chunk = chunk
+        # The lanes' overlap count when this grab started with no other grab
+        # active (-1: it did not): unchanged at its end means it ran alone.
+        self.alone_since = -1
 
     @property
     def records(self) -> int:
@@ -231,6 +245,12 @@ class KeyLanes:
         self.record_s = _INITIAL_RECORD_S
         self.cpu_s = _INITIAL_RECORD_S
         self.wait_s = _INITIAL_RECORD_S
+        # The wait measured by grabs that ran alone (no GIL contention from
+        # the task's own threads), and when last (see `fast`); `_overlaps`
+        # counts grabs started beside an active one.
+        self.alone_wait_s = _INITIAL_RECORD_S
+        self._alone_at = float("-inf")
+        self._overlaps = 0
 
     # --- the scheduler's view (racy reads) -------------------------------------
 
@@ -255,10 +275,31 @@ class KeyLanes:
     @property
     def fast(self) -> bool:
         """Records are CPU-bound (they wait less than 0.1 ms, or less than they
-        compute): another thread on this task cannot run beside this one under
+        compute), by the recent measurements and by the last grab that ran
+        alone: another thread on this task cannot run beside this one under
         the GIL, so chunks, and no second thread (racy read)."""
+        cpu = self.cpu_s
         wait = self.wait_s
-        return wait < CHUNK_BELOW_S or wait < self.cpu_s
+        if not (wait < CHUNK_BELOW_S or wait < cpu):
+            return False
+        alone = self.alone_wait_s
+        return alone < CHUNK_BELOW_S or alone < cpu
+
+    @property
+    def probe_wanted(self) -> bool:
+        """The shared measurements say fast, the last alone one (older than
+        PROBE_INTERVAL_S, or none yet) says slow: the next grab runs alone to
+        settle it, so no thread joins meanwhile (racy read)."""
+        if self._single_topic is None or self.dispatch_held:
+            return False  # never chunks: sharing is the only mode
+        cpu = self.cpu_s
+        wait = self.wait_s
+        if not (wait < CHUNK_BELOW_S or wait < cpu):
+            return False
+        alone = self.alone_wait_s
+        if alone < CHUNK_BELOW_S or alone < cpu:
+            return False
+        return self._clock() - self._alone_at > PROBE_INTERVAL_S
 
     @property
     def stalled(self) -> bool:
@@ -292,13 +333,15 @@ class KeyLanes:
             if self._chunk_active:
                 return None  # the chunk's keys are unknown: nothing else runs beside it
             fast = self.fast and self._single_topic is not None and not self.dispatch_held
-            if fast:
+            probe = not fast and self.probe_wanted
+            if fast or probe:
                 if self.active_grabs and not self.stalled:
                     # CPU-bound records: a second thread would only contend
                     # for the GIL and turn chunks into lanes; the active
-                    # grab's thread goes on alone (unless it is stuck).
+                    # grab's thread goes on alone (unless it is stuck). A
+                    # probe waits for the active grabs to end.
                     return None
-                if undispatched and not self.in_flight:
+                if fast and undispatched and not self.in_flight:
                     return self._take_chunk(pull)
             # Fast records: let the lanes drain (chunks follow) unless nothing
             # in them is ready (keys backing off).
@@ -309,7 +352,10 @@ class KeyLanes:
             ready = self._ready
             if not ready:
                 return None
-            if fast and not self.active_grabs:
+            if probe:
+                # About GRAB_TARGET_S of records, alone: enough to measure.
+                budget = max(1, min(MAX_GRAB, int(GRAB_TARGET_S / self.record_s)))
+            elif fast and not self.active_grabs:
                 # One thread drains the lanes alone (see above): no sharing,
                 # and the wall time per record is mostly GIL contention.
                 budget = MAX_GRAB
@@ -352,6 +398,10 @@ class KeyLanes:
         self._grab_starts[id(grab)] = now
         if self._oldest_grab_at == float("inf"):
             self._oldest_grab_at = now
+        if self.active_grabs:
+            self._overlaps += 1
+        else:
+            grab.alone_since = self._overlaps
         self.active_grabs += 1
 
     def _ended(self, grab: Grab) -> None:
@@ -466,7 +516,7 @@ class KeyLanes:
             if grab.chunk is not None:
                 count = done[0] if done else 0
                 completed = self._complete_chunk(grab.chunk, count, retry, 0 in retrying, unpull)
-                self._note_time(busy_s, completed + len(retrying), cpu_s, contenders)
+                self._note_time(busy_s, completed + len(retrying), cpu_s, contenders, grab)
                 self.in_flight -= completed
                 self.completed_total += completed
                 self._ended(grab)
@@ -512,7 +562,7 @@ class KeyLanes:
                     ready.append(key)
                     ready_added += len(waiting)
             self.ready_records += ready_added
-            self._note_time(busy_s, completed + len(retrying), cpu_s, contenders)
+            self._note_time(busy_s, completed + len(retrying), cpu_s, contenders, grab)
             self.in_flight -= completed
             self.completed_total += completed
             self.completed_beyond += completed
@@ -522,7 +572,7 @@ class KeyLanes:
             return completed
 
     def _note_time(
-        self, busy_s: float, attempted: int, cpu_s: float | None, contenders: int
+        self, busy_s: float, attempted: int, cpu_s: float | None, contenders: int, grab: Grab
     ) -> None:
         """Fold one grab's times into the moving averages (under the lock).
 
@@ -530,7 +580,8 @@ class KeyLanes:
         wait that `contenders` threads explain (each CPU-bound contender holds
         the GIL about as long as this thread computes): CPU-bound records wait
         about nothing at any thread count, records waiting on I/O keep most
-        of their wait."""
+        of their wait. A grab no other grab overlapped also sets the alone
+        wait (a stale one is replaced, not averaged: it answers a probe)."""
         if not attempted or busy_s <= 0.0:
             return
         per = 1.0 / attempted
@@ -542,6 +593,13 @@ class KeyLanes:
             wait = max(0.0, busy_s - cpu * max(1, contenders))
         self.cpu_s = 0.8 * self.cpu_s + 0.2 * max(cpu * per, 1e-7)
         self.wait_s = 0.8 * self.wait_s + 0.2 * wait * per
+        if grab.alone_since == self._overlaps:
+            now = self._clock()
+            if now - self._alone_at > PROBE_INTERVAL_S:
+                self.alone_wait_s = wait * per
+            else:
+                self.alone_wait_s = 0.8 * self.alone_wait_s + 0.2 * wait * per
+            self._alone_at = now
 
     def _advance(self) -> None:
         """Move the watermark over the completed head of the dispatch order.

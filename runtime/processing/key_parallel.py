@@ -235,10 +235,11 @@ class KeyParallelTask(StreamTask):
     def shareable(self) -> bool:
         """Whether one more thread could work on this task beside those holding
         it: not while its records are CPU-bound (`KeyLanes.fast`: under the GIL
-        a second thread only contends), unless a grab is stuck on a slow record
+        a second thread only contends) or a grab alone is wanted to tell
+        (`KeyLanes.probe_wanted`), unless a grab is stuck on a slow record
         (`KeyLanes.stalled`). The scheduler's rule; a racy read."""
         lanes = self._lanes
-        return not lanes.fast or lanes.stalled
+        return not (lanes.fast or lanes.probe_wanted) or lanes.stalled
 
     @property
     def backing_off(self) -> bool:
@@ -360,13 +361,19 @@ class KeyParallelTask(StreamTask):
         """One thread alone (no collector at hand): output stays for `take_output`."""
         return self.process_shared(deadline, None)
 
-    def process_shared(self, deadline: float, sink: OutputSink | None, contenders: int = 1) -> int:
+    def process_shared(
+        self,
+        deadline: float,
+        sink: OutputSink | None,
+        contenders: Callable[[], int] | None = None,
+    ) -> int:
         """Take grabs of key lanes until the deadline or nothing is left for this thread.
 
         Each grab's output goes to `sink` before its keys are released.
-        `contenders`: threads competing for the GIL during this batch (busy
-        processing threads, this one included, and the polling thread), to
-        tell GIL waits from I/O waits (`KeyLanes.complete`).
+        `contenders()`: threads competing for the GIL now (busy processing
+        threads, this one included, and the polling thread; None: 1), read at
+        each grab's start and end, to tell GIL waits from I/O waits
+        (`KeyLanes.complete`).
         Raises TaskFailedError when a handler says fail (after completing what
         the grab finished; the failing record is not completed).
         """
@@ -391,11 +398,18 @@ class KeyParallelTask(StreamTask):
             record.sink = None
         return total
 
-    def _run_grab(self, grab: Grab, record: _ThreadRecord, deadline: float, contenders: int) -> int:
+    def _run_grab(
+        self,
+        grab: Grab,
+        record: _ThreadRecord,
+        deadline: float,
+        contenders: Callable[[], int] | None,
+    ) -> int:
         done: list[int] = []
         to_retry: list[int] = []
         failure: TaskFailedError | None = None
         monotonic = time.monotonic
+        contenders_then = contenders() if contenders is not None else 1
         cpu_started = time.thread_time()
         started = monotonic()
         lanes = self._lanes
@@ -442,14 +456,19 @@ class KeyParallelTask(StreamTask):
             # The grab's output goes before its keys are released (rule 2).
             self._hand_over_now(record)
             elapsed = monotonic() - started
+            cpu = time.thread_time() - cpu_started
+            # The fewer of start and end: threads that left meanwhile (a
+            # probe's start) competed for part of the grab at most.
+            if contenders is not None:
+                contenders_then = min(contenders_then, contenders())
             completed = lanes.complete(
                 grab,
                 done,
                 self._retry,
                 elapsed,
                 to_retry,
-                time.thread_time() - cpu_started,
-                contenders,
+                cpu,
+                contenders_then,
                 self._unpull,
             )
             self._busy_s += elapsed  # racy sum: a status figure only

@@ -59,6 +59,12 @@ class ProcessingThread(threading.Thread):
         # time slice, so `current_task` alone is mostly None in a snapshot.
         self.last_task: str | None = None
 
+    def _contenders(self) -> int:
+        """Threads competing for the GIL now: the busy processing threads and
+        the polling thread (a key-parallel task tells GIL waits from I/O waits
+        with it; read per grab, since threads come and go within a batch)."""
+        return self._task_manager.busy_threads + 1
+
     def request_stop(self) -> None:
         """Finish the current batch, release the task, exit. Any thread may call."""
         self._stop_requested.set()
@@ -95,9 +101,8 @@ class ProcessingThread(threading.Thread):
                         # Shared with other threads: each grab's output goes
                         # to the collector before its keys are released.
                         # The polling thread competes for the GIL too.
-                        contenders = manager.busy_threads + 1
                         task.process_shared(  # type: ignore[attr-defined]
-                            started + self._timeslice_s, self._collector, contenders
+                            started + self._timeslice_s, self._collector, self._contenders
                         )
                     else:
                         task.process(started + self._timeslice_s)
