@@ -131,6 +131,11 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "gauge",
         "Key-parallel tasks: threads busy on the task, averaged over about a second.",
     ),
+    "streams_task_cpu_bound": (
+        "gauge",
+        "Key-parallel tasks: 1 while records count as CPU-bound (one thread works the task, "
+        "a second would only contend for the GIL), else 0.",
+    ),
     "streams_task_threads_max": (
         "gauge",
         "Most threads that may share a task (num.threads.per.task; 1 for one-thread tasks).",
@@ -582,6 +587,7 @@ def _key_parallel_families(status: AppStatus) -> Iterator[Any]:
     in_flight = _gauge("streams_task_in_flight_records", labels=["task"])
     lag = _gauge("streams_task_watermark_lag_records", labels=["task"])
     parallelism = _gauge("streams_task_parallelism", labels=["task"])
+    cpu_bound = _gauge("streams_task_cpu_bound", labels=["task"])
     retries = CounterMetricFamily(
         "streams_task_processing_retries",
         FAMILIES["streams_task_processing_retries"][1],
@@ -591,11 +597,12 @@ def _key_parallel_families(status: AppStatus) -> Iterator[Any]:
         in_flight.add_metric([task.id], float(task.in_flight))
         lag.add_metric([task.id], float(task.watermark_lag))
         parallelism.add_metric([task.id], task.parallelism)
+        cpu_bound.add_metric([task.id], 1.0 if task.cpu_bound else 0.0)
         retries.add_metric([task.id], float(task.retried))
     threads = _gauge("streams_task_threads_max", labels=["task"])
     for task in status.tasks:
         threads.add_metric([task.id], float(task.threads_per_task))
-    yield from (in_flight, lag, parallelism, retries, threads)
+    yield from (in_flight, lag, parallelism, cpu_bound, retries, threads)
 
 
 def _query_families(status: AppStatus) -> Iterator[Any]:

@@ -43,13 +43,21 @@ class TaskStatus:
     # Key-parallel mode (num.threads.per.task, processing.retry.*): the most
     # threads that may share the task, records dispatched to key lanes and not
     # yet completed, records completed above the watermark (reprocessed after
-    # a crash), threads busy on it on average over the last second, retries.
+    # a crash), threads busy on it on average over the last second, retries;
+    # and why it shares its threads or not: `cpu_bound` records take one
+    # thread (a second one would only contend for the GIL), judged from the
+    # CPU time and the wait off the GIL per record (moving averages, in us)
+    # and from grabs run alone (`probes`: grabs run alone to settle it).
     key_parallel: bool = False
     threads_per_task: int = 1
     in_flight: int = 0
     watermark_lag: int = 0
     parallelism: float = 0.0
     retried: int = 0
+    cpu_bound: bool = False
+    record_cpu_us: float = 0.0
+    record_wait_us: float = 0.0
+    probes: int = 0
 
 
 @dataclass(frozen=True)
@@ -216,6 +224,10 @@ class AppStatus:
                 watermark_lag=int(t.get("watermark_lag", 0)),
                 parallelism=float(t.get("parallelism", 0.0)),
                 retried=int(t.get("retried", 0)),
+                cpu_bound=bool(t.get("cpu_bound", False)),
+                record_cpu_us=float(t.get("record_cpu_us", 0.0)),
+                record_wait_us=float(t.get("record_wait_us", 0.0)),
+                probes=int(t.get("probes", 0)),
             )
             for t in data.get("tasks") or ()
         )

@@ -23,6 +23,7 @@ runtime has no public one). The baseline has gates of its own.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -184,6 +185,13 @@ class _Model:
 
     def status(self) -> dict[str, Any]:
         status = dict(self.app.status())
+        # Key-parallel tasks' figures (parallelism, CPU-bound or not, probes)
+        # explain a keypar run's throughput; other tasks' are left out.
+        status["key_parallel_tasks"] = [
+            {k: v for k, v in dataclasses.asdict(t).items() if k not in ("partitions", "restore")}
+            for t in self.app.status().tasks
+            if t.key_parallel
+        ]
         status.pop("tasks", None)
         status.pop("lag", None)
         return status

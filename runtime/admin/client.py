@@ -198,7 +198,9 @@ def format_tasks(tasks: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _parallel(task: Mapping[str, Any]) -> str:
-    return f"{float(task.get('parallelism') or 0.0):.1f}/{task.get('threads_per_task')}"
+    """Threads busy / most allowed; "cpu": records count as CPU-bound, one thread."""
+    used = f"{float(task.get('parallelism') or 0.0):.1f}/{task.get('threads_per_task')}"
+    return used + " cpu" if task.get("cpu_bound") else used
 
 
 def format_threads(result: Mapping[str, Any]) -> str:

@@ -251,6 +251,7 @@ class KeyLanes:
         self.alone_wait_s = _INITIAL_RECORD_S
         self._alone_at = float("-inf")
         self._overlaps = 0
+        self.probes = 0
 
     # --- the scheduler's view (racy reads) -------------------------------------
 
@@ -355,6 +356,7 @@ class KeyLanes:
             if probe:
                 # About GRAB_TARGET_S of records, alone: enough to measure.
                 budget = max(1, min(MAX_GRAB, int(GRAB_TARGET_S / self.record_s)))
+                self.probes += 1
             elif fast and not self.active_grabs:
                 # One thread drains the lanes alone (see above): no sharing,
                 # and the wall time per record is mostly GIL contention.

@@ -241,6 +241,17 @@ class KeyParallelTask(StreamTask):
         lanes = self._lanes
         return not (lanes.fast or lanes.probe_wanted) or lanes.stalled
 
+    def classification(self) -> dict[str, Any]:
+        """Whether records count as CPU-bound (one thread) and the figures
+        that say so (status; racy reads, any thread)."""
+        lanes = self._lanes
+        return {
+            "cpu_bound": lanes.fast,
+            "record_cpu_us": round(lanes.cpu_s * 1e6, 1),
+            "record_wait_us": round(lanes.wait_s * 1e6, 1),
+            "probes": lanes.probes,
+        }
+
     @property
     def backing_off(self) -> bool:
         return self._lanes.next_retry_at != float("inf")
@@ -625,4 +636,5 @@ def key_parallel_figures(task: StreamTask) -> dict[str, Any]:
         "watermark_lag": task.watermark_lag,
         "parallelism": task.parallelism(),
         "retried": task.retried_count,
+        **task.classification(),
     }
