@@ -17,19 +17,10 @@ its own, so that hypothesis can drive it through any interleaving:
   While records are fast (CPU-bound: the GIL runs one thread anyway) and
   nothing else is in flight, a grab is a chunk straight from the input
   queue instead, with no lanes and no other grab beside it: the default
-  mode's cost. "Fast" is measured per grab from the thread's CPU time: a
-  record is fast when the time it waits beyond its CPU time and the wait
-  for the GIL that the busy threads explain (`contenders`) is short, so
-  that CPU-bound records stay fast when many threads contend for the GIL
-  (their wall time per record grows with the thread count, their waiting
-  does not); a second thread is then of no use to the task, and takes no
-  grab beside the one active (it would only add lanes and contention).
-  A grab that shared the task with other grabs cannot always tell: when k
-  threads' CPU time adds up to the wall time, records that sleep 1 ms and
-  compute 150 us look like CPU-bound ones at 8 threads. Only a grab run alone
-  settles it, so "fast" also needs the last alone measurement to say so;
-  when the shared measurements say fast and no alone measurement is recent,
-  the next grab is a small probe taken once no other grab is active.
+  mode's cost; a second thread is then of no use to the task, and takes no
+  grab beside the one active. Whether records are fast is measured per grab
+  (runtime.processing.record_cost); when the grabs sharing the task cannot
+  tell, the next grab runs alone (a probe).
 - complete: the thread reports how many records of each lane it finished
   (`complete`); unfinished ones go back to the head of their lane, a failed
   record to be retried puts its lane in backoff (`RetryPolicy`).
@@ -59,6 +50,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from runtime.processing.record_cost import RecordCost
+
 # Most records one grab takes: a grab's output is handed over and its keys
 # released only when it completes, so small grabs keep per-key latency and
 # the commit's wait for released tasks short; 64 records amortise the two
@@ -70,14 +63,6 @@ MAX_GRAB = 64
 # for its own records; where they are fast, up to MAX_GRAB records share the
 # grab's overhead (and a surprise slow record delays at most those).
 GRAB_TARGET_S = 0.001
-# Until measured, records are assumed this slow (one-lane grabs).
-_INITIAL_RECORD_S = 0.001
-# Records that wait (off the GIL: I/O, sleeps, C code releasing it) less than
-# this, or less than their own CPU time, on average are fast: CPU-bound work,
-# which the GIL does not run in parallel anyway. They are taken in chunks
-# while nothing else is in flight: no lanes, one thread, the cost of the
-# default mode.
-CHUNK_BELOW_S = 0.0001
 # A chunk takes about this much CPU time (at most MAX_CHUNK records): one
 # thread works the task meanwhile, so chunks amortise their hand-over and
 # locks as the default mode's batches do. CPU time, not wall time: under GIL
@@ -92,11 +77,6 @@ MAX_DISPATCH = 512
 # record (a lane grab of fast records takes a few ms even when many threads
 # contend for the GIL): other threads may then take the other keys again.
 STALL_S = 0.05
-# An alone measurement (a grab no other grab overlapped) younger than this
-# settles whether records are fast; an older one is refreshed by a probe
-# when the shared measurements say fast (a probe idles the task's other
-# threads for about one grab, so not more often).
-PROBE_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -239,19 +219,10 @@ class KeyLanes:
         self.exclusive_wanted = False
         self._exclusive_running = False
         self._chunk_active = False
-        # Moving averages per attempted record: wall time (sizes lane grabs),
-        # the thread's CPU time (sizes chunks) and the wait beyond both CPU
-        # and GIL contention (`fast`). Until measured, records are slow.
-        self.record_s = _INITIAL_RECORD_S
-        self.cpu_s = _INITIAL_RECORD_S
-        self.wait_s = _INITIAL_RECORD_S
-        # The wait measured by grabs that ran alone (no GIL contention from
-        # the task's own threads), and when last (see `fast`); `_overlaps`
-        # counts grabs started beside an active one.
-        self.alone_wait_s = _INITIAL_RECORD_S
-        self._alone_at = float("-inf")
+        # What records cost (CPU-bound or waiting), and how many grabs have
+        # started beside an active one (a grab ran alone if none did meanwhile).
+        self.cost = RecordCost()
         self._overlaps = 0
-        self.probes = 0
 
     # --- the scheduler's view (racy reads) -------------------------------------
 
@@ -275,32 +246,19 @@ class KeyLanes:
 
     @property
     def fast(self) -> bool:
-        """Records are CPU-bound (they wait less than 0.1 ms, or less than they
-        compute), by the recent measurements and by the last grab that ran
-        alone: another thread on this task cannot run beside this one under
-        the GIL, so chunks, and no second thread (racy read)."""
-        cpu = self.cpu_s
-        wait = self.wait_s
-        if not (wait < CHUNK_BELOW_S or wait < cpu):
-            return False
-        alone = self.alone_wait_s
-        return alone < CHUNK_BELOW_S or alone < cpu
+        """Records are CPU-bound (`RecordCost.fast`): another thread on this
+        task cannot run beside this one under the GIL, so chunks, and no
+        second thread (racy read)."""
+        return self.cost.fast
 
     @property
     def probe_wanted(self) -> bool:
-        """The shared measurements say fast, the last alone one (older than
-        PROBE_INTERVAL_S, or none yet) says slow: the next grab runs alone to
-        settle it, so no thread joins meanwhile (racy read)."""
+        """The next grab should run alone to tell whether records are fast
+        (`RecordCost.probe_wanted`), so no thread joins meanwhile; never for
+        several input topics (they never take chunks). Racy read."""
         if self._single_topic is None or self.dispatch_held:
-            return False  # never chunks: sharing is the only mode
-        cpu = self.cpu_s
-        wait = self.wait_s
-        if not (wait < CHUNK_BELOW_S or wait < cpu):
             return False
-        alone = self.alone_wait_s
-        if alone < CHUNK_BELOW_S or alone < cpu:
-            return False
-        return self._clock() - self._alone_at > PROBE_INTERVAL_S
+        return self.cost.probe_wanted(self._clock())
 
     @property
     def stalled(self) -> bool:
@@ -355,8 +313,8 @@ class KeyLanes:
                 return None
             if probe:
                 # About GRAB_TARGET_S of records, alone: enough to measure.
-                budget = max(1, min(MAX_GRAB, int(GRAB_TARGET_S / self.record_s)))
-                self.probes += 1
+                budget = max(1, min(MAX_GRAB, int(GRAB_TARGET_S / self.cost.record_s)))
+                self.cost.probes += 1
             elif fast and not self.active_grabs:
                 # One thread drains the lanes alone (see above): no sharing,
                 # and the wall time per record is mostly GIL contention.
@@ -364,7 +322,7 @@ class KeyLanes:
             else:
                 # Share the ready records with the threads taking grabs now.
                 fair_share = -(-self.ready_records // (self.active_grabs + 1))
-                budget = max(1, min(MAX_GRAB, fair_share, int(GRAB_TARGET_S / self.record_s)))
+                budget = max(1, min(MAX_GRAB, fair_share, int(GRAB_TARGET_S / self.cost.record_s)))
             pending = self._pending
             blocked = self._blocked
             grab = Grab()
@@ -383,7 +341,8 @@ class KeyLanes:
     def _take_chunk(self, pull: Pull) -> Grab | None:
         """Nothing in flight and records are fast: the next records straight
         from the input queue, in offset order, as one grab (under the lock)."""
-        records = pull(min(MAX_CHUNK, self.window, max(1, int(CHUNK_TARGET_S / self.cpu_s))))
+        size = max(1, int(CHUNK_TARGET_S / self.cost.cpu_s))
+        records = pull(min(MAX_CHUNK, self.window, size))
         if not records:
             return None
         count = len(records)
@@ -576,32 +535,9 @@ class KeyLanes:
     def _note_time(
         self, busy_s: float, attempted: int, cpu_s: float | None, contenders: int, grab: Grab
     ) -> None:
-        """Fold one grab's times into the moving averages (under the lock).
-
-        The wait is what the wall time leaves beyond the CPU time and the GIL
-        wait that `contenders` threads explain (each CPU-bound contender holds
-        the GIL about as long as this thread computes): CPU-bound records wait
-        about nothing at any thread count, records waiting on I/O keep most
-        of their wait. A grab no other grab overlapped also sets the alone
-        wait (a stale one is replaced, not averaged: it answers a probe)."""
-        if not attempted or busy_s <= 0.0:
-            return
-        per = 1.0 / attempted
-        self.record_s = 0.8 * self.record_s + 0.2 * max(busy_s * per, 1e-7)
-        if cpu_s is None:
-            cpu = wait = busy_s
-        else:
-            cpu = min(max(cpu_s, 0.0), busy_s)
-            wait = max(0.0, busy_s - cpu * max(1, contenders))
-        self.cpu_s = 0.8 * self.cpu_s + 0.2 * max(cpu * per, 1e-7)
-        self.wait_s = 0.8 * self.wait_s + 0.2 * wait * per
-        if grab.alone_since == self._overlaps:
-            now = self._clock()
-            if now - self._alone_at > PROBE_INTERVAL_S:
-                self.alone_wait_s = wait * per
-            else:
-                self.alone_wait_s = 0.8 * self.alone_wait_s + 0.2 * wait * per
-            self._alone_at = now
+        """Fold one grab's times into what records cost (under the lock)."""
+        alone = grab.alone_since == self._overlaps
+        self.cost.note(busy_s, attempted, cpu_s, contenders, alone, self._clock())
 
     def _advance(self) -> None:
         """Move the watermark over the completed head of the dispatch order.

@@ -244,12 +244,12 @@ class KeyParallelTask(StreamTask):
     def classification(self) -> dict[str, Any]:
         """Whether records count as CPU-bound (one thread) and the figures
         that say so (status; racy reads, any thread)."""
-        lanes = self._lanes
+        cost = self._lanes.cost
         return {
-            "cpu_bound": lanes.fast,
-            "record_cpu_us": round(lanes.cpu_s * 1e6, 1),
-            "record_wait_us": round(lanes.wait_s * 1e6, 1),
-            "probes": lanes.probes,
+            "cpu_bound": cost.fast,
+            "record_cpu_us": round(cost.cpu_s * 1e6, 1),
+            "record_wait_us": round(cost.wait_s * 1e6, 1),
+            "probes": cost.probes,
         }
 
     @property

@@ -196,9 +196,11 @@ class KeyLanesMachine(RuleBasedStateMachine):
     def records_get_faster_or_slower(self, fast: bool) -> None:
         """The measured wait per record: below CHUNK_BELOW_S, chunks are taken
         and no second grab runs beside one."""
-        self.lanes.record_s = 1e-6 if fast else 1e-3
-        self.lanes.wait_s = 0.0 if fast else 1e-3
-        self.lanes.cpu_s = 1e-6
+        cost = self.lanes.cost
+        cost.record_s = 1e-6 if fast else 1e-3
+        cost.wait_s = cost.alone_wait_s = 0.0 if fast else 1e-3
+        cost.cpu_s = 1e-6
+        cost.alone_at = self.clock.now
 
     @rule(seconds=st.sampled_from([0.005, 0.02, 0.1]))
     def time_passes(self, seconds: float) -> None:

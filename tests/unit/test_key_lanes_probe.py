@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from runtime.processing.key_lanes import PROBE_INTERVAL_S, Grab, KeyLanes, RetryPolicy
+from runtime.processing.key_lanes import Grab, KeyLanes, RetryPolicy
+from runtime.processing.record_cost import PROBE_INTERVAL_S
 
 TOPIC = "in"
 RETRY = RetryPolicy()
