@@ -450,3 +450,71 @@ def test_expand_benchmark_smoke_run(tmp_path: Path) -> None:
     assert 0 < run["first_new_s"] <= run["all_new_s"] < 30
     assert run["expansions"] == 1 and run["tasks_created_by_expansion"] == 8
     assert "| first record of a new partition processed |" in (tmp_path / "expand.md").read_text()
+
+
+def test_a_query_added_at_runtime_follows_an_expansion(bootstrap: str, tmp_path: Path) -> None:
+    """Issue 17: expansions are planned for the topology as it is now, so a
+    stateful query added while another runs gets its new tasks (and its
+    internal topics grow) when its input goes from 4 to 8 partitions; its
+    counts stay true and the query that was there first is untouched."""
+    source, sink = unique_name("qx-in"), unique_name("qx-out")
+    base_in, base_out = unique_name("qx-base-in"), unique_name("qx-base-out")
+    for topic in (source, sink, base_in, base_out):
+        create_topic(bootstrap, topic, 4)
+    app_id = unique_name("expand-query")
+    partitioner = expansion_app.new_partitioner()
+    config = app_config(bootstrap, app_id, tmp_path, **{"static.partitioner": partitioner})
+    base = StreamsBuilder()
+    base.stream(base_in, key_serde=serdes.STRING, value_serde=serdes.STRING).to(
+        base_out, key_serde=serdes.STRING, value_serde=serdes.STRING
+    )
+    app = App({"base": base.build()}, config)
+    feeder = SequenceFeeder(bootstrap, source, partitioner, rate=400)
+    base_sent = 200
+    app.start()
+    try:
+        wait_until(lambda: app.state is AppState.RUNNING, 60, message="never RUNNING")
+        app.add_query("grow", expansion_app.build(source, sink))
+        feeder.start()
+        old_tasks = {f"grow__{s}_{p}" for s in (0, 1) for p in range(4)}
+        wait_until(
+            lambda: assert_alive(app) or processed(app, old_tasks) > 400,
+            60,
+            message="the added query processed nothing",
+        )
+        producer = Producer({"bootstrap.servers": bootstrap})
+        for i in range(base_sent):
+            producer.produce(base_in, f"v{i}".encode(), f"b{i}".encode())
+        assert producer.flush(30) == 0
+
+        grow(bootstrap, sink, source)
+        feeder.open_new_keys()
+        new_tasks = {f"grow__{s}_{p}" for s in (0, 1) for p in range(4, 8)}
+        wait_until(
+            lambda: assert_alive(app) or processed(app, new_tasks) > 0,
+            60,
+            message="no new task of the added query processed anything",
+        )
+        sent_then = sum(feeder.sent.values())
+        wait_until(lambda: sum(feeder.sent.values()) > sent_then + 400, 30, message="feeder")
+        sent = feeder.stop()
+        records = final_values(bootstrap, sink, sent, [app])
+        status = app.status()
+        assert old_tasks | new_tasks <= tasks_of(app)
+        assert status.partition_expansions == 1
+        repartition = f"{app_id}-grow-{expansion_app.REPARTITION}-repartition"
+        changelog = f"{app_id}-grow-{expansion_app.STORE}-changelog"
+        assert partition_counts(bootstrap, repartition, changelog) == {
+            repartition: 8,
+            changelog: 8,
+        }
+        base_tasks = {t for t in tasks_of(app) if t.startswith("base__")}
+        assert base_tasks == {f"base__0_{p}" for p in range(4)}, base_tasks
+        base_values = {m.value for m in consume_all(bootstrap, base_out, timeout=30)}
+        assert base_values == {f"v{i}".encode() for i in range(base_sent)}
+    finally:
+        feeder._halt.set()
+        closed = app.close(30)
+    assert closed
+    assert partitioner.expansions == [(4, 8)]
+    check_counts(records, sent, exactly_once=False)
