@@ -61,6 +61,10 @@ from runtime.topology.topology import Topology
 
 log = get_logger("runtime.app")
 
+# A close still waiting after this long logs what it waits for, and again
+# every this long (and once more if it times out), so a slow close explains itself.
+_CLOSE_REPORT_EVERY_S = 5.0
+
 
 class AppState(Enum):
     """Kafka Streams' client states."""
@@ -173,6 +177,9 @@ class App:
         )
         self._polling: PollingThread | None = None
         self._restoration: RestorationThread | None = None
+        # What the supervisor thread does after the polling thread ended (for
+        # `_closing_on`); written by the supervisor, read racily.
+        self._supervisor_step: str | None = None
         self._cleanup: CleanupThread | None = None
         # Distinguishes this process among the application's instances in
         # the status topic (standby placement).
@@ -382,7 +389,33 @@ class App:
             self._pool.stop_all(timeout=max(0.0, deadline - time.monotonic()))
             if self._polling is not None:
                 self._polling.request_stop(commit=True)
-        return self._finished.wait(max(0.0, deadline - time.monotonic()))
+        began = time.monotonic()
+        while True:
+            remaining = deadline - time.monotonic()
+            if self._finished.wait(max(0.0, min(remaining, _CLOSE_REPORT_EVERY_S))):
+                return True
+            waited = round(time.monotonic() - began, 1)
+            if remaining <= _CLOSE_REPORT_EVERY_S:
+                log.warning("app_close_timed_out", waited_s=waited, waiting_for=self._closing_on())
+                return False
+            log.warning("app_close_waiting", waited_s=waited, waiting_for=self._closing_on())
+
+    def _closing_on(self) -> list[str]:
+        """What a close still waits for (threads alive and their step), for
+        the log. Any thread; racy reads."""
+        waiting: list[str] = []
+        polling = self._polling
+        if polling is not None and polling.is_alive():
+            step = polling.shutdown_step or "its loop (the stop request not seen yet)"
+            waiting.append(f"polling thread: {step}")
+        names = [t.name for t in self._pool.threads() if t.is_alive()]
+        if names:
+            waiting.append(f"processing threads: {', '.join(names)}")
+        if self._restoration is not None and self._restoration.is_alive():
+            waiting.append("restoration thread")
+        if self._supervisor_step is not None:
+            waiting.append(f"supervisor: {self._supervisor_step}")
+        return waiting
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the app is NOT_RUNNING or ERROR; True if it is."""
@@ -393,13 +426,17 @@ class App:
         polling = self._polling
         assert polling is not None
         polling.join()
+        self._supervisor_step = "stopping the processing threads"
         self._pool.stop_all(timeout=self.config.shutdown_timeout_ms / 1000.0)
         if self._cleanup is not None:
             self._cleanup.request_stop()
         if self._restoration is not None:
+            self._supervisor_step = "stopping the restoration thread"
             self._restoration.request_stop()
             self._restoration.join(timeout=self.config.shutdown_timeout_ms / 1000.0)
+        self._supervisor_step = "closing the static partitioner"
         self._close_partitioner()  # no thread partitions any more
+        self._supervisor_step = None
         with self._lock:
             failure = self._failure or polling.fatal_error
             if failure is not None:

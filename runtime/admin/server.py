@@ -562,8 +562,11 @@ def check_socket_path(path: str) -> None:
 def _bind_private(path: str) -> socket.socket:
     """A listening socket at `path` with mode 0600, never visible with a wider mode.
 
-    Binds under a temporary name, restricts it, then renames it into place;
-    falls back to bind-then-chmod when the temporary name would be too long.
+    Binds under a temporary name, restricts it, listens, then renames it into
+    place: whoever sees the path can connect (a client waiting for the file to
+    appear was refused when the rename came before `listen`). Falls back to
+    bind-then-chmod-then-listen when the temporary name would be too long
+    (there, a connect right after the file appears can still be refused).
     """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -573,11 +576,12 @@ def _bind_private(path: str) -> socket.socket:
                 os.unlink(temp)
             sock.bind(temp)
             os.chmod(temp, 0o600)
+            sock.listen(64)
             os.replace(temp, path)
         else:
             sock.bind(path)
             os.chmod(path, 0o600)
-        sock.listen(64)
+            sock.listen(64)
         sock.setblocking(False)
     except OSError as exc:
         sock.close()

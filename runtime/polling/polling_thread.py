@@ -40,6 +40,7 @@ from runtime.polling.clients import (
     log_consume_error,
 )
 from runtime.polling.committer import CommitResult, Committer
+from runtime.polling.consumer_release import close_in_background
 from runtime.polling.expansion import PartitionExpansion
 from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.lag import LagTracker
@@ -120,6 +121,12 @@ class PollingThread(threading.Thread):
         # Set by the first rebalance callback: until then the group was never
         # joined and closing need not wait for a LeaveGroup (_close_clients).
         self.joined = False
+        # Set once the consumer was handed to a background close before the
+        # group was joined: its callbacks, if librdkafka still runs any, do nothing.
+        self._consumer_released = False
+        # What shutdown is doing now, for App.close's report when it takes
+        # long; written by this thread, read racily.
+        self.shutdown_step: str | None = None
 
         runtime_placed = config.task_assignment == "runtime"
         # Runtime-owned placement joins the group on the one-partition status
@@ -212,10 +219,13 @@ class PollingThread(threading.Thread):
             while not self._stop_event.is_set():
                 self.poll_once()
             if not self._abort and self.runtime is not None:
+                self.shutdown_step = "the final commit and leaving the placement"
                 self.runtime.stop_cleanly(self.commit_all, self.joined)
             elif not self._abort:
                 if self.joined:  # before that, no status was published
+                    self.shutdown_step = "publishing the final status"
                     self.placement.publish_status(gone=True)
+                self.shutdown_step = "the final commit"
                 self.commit_all("shutdown")
         except BaseException as exc:  # noqa: BLE001 - reported to the app, never lost
             # Whatever failed, nothing may be committed from here on: output
@@ -463,6 +473,8 @@ class PollingThread(threading.Thread):
     # --- rebalance (inside consume(), on this thread) -----------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._consumer_released:
+            return
         self.joined = True
         try:
             if self.runtime is not None:
@@ -484,6 +496,8 @@ class PollingThread(threading.Thread):
             self._fail_in_callback(exc)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._consumer_released:
+            return
         try:
             if self.runtime is not None:  # only the coordination partition: no task moves
                 self.runtime.on_revoke(partitions)
@@ -502,6 +516,8 @@ class PollingThread(threading.Thread):
             self._fail_in_callback(exc)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._consumer_released:
+            return
         try:
             if self.runtime is not None:
                 self._hooks.on_revoking()
@@ -534,11 +550,13 @@ class PollingThread(threading.Thread):
             if self.runtime is not None:
                 self.runtime.closing = True
             if self.joined:
+                self.shutdown_step = "closing the consumer (commit of revoked tasks, LeaveGroup)"
                 self._consumer.close()
             else:
                 self._drop_consumer_unjoined()
         except Exception as exc:
             log.warning("consumer_close_failed", error=str(exc))
+        self.shutdown_step = "flushing and closing the producer"
         self.output.close(self._config.shutdown_timeout_ms / 1000.0, drain_first=not self._abort)
         # Left over only if close() did not call on_revoke: close them dirty.
         self.tasks.close_all_dirty()
@@ -547,13 +565,16 @@ class PollingThread(threading.Thread):
     def _drop_consumer_unjoined(self) -> None:
         """Stop during start-up without waiting for the group.
 
-        `close()` while a JoinGroup is in flight waits for the broker's answer
-        (2.5-5 s measured: Kafka's `group.initial.rebalance.delay.ms`, Tansu's
-        half session timeout). Dropping every reference destroys the handle at
-        once; the broker may keep the half-joined member until its session
-        times out. Nothing was assigned, so nothing is lost.
+        Closing a consumer whose JoinGroup is in flight waits for the
+        coordinator's answer: usually well under a second, but a rebalance
+        waiting for a pending member's session made one close during start-up
+        on a loaded machine take over 60 s (runtime.polling.consumer_release).
+        Nothing was assigned, so nothing is lost: the consumer is closed on a
+        background thread and this thread never touches it again.
         """
         log.info("consumer_dropped_before_joining", reason="the group was never joined")
+        self._consumer_released = True
+        close_in_background(self._consumer, f"{self.name}-UnjoinedConsumerClose")
         for holder in (self, self.committer, self.tasks, self.lag_tracker):
             holder._consumer = None  # type: ignore[assignment]
 

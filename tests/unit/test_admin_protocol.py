@@ -35,6 +35,7 @@ from runtime.admin.server import (
 )
 from runtime.config import ConfigError, StreamsConfig, load_config
 from runtime.status import AppStatus
+from tests.kafka_helpers import wait_until
 
 STATUS: dict[str, Any] = {
     "application_id": "app",
@@ -707,18 +708,48 @@ class DaemonApp(FakeApp):
         self._done.set()
 
 
-def _in_background(action: Any) -> threading.Thread:
-    thread = threading.Thread(target=action, daemon=True)
-    thread.start()
-    return thread
+class _Helper(threading.Thread):
+    """Runs `action` once; keeps what it raised (`error`) and then calls
+    `give_up`, so a daemon waiting for the helper's command ends instead of
+    hanging the test."""
+
+    def __init__(self, action: Any, give_up: Any = None) -> None:
+        super().__init__(daemon=True)
+        self._action, self._give_up = action, give_up
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._action()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+            if self._give_up is not None:
+                self._give_up()
+
+
+def _in_background(action: Any, give_up: Any = None) -> _Helper:
+    helper = _Helper(action, give_up)
+    helper.start()
+    return helper
 
 
 def _when_listening(path: Path, action: Any) -> Any:
+    """`action` once the daemon accepts connections on `path` (the file alone
+    is not enough: a socket bound but not yet listening refuses). The daemon
+    starts in the test's thread; on a loaded machine that can take seconds."""
+
+    def accepting() -> bool:
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+        finally:
+            probe.close()
+        return True
+
     def run() -> None:
-        for _ in range(200):
-            if path.exists():
-                break
-            threading.Event().wait(0.025)
+        wait_until(accepting, 60, interval=0.025, message=f"nothing listened on {path}")
         action()
 
     return run
@@ -735,9 +766,11 @@ def test_daemon_shutdown_command_exits_0_and_cleans_up(sock_path: Path) -> None:
         seen["metrics"] = status["daemon"]["metrics"]
         admin_client.request(str(sock_path), "shutdown")
 
-    helper = _in_background(_when_listening(sock_path, operate))
-    assert run_daemon(app, install_signals=False) == 0
-    helper.join(5)
+    helper = _in_background(_when_listening(sock_path, operate), lambda: app.finish("ERROR"))
+    code = run_daemon(app, install_signals=False)
+    helper.join(30)
+    assert helper.error is None, helper.error
+    assert code == 0
     assert app.closed == 1 and not sock_path.exists()
     assert seen["metrics"]["port"] > 0
 
@@ -746,15 +779,22 @@ def test_daemon_exit_codes_for_error_timeout_and_bad_setup(sock_path: Path) -> N
     from runtime.admin.daemon import run_daemon
 
     failing = DaemonApp(sock_path)
-    _in_background(_when_listening(sock_path, lambda: failing.finish("ERROR")))
+    helper = _in_background(
+        _when_listening(sock_path, lambda: failing.finish("ERROR")), lambda: failing.finish("ERROR")
+    )
     assert run_daemon(failing, install_signals=False) == 1
+    helper.join(30)
+    assert helper.error is None, helper.error
     assert failing.closed == 0
 
     stuck = DaemonApp(sock_path, close_ok=False)
-    _in_background(
-        _when_listening(sock_path, lambda: admin_client.request(str(sock_path), "shutdown"))
+    helper = _in_background(
+        _when_listening(sock_path, lambda: admin_client.request(str(sock_path), "shutdown")),
+        lambda: stuck.finish("ERROR"),
     )
     assert run_daemon(stuck, install_signals=False) == 1  # close() timed out
+    helper.join(30)
+    assert helper.error is None, helper.error
 
     sock_path.write_text("in the way")
     blocked = DaemonApp(sock_path)
