@@ -205,9 +205,7 @@ def test_keys_run_in_parallel_in_order_and_counts_are_true(
     feed(task, total, keys)
     run = Running(task, threads=8)
     running.append(run)
-    started = time.monotonic()
     wait_until(lambda: task.completed_total == total, 60, message="not all processed")
-    elapsed = time.monotonic() - started
     assert run.commit_offsets() == {"in": total}
     run.drain()
     out = values_by_key(run.output[("out", 0)])
@@ -218,9 +216,9 @@ def test_keys_run_in_parallel_in_order_and_counts_are_true(
     assert final_counts(run.output[("counts", 0)]) == {
         f"k{k}".encode(): total // keys for k in range(keys)
     }
+    # Parallel, not serial: several keys' records were in the processor at once
+    # (a count, not a time: the speed-up itself is measured in benchmarks/).
     assert most_inside >= 4, f"at most {most_inside} records at once"
-    # 4 s of sleeping done serially; in parallel well under half of that.
-    assert elapsed < 2.0, f"{elapsed:.2f} s"
     assert task.stream_time == 1_000 + total - 1
     assert task.in_flight == 0 and task.watermark_lag == 0
 
