@@ -33,6 +33,11 @@ process by ``topologies()``):
   query's latency is the polling thread waiting for the GIL the CPU-bound
   batches hold. ``BENCH_SWITCH_INTERVAL`` in the environment sets
   ``sys.setswitchinterval`` for every case, as in the compare suite.
+- ``priority-fetch64k``: ``light-priority`` with the app consumer's
+  ``max.partition.fetch.bytes`` at 64 KiB (librdkafka's 1 MiB brings some
+  15,000 of the heavy query's small records per fetch when its paused
+  partitions resume): whether the light record's remaining tail is waiting
+  behind them in the consumer's one queue.
 
 The light query's end-to-end latency: a probe in this process produces one
 record every ``--probe-interval-ms`` (20) ms to the light input, its value the
@@ -91,6 +96,10 @@ CASES["priority-no-preempt"] = {
     "queries": ["light", "heavy"],
     "config": {"query.light.priority": 10},
     "env": {"BENCH_NO_PREEMPTION": "1"},
+}
+CASES["priority-fetch64k"] = {
+    "queries": ["light", "heavy"],
+    "config": {"query.light.priority": 10, "consumer.max.partition.fetch.bytes": 65536},
 }
 CASES["priority-switch-5ms"] = {
     "queries": ["light", "heavy"],
