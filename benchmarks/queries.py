@@ -44,7 +44,7 @@ record every ``--probe-interval-ms`` (20) ms to the light input, its value the
 wall-clock time (``time.time()``) just before ``produce()``; a separate
 consumer (read_committed, ``fetch.wait.max.ms`` 5) reads the light output and
 takes ``time.time()`` when ``poll()`` returns the record, minus that value
-(until git 582f16a the reader used ``consume(100, 0.05)``, which returns only
+(before git e78a450 the reader used ``consume(100, 0.05)``, which returns only
 at its timeout below 100 records: every sample had up to 50 ms of the reader's
 own wait, 25 ms on average, in it).
 Only records sent during the ``--window-s`` (30) s window count (after a 3 s
