@@ -27,17 +27,26 @@ process by ``topologies()``):
 - ``priority-no-preempt``: ``light-priority`` with preemption by priority
   turned off (``BENCH_NO_PREEMPTION``): batches end only at their time slice,
   as before preemption existed; the before/after comparison in one session.
-- ``priority-switch-0.5ms``: ``light-priority`` with
-  ``gil.switch.interval.us`` 500 (``sys.setswitchinterval(0.0005)``): how
-  much of what is left is the polling thread waiting for the GIL the
-  CPU-bound batches hold (5 ms turns by default). ``BENCH_SWITCH_INTERVAL``
-  in the environment does the same for every case, as in the compare suite.
+- ``priority-switch-5ms``: ``light-priority`` with ``gil.switch.interval.us``
+  5000 (Python's own switch interval), i.e. without the automatic 0.5 ms an
+  app takes while its queries' priorities differ: how much of the light
+  query's latency is the polling thread waiting for the GIL the CPU-bound
+  batches hold. ``BENCH_SWITCH_INTERVAL`` in the environment sets
+  ``sys.setswitchinterval`` for every case, as in the compare suite.
+- ``priority-fetch64k``: ``light-priority`` with the app consumer's
+  ``max.partition.fetch.bytes`` at 64 KiB (librdkafka's 1 MiB brings some
+  15,000 of the heavy query's small records per fetch when its paused
+  partitions resume): whether the light record's remaining tail is waiting
+  behind them in the consumer's one queue.
 
 The light query's end-to-end latency: a probe in this process produces one
 record every ``--probe-interval-ms`` (20) ms to the light input, its value the
 wall-clock time (``time.time()``) just before ``produce()``; a separate
 consumer (read_committed, ``fetch.wait.max.ms`` 5) reads the light output and
-takes ``time.time()`` when ``consume()`` returns the record, minus that value.
+takes ``time.time()`` when ``poll()`` returns the record, minus that value
+(before git e78a450 the reader used ``consume(100, 0.05)``, which returns only
+at its timeout below 100 records: every sample had up to 50 ms of the reader's
+own wait, 25 ms on average, in it).
 Only records sent during the ``--window-s`` (30) s window count (after a 3 s
 warm-up; and a discarded 10 s light-alone run precedes the cases, as a fresh
 broker's first minute is slow); the window ends when they are all back (or are counted missing).
@@ -88,9 +97,13 @@ CASES["priority-no-preempt"] = {
     "config": {"query.light.priority": 10},
     "env": {"BENCH_NO_PREEMPTION": "1"},
 }
-CASES["priority-switch-0.5ms"] = {
+CASES["priority-fetch64k"] = {
     "queries": ["light", "heavy"],
-    "config": {"query.light.priority": 10, "gil.switch.interval.us": 500},
+    "config": {"query.light.priority": 10, "consumer.max.partition.fetch.bytes": 65536},
+}
+CASES["priority-switch-5ms"] = {
+    "queries": ["light", "heavy"],
+    "config": {"query.light.priority": 10, "gil.switch.interval.us": 5000},
 }
 
 
@@ -214,7 +227,13 @@ class Probe:
             [TopicPartition(self.out, p, OFFSET_BEGINNING) for p in range(PARTITIONS)]
         )
         while not self._stop.is_set():
-            for m in self._consumer.consume(100, 0.05):
+            # consume(n, timeout) returns only with n records or at the
+            # timeout: a record read that way waited up to 50 ms for nothing.
+            # poll() returns with the first record, then take what queued.
+            first = self._consumer.poll(0.05)
+            if first is None:
+                continue
+            for m in [first, *self._consumer.consume(100, 0)]:
                 value = m.value()
                 if m.error() is None and value is not None:
                     now = time.time()
@@ -514,7 +533,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['heavy_record_ms']} ms of CPU per record over a backlog of "
         f"{result['heavy_backlog']:,} records. Light: one record every "
         f"{result['probe_interval_ms']:.0f} ms; latency = the probe consumer's `time.time()` "
-        "when `consume()` returns the output record minus `time.time()` just before the "
+        "when `poll()` returns the output record minus `time.time()` just before the "
         f"input's `produce()`; {result['window_s']:.0f} s window per case after "
         f"{result['warmup_s']:.0f} s warm-up. One run per case, in sequence, after a "
         "discarded 10 s light-alone run (a fresh broker's first minute is slow).",

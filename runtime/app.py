@@ -35,7 +35,7 @@ from runtime.processing.errors import ErrorPolicy, TaskFailedError
 from runtime.processing.key_lanes import key_parallel_settings
 from runtime.processing.key_parallel import key_parallel_figures
 from runtime.processing.queries import StoreQuery, StoreUnavailableError
-from runtime.processing.query_shares import QueryShare
+from runtime.processing.query_shares import QueryShare, switch_interval_s
 from runtime.processing.task import StreamTask, TaskSettings
 from runtime.processing.task_manager import TaskManager
 from runtime.processing.threads import ProcessingThreadPool
@@ -150,6 +150,10 @@ class App:
             config if isinstance(config, StreamsConfig) else StreamsConfig.from_dict(config)
         )
         self._named, self.topology = NamedQueries.of(topology, self.config)
+        # The interpreter's switch interval before `start` changed it, and
+        # what this app set (restored when the app stops).
+        self._python_switch_interval = sys.getswitchinterval()
+        self._switch_interval_set: float | None = None
         if self._named.enabled and self.config.task_assignment == "runtime":
             # The placer reads task ids as `<subtopology>_<partition>`; named
             # queries' ids carry the query's name as well.
@@ -216,10 +220,6 @@ class App:
             config = self.config
             has_state = bool(self.topology.store_specs())
             check_startup(config, uses_state_dir=has_state or config.exactly_once)
-            if config.gil_switch_interval_us:
-                # Process-wide: how long a thread waiting for the GIL waits
-                # before the holder is asked to drop it.
-                sys.setswitchinterval(config.gil_switch_interval_us / 1_000_000)
             startup_admin = StartupAdmin(config)
             startup_admin.wait_for_cluster()
             admin = startup_admin.client
@@ -339,6 +339,9 @@ class App:
                 )
             self._set_state(AppState.REBALANCING)
             self._started_at = time.time()
+            # Process-wide; no earlier: a start-up check that fails leaves it be.
+            self._python_switch_interval = sys.getswitchinterval()
+            self._apply_switch_interval()
             if self._restoration is not None:
                 self._restoration.start()
             if self._cleanup is not None:
@@ -436,6 +439,11 @@ class App:
             self._restoration.join(timeout=self.config.shutdown_timeout_ms / 1000.0)
         self._supervisor_step = "closing the static partitioner"
         self._close_partitioner()  # no thread partitions any more
+        if self._switch_interval_set is not None and (
+            sys.getswitchinterval() == self._switch_interval_set
+        ):
+            # Unless someone else changed it since: the process's own again.
+            sys.setswitchinterval(self._python_switch_interval)
         self._supervisor_step = None
         with self._lock:
             failure = self._failure or polling.fatal_error
@@ -673,7 +681,23 @@ class App:
             raise
         with self._lock:
             self.topology = composite
+        self._apply_switch_interval()
         log.info("query_added", query=name, priority=share.priority, weight=share.weight)
+
+    def _apply_switch_interval(self) -> None:
+        """Set the interpreter's switch interval for the queries running now
+        (`gil.switch.interval.us`; 0: shorter while their priorities differ,
+        see `query_shares.switch_interval_s`). Process-wide. Called by
+        `start`, `add_query` and `remove_query`."""
+        wanted = switch_interval_s(
+            self.config.gil_switch_interval_us,
+            (share.priority for share in self._named.shares().values()),
+            self._python_switch_interval,
+        )
+        if wanted != sys.getswitchinterval():
+            sys.setswitchinterval(wanted)
+            self._switch_interval_set = wanted
+            log.info("gil_switch_interval_set", microseconds=round(wanted * 1_000_000))
 
     def remove_query(self, name: str, reset: bool = False, timeout: float = 60.0) -> None:
         """Stop and remove a named query; the others keep running.
@@ -705,6 +729,7 @@ class App:
             self.topology = remaining
         self._named.remove(name)
         self._task_manager.forget_query(name)
+        self._apply_switch_interval()
         log.info("query_removed", query=name, reset=reset)
         if reset:
             reset_query(self.config, name, removed, timeout=clamp_wait_s(timeout))

@@ -331,7 +331,12 @@ class LatencyProbe:
         partitions = [TopicPartition(self._out, p, OFFSET_BEGINNING) for p in range(2)]
         self._consumer.assign(partitions)
         while not self._stop.is_set():
-            for m in self._consumer.consume(100, 0.05):
+            # Not consume(100, 0.05): below 100 records it returns only at its
+            # timeout, adding up to 50 ms of its own to every latency.
+            first = self._consumer.poll(0.05)
+            if first is None:
+                continue
+            for m in [first, *self._consumer.consume(100, 0)]:
                 if m.error() is None and m.value() is not None:
                     self.latencies.append(time.time() - float(m.value().decode()))
 
@@ -451,12 +456,18 @@ def test_light_query_latency_beside_a_heavy_backlog_and_admin_query_commands(
     # first (tests/property/test_query_scheduling.py proves the order) and a
     # heavy batch yields to its input (tests/unit/test_query_preemption.py);
     # what it still loses is the process it shares: the GIL the CPU-bound
-    # batches hold (the polling thread waits for it) and the cores. Checked:
-    # the median stays within 3x (a floor of 10 ms); the p99 figures are
-    # printed for the report, not asserted.
+    # batches hold (the polling thread waits for it; the app shortens the
+    # switch interval to 0.5 ms while priorities differ) and the cores.
+    # Those figures were read with consume(100, 0.05), which added ~25 ms of
+    # the reader's own wait to every sample; read with poll(), alone is p50
+    # ~10 ms, and beside the heavy query p50 12-17 ms (one run 42 ms under
+    # load) with the automatic interval, 29 ms at 5 ms. Checked: the median
+    # stays within 3x with a floor of 20 ms (60 ms: the old reader's floor of
+    # 10 ms plus its wait gave ~100 ms); the p99 figures are printed for the
+    # report, not asserted.
     p50_alone = sorted(alone)[len(alone) // 2]
     p50_together = sorted(together)[len(together) // 2]
-    assert p50_together <= 3.0 * max(p50_alone, 0.010), (p50_alone, p50_together)
+    assert p50_together <= 3.0 * max(p50_alone, 0.020), (p50_alone, p50_together)
     print(f"light p99 beside heavy / alone: {p99_together / p99_alone:.2f}")
 
 
