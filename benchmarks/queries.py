@@ -33,11 +33,12 @@ process by ``topologies()``):
   query's latency is the polling thread waiting for the GIL the CPU-bound
   batches hold. ``BENCH_SWITCH_INTERVAL`` in the environment sets
   ``sys.setswitchinterval`` for every case, as in the compare suite.
-- ``priority-fetch64k``: ``light-priority`` with the app consumer's
-  ``max.partition.fetch.bytes`` at 64 KiB (librdkafka's 1 MiB brings some
-  15,000 of the heavy query's small records per fetch when its paused
-  partitions resume): whether the light record's remaining tail is waiting
-  behind them in the consumer's one queue.
+- ``priority-fetch1m``: ``light-priority`` with the app consumer's
+  ``max.partition.fetch.bytes`` at librdkafka's 1 MiB instead of the 64 KiB an
+  app takes while its queries' priorities differ: a resumed partition of the
+  heavy query then brings some 15,000 of its small records per fetch, and the
+  light record waits behind them in the consumer's one queue.
+  ``priority-fetch256k``: the same at 256 KiB.
 
 The light query's end-to-end latency: a probe in this process produces one
 record every ``--probe-interval-ms`` (20) ms to the light input, its value the
@@ -97,9 +98,13 @@ CASES["priority-no-preempt"] = {
     "config": {"query.light.priority": 10},
     "env": {"BENCH_NO_PREEMPTION": "1"},
 }
-CASES["priority-fetch64k"] = {
+CASES["priority-fetch1m"] = {
     "queries": ["light", "heavy"],
-    "config": {"query.light.priority": 10, "consumer.max.partition.fetch.bytes": 65536},
+    "config": {"query.light.priority": 10, "consumer.max.partition.fetch.bytes": 1048576},
+}
+CASES["priority-fetch256k"] = {
+    "queries": ["light", "heavy"],
+    "config": {"query.light.priority": 10, "consumer.max.partition.fetch.bytes": 262144},
 }
 CASES["priority-switch-5ms"] = {
     "queries": ["light", "heavy"],

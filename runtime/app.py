@@ -326,6 +326,7 @@ class App:
                 ),
                 self._restoration,
                 self.instance_id,
+                query_priorities=[share.priority for share in self._named.shares().values()],
             )
             if remote is not None:
                 self._capture = remote.capture(self._restoration.add_upload)

@@ -9,13 +9,14 @@ correctness depends on, which are forced and documented.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from runtime.config import StreamsConfig
 from runtime.logging import get_logger, librdkafka_logger
+from runtime.processing.query_shares import partition_fetch_bytes
 from runtime.topology.topology import Topology
 
 log = get_logger("runtime.polling")
@@ -50,8 +51,14 @@ def assignment_strategy(topology: Topology) -> str:
 
 
 def consumer_config(
-    config: StreamsConfig, assignment_strategy: str, callbacks: dict[str, Any]
+    config: StreamsConfig,
+    assignment_strategy: str,
+    callbacks: dict[str, Any],
+    query_priorities: Iterable[int] = (),
 ) -> dict[str, Any]:
+    """The main consumer's settings; `query_priorities`: the named queries'
+    priorities at start-up (different ones lower the partition fetch size,
+    see `query_shares.partition_fetch_bytes`)."""
     settings: dict[str, Any] = {
         "bootstrap.servers": config.bootstrap_servers,
         "group.id": config.application_id,
@@ -84,6 +91,11 @@ def consumer_config(
         "topic.metadata.refresh.interval.ms": config.partition_check_interval_ms,
     }
     settings.update(config.consumer_overrides)
+    fetch_bytes = partition_fetch_bytes(
+        config.consumer_overrides.get("max.partition.fetch.bytes"), query_priorities
+    )
+    if fetch_bytes is not None:
+        settings["max.partition.fetch.bytes"] = fetch_bytes
     if str(settings.get("group.protocol", "classic")).lower() == "consumer":
         _use_consumer_group_protocol(settings, assignment_strategy)
     settings.update(_FORCED_CONSUMER)

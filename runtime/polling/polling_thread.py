@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Message, TopicPartition
@@ -95,6 +95,7 @@ class PollingThread(threading.Thread):
         hooks: PollingThreadHooks,
         restoration: RestorationThread,
         instance_id: str,
+        query_priorities: Iterable[int] = (),
     ) -> None:
         super().__init__(name=f"{config.client_id}-PollingThread", daemon=True)
         self._config = config
@@ -135,7 +136,10 @@ class PollingThread(threading.Thread):
             "cooperative-sticky" if runtime_placed else assignment_strategy(topology)
         )
         consumer_settings = consumer_config(
-            config, self.assignment_strategy, {"error_cb": self.health.on_client_error}
+            config,
+            self.assignment_strategy,
+            {"error_cb": self.health.on_client_error},
+            query_priorities,
         )
         self._consumer = Consumer(consumer_settings)
         session_timeout = consumer_settings.get("session.timeout.ms")
