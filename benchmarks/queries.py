@@ -39,6 +39,10 @@ process by ``topologies()``):
   heavy query then brings some 15,000 of its small records per fetch, and the
   light record waits behind them in the consumer's one queue.
   ``priority-fetch256k``: the same at 256 KiB.
+- ``priority-no-commit``: ``light-priority`` with ``commit.interval.ms``
+  600000 (no commit in the window): whether the light query's stalls are
+  commits (they were not). ``$BENCH_GC_LOG=<path>`` in the environment makes
+  the daemon append each cyclic-GC collection of 5 ms or more to <path>.
 
 The light query's end-to-end latency: a probe in this process produces one
 record every ``--probe-interval-ms`` (20) ms to the light input, its value the
@@ -106,6 +110,10 @@ CASES["priority-fetch256k"] = {
     "queries": ["light", "heavy"],
     "config": {"query.light.priority": 10, "consumer.max.partition.fetch.bytes": 262144},
 }
+CASES["priority-no-commit"] = {
+    "queries": ["light", "heavy"],
+    "config": {"query.light.priority": 10, "commit.interval.ms": 600000},
+}
 CASES["priority-switch-5ms"] = {
     "queries": ["light", "heavy"],
     "config": {"query.light.priority": 10, "gil.switch.interval.us": 5000},
@@ -134,6 +142,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tag", default="", help="suffix of the result files")
 
 
+def _log_gc_pauses(path: str) -> None:
+    """Diagnostic (``$BENCH_GC_LOG``): append every cyclic-GC collection of
+    5 ms or more to `path` (wall clock at its end, generation, duration,
+    objects collected), to tell the collector's pauses from other stalls."""
+    import gc
+
+    started: dict[str, float] = {}
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started["t"] = time.perf_counter()
+            return
+        took = time.perf_counter() - started.get("t", time.perf_counter())
+        if took >= 0.005:
+            with open(path, "a") as f:
+                f.write(
+                    f"{time.time():.3f} gen{info['generation']} {took * 1000:.1f}ms "
+                    f"collected {info['collected']}\n"
+                )
+
+    gc.callbacks.append(note)
+
+
 def topologies() -> dict[str, Any]:
     """The mapping the daemon runs (``$BENCH_QUERIES``: comma-separated names);
     query N reads ``$BENCH_QUERY_<N>_INPUT`` and writes ``$BENCH_QUERY_<N>_OUTPUT``;
@@ -148,6 +179,9 @@ def topologies() -> dict[str, Any]:
         from runtime.processing.task_manager import TaskManager
 
         TaskManager._preempt_for_priority = lambda self: None  # type: ignore[method-assign]
+
+    if os.environ.get("BENCH_GC_LOG"):
+        _log_gc_pauses(os.environ["BENCH_GC_LOG"])
 
     per_record = float(os.environ.get("BENCH_HEAVY_RECORD_S", "0.0005"))
 
