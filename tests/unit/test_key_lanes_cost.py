@@ -10,44 +10,10 @@ I/O keep their lanes.
 
 from __future__ import annotations
 
-from collections import deque
-
 from runtime.processing.key_lanes import CHUNK_TARGET_S, STALL_S, Grab, KeyLanes, RetryPolicy
+from tests.fakes.lanes import TOPIC, Queue
 
-TOPIC = "in"
 RETRY = RetryPolicy()
-
-
-class Rec:
-    __slots__ = ("_key", "_offset")
-
-    def __init__(self, key: bytes | None, offset: int) -> None:
-        self._key, self._offset = key, offset
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def offset(self) -> int:
-        return self._offset
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 1_000 + self._offset)
-
-    def topic(self) -> str:
-        return TOPIC
-
-
-class Queue:
-    """The task's input queue as the lanes see it: pull from the head, put back."""
-
-    def __init__(self, count: int, keys: int = 1000) -> None:
-        self.records: deque[Rec] = deque(Rec(f"k{i % keys}".encode(), i) for i in range(count))
-
-    def pull(self, limit: int) -> list[Rec]:
-        return [self.records.popleft() for _ in range(min(limit, len(self.records)))]
-
-    def unpull(self, records: list[Rec]) -> None:
-        self.records.extendleft(reversed(records))
 
 
 def run(lanes: KeyLanes, queue: Queue, grab: Grab, wall: float, cpu: float, n: int) -> None:

@@ -10,33 +10,12 @@ and the times each kind of record would really take.
 
 from __future__ import annotations
 
-from collections import deque
-
 from runtime.processing.key_lanes import Grab, KeyLanes, RetryPolicy
 from runtime.processing.record_cost import PROBE_INTERVAL_S
+from tests.fakes.lanes import TOPIC, Queue
 
-TOPIC = "in"
 RETRY = RetryPolicy()
 THREADS = 8
-
-
-class Rec:
-    __slots__ = ("_key", "_offset")
-
-    def __init__(self, key: bytes, offset: int) -> None:
-        self._key, self._offset = key, offset
-
-    def key(self) -> bytes:
-        return self._key
-
-    def offset(self) -> int:
-        return self._offset
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 1_000 + self._offset)
-
-    def topic(self) -> str:
-        return TOPIC
 
 
 class Clock:
@@ -45,17 +24,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-class Queue:
-    def __init__(self, count: int, keys: int = 1000) -> None:
-        self.records: deque[Rec] = deque(Rec(f"k{i % keys}".encode(), i) for i in range(count))
-
-    def pull(self, limit: int) -> list[Rec]:
-        return [self.records.popleft() for _ in range(min(limit, len(self.records)))]
-
-    def unpull(self, records: list[Rec]) -> None:
-        self.records.extendleft(reversed(records))
 
 
 def records_of(grab: Grab) -> int:
