@@ -42,7 +42,9 @@ process by ``topologies()``):
 - ``priority-no-commit``: ``light-priority`` with ``commit.interval.ms``
   600000 (no commit in the window): whether the light query's stalls are
   commits (they were not). ``$BENCH_GC_LOG=<path>`` in the environment makes
-  the daemon append each cyclic-GC collection of 5 ms or more to <path>.
+  the daemon append each cyclic-GC collection of 5 ms or more to <path>;
+  ``STREAMS_KAFKA_JVM_OPTS="-Xlog:gc:file=<path>:time"`` logs the broker's
+  pauses; ``light.window_started_at`` in the JSON lines them up.
 
 The light query's end-to-end latency: a probe in this process produces one
 record every ``--probe-interval-ms`` (20) ms to the light input, its value the
@@ -450,6 +452,9 @@ def run_case(
             "p90_ms": _quantile(lat, 0.9) * 1000 if lat else None,
             "p99_ms": _quantile(lat, 0.99) * 1000 if lat else None,
             "max_ms": max(lat) * 1000 if lat else None,
+            # Wall clock (time.time()) of the window's start: lines the
+            # series up with other logs (a broker's GC log, ...).
+            "window_started_at": start_wall,
             # For the plot: seconds since the window's start, latency in ms.
             "series": [[round(s - start_wall, 4), round(lat * 1000, 3)] for s, lat in samples],
         }

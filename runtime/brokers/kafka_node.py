@@ -165,6 +165,9 @@ class KafkaNode:
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.dist.log4j_config}",
             f"-Dstreams.kafka.log.level={self._log_level}",
+            # Extra JVM options for diagnostics (e.g. -Xlog:gc:file=/tmp/gc.log:time),
+            # as Kafka's own scripts take $KAFKA_OPTS.
+            *os.environ.get("STREAMS_KAFKA_JVM_OPTS", "").split(),
             "-cp",
             self.dist.classpath,
             "kafka.Kafka",
