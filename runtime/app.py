@@ -8,7 +8,6 @@ thread that caused the change.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import threading
 import time
@@ -19,6 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from runtime import named_queries
+from runtime.app_status import (
+    query_statuses,
+    remote_state_figures,
+    sum_dicts,
+    task_statuses,
+    thread_statuses,
+    with_polling_figures,
+)
 from runtime.collector.collector import RecordCollector
 from runtime.collector.static_partitioner import open_static_partitioner
 from runtime.config import ConfigError, StreamsConfig, clamp_wait_s
@@ -33,7 +40,6 @@ from runtime.polling.serde_check import check_serdes_on_samples
 from runtime.polling.topics import TopicError, TopicLayout, create_user_topics, resolve_topics
 from runtime.processing.errors import ErrorPolicy, TaskFailedError
 from runtime.processing.key_lanes import key_parallel_settings
-from runtime.processing.key_parallel import key_parallel_figures
 from runtime.processing.queries import StoreQuery, StoreUnavailableError
 from runtime.processing.query_shares import QueryShare, switch_interval_s
 from runtime.processing.task import StreamTask, TaskSettings
@@ -47,14 +53,7 @@ from runtime.state.remote.capture import SnapshotCapture
 from runtime.state.remote.manager import RemoteState
 from runtime.state.remote.settings import RemoteSettings
 from runtime.state.restoration import RestorationThread
-from runtime.status import (
-    AppStatus,
-    Progress,
-    QueryStatus,
-    RestoreProgress,
-    TaskStatus,
-    ThreadStatus,
-)
+from runtime.status import AppStatus, Progress, QueryStatus
 from runtime.topology.queries import QueryError, with_query, without_query
 from runtime.topology.serdes import serde_from_name
 from runtime.topology.topology import Topology
@@ -117,14 +116,6 @@ UncaughtExceptionHandler = Callable[[BaseException], ExceptionHandlerResponse]
 def _serde(given: Any) -> Any:
     """A serde object from what a topology may hold: None, a name, or a serde."""
     return serde_from_name(given) if isinstance(given, str) else given
-
-
-def _sum_dicts(dicts: Any) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for d in dicts:
-        for k, v in d.items():
-            total[k] = total.get(k, 0) + v
-    return total
 
 
 class IllegalStateError(RuntimeError):
@@ -922,47 +913,12 @@ class App:
 
     # --- observability -----------------------------------------------------------
 
-    def _remote_state_figures(self) -> dict[str, Any] | None:
-        restoration = self._restoration
-        if restoration is None or restoration.remote is None:
-            return None
-        figures = restoration.remote.stats.as_dict()
-        capture = self._capture
-        if capture is not None:
-            figures["captures"] = capture.captured
-            figures["capture_seconds"] = round(capture.capture_seconds, 3)
-        return figures
-
     def _query_statuses(self, live_tasks: list[StreamTask]) -> tuple[QueryStatus, ...]:
         """Per named query figures for `status()` (empty for a plain topology)."""
         if not self._named.enabled:
             return ()
-        polling = self._polling
-        tasks: dict[str, int] = {}
-        processed: dict[str, int] = {}
-        for task in [*live_tasks, *(polling.tasks.restoring() if polling else [])]:
-            query = task.query
-            if query is not None:
-                tasks[query] = tasks.get(query, 0) + 1
-        for task in live_tasks:
-            if task.query is not None:
-                processed[task.query] = processed.get(task.query, 0) + task.processed_count
-        lag: dict[str, int] = {}
-        if polling is not None:
-            topology = self.topology
-            owner = {s.id: s.query for s in topology.subtopologies}
-            sub_of = dict(polling.layout.subtopology_of)
-            for (topic, _), records in dict(polling.lag_tracker.lag).items():
-                query = owner.get(sub_of.get(topic, -1))
-                if query is not None:
-                    lag[query] = lag.get(query, 0) + records
-        manager = self._task_manager
-        return self._named.statuses(
-            tasks,
-            processed,
-            manager.query_busy_seconds(),
-            lag,
-            manager.query_latency_p99_ms(),
+        return query_statuses(
+            self._named, self.topology, self._task_manager, self._polling, live_tasks
         )
 
     def progress(self) -> Progress:
@@ -988,62 +944,11 @@ class App:
 
     def status(self) -> AppStatus:
         """A typed snapshot for metrics, the autoscaler, the admin socket, the
-        demo and tests (any thread; see runtime.status)."""
+        demo and tests (any thread; see runtime.status and runtime.app_status)."""
         polling = self._polling
-        manager = self._task_manager
-        owners = manager.owners()
-        failed = manager.failed_task_ids()
-        live_tasks = sorted(manager.tasks(), key=lambda t: t.id)
-        tasks = [
-            TaskStatus(
-                id=task.id,
-                state="FAILED"
-                if task.id in failed
-                else ("PAUSED" if manager.is_paused(task.id) else "RUNNING"),
-                owner=owners.get(task.id),
-                partitions=tuple(f"{t}-{task.partition}" for t in task.queues),
-                buffered=task.input_buffered,
-                processed=task.processed_count,
-                skipped=task.skipped_count,
-                dead_lettered=task.dead_lettered_count,
-                **key_parallel_figures(task),
-            )
-            for task in live_tasks
-        ]
         restoration = self._restoration
-        progress = dict(restoration.progress) if restoration else {}
-        for task in polling.tasks.restoring() if polling else []:
-            figures = progress.get(task.id, {})
-            tasks.append(
-                TaskStatus(
-                    id=task.id,
-                    state="RESTORING",
-                    owner=None,
-                    partitions=tuple(f"{t}-{task.partition}" for t in task.queues),
-                    buffered=task.buffered,
-                    processed=0,
-                    skipped=0,
-                    dead_lettered=0,
-                    restore=RestoreProgress(
-                        restored=int(figures.get("restored", 0)),
-                        remaining=int(figures.get("remaining", -1)),
-                        rate=float(figures.get("rate", 0.0)),
-                    ),
-                )
-            )
-        tasks.sort(key=lambda t: t.id)
-        threads = tuple(
-            ThreadStatus(
-                name=t.name,
-                alive=t.is_alive(),
-                task=t.current_task,
-                batches=t.batches,
-                busy_seconds=round(t.busy_seconds, 3),
-                state=t.state,
-                last_task=t.last_task,
-            )
-            for t in self._pool.threads()
-        )
+        live_tasks = sorted(self._task_manager.tasks(), key=lambda t: t.id)
+        tasks = task_statuses(self._task_manager, live_tasks, polling, restoration)
         base = AppStatus(
             application_id=self.config.application_id,
             client_id=self.config.client_id,
@@ -1052,51 +957,20 @@ class App:
             started_at=self._started_at,
             processing_guarantee=self.config.processing_guarantee,
             assignment_strategy=polling.assignment_strategy if polling else None,
-            threads=threads,
-            tasks=tuple(tasks),
+            threads=thread_statuses(self._pool.threads()),
+            tasks=tasks,
             failed_threads=self.failed_threads,
             failure=repr(self._failure) if self._failure else None,
             restored=restoration.restored_total if restoration else 0,
             restores=dict(restoration.restores) if restoration else {},
-            remote_state=self._remote_state_figures(),
+            remote_state=remote_state_figures(restoration, self._capture),
             standbys=dict(restoration.standby_positions) if restoration else {},
             processed=sum(t.processed_count for t in live_tasks),
             skipped=sum(t.skipped_count for t in live_tasks),
             dead_lettered=sum(t.dead_lettered for t in tasks),
-            dropped=_sum_dicts(t.dropped for t in live_tasks),
+            dropped=sum_dicts(t.dropped for t in live_tasks),
             queries=self._query_statuses(live_tasks),
         )
         if polling is None:
             return base
-        closed = polling.tasks.closed_totals
-        # Output records the production handler skipped or dead-lettered.
-        refused = polling.output.error_counts
-        transactions = polling.output.transactions
-        committer = polling.committer
-        lag = dict(polling.lag_tracker.lag)
-        return dataclasses.replace(
-            base,
-            consumed=polling.consumed_total,
-            processed=base.processed + closed["processed"],
-            produced=polling.output.produced_total,
-            skipped=base.skipped + closed["skipped"] + refused.skipped,
-            dead_lettered=base.dead_lettered + closed["dead_lettered"] + refused.dead_lettered,
-            commits=committer.commits_total,
-            commit_failures=committer.failures_total,
-            transactions_committed=transactions.committed if transactions else 0,
-            transactions_aborted=transactions.aborted if transactions else 0,
-            last_commit=committer.last_commit_wall_time,
-            last_commit_duration_s=committer.last_commit_duration_s,
-            lag={f"{t}-{p}": v for (t, p), v in sorted(lag.items())},
-            total_lag=sum(lag.values()),
-            broker_down_since=polling.health.down_since,
-            startup_phase=polling.startup.phase,
-            waiting_for=polling.startup.waiting_for,
-            startup_phase_since=polling.startup.phase_since,
-            partitions=dict(sorted(self._layout.partitions.items())) if self._layout else {},
-            partition_expansions=polling.expansion.expansions,
-            tasks_created_by_expansion=polling.tasks.created_by_expansion,
-            held_partitions=[f"{t}-{p}" for t, p in sorted(polling.tasks.held)],
-            expansion_waiting_for=polling.expansion.waiting_for,
-            placement=polling.runtime.figures() if polling.runtime is not None else None,
-        )
+        return with_polling_figures(base, polling, self._layout)

@@ -1,0 +1,186 @@
+"""The parts of `App.status()`: figures gathered from the app's threads.
+
+`App.status()` is read by metrics, the admin socket, the demo and tests, at
+any moment from any thread: everything here reads the threads' counters
+racily (each figure is a snapshot, the whole is not atomic) and copies what
+it keeps. One function per part of runtime.status.AppStatus, so that the App
+class only composes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from runtime.named_queries import NamedQueries
+from runtime.polling.polling_thread import PollingThread
+from runtime.polling.topics import TopicLayout
+from runtime.processing.key_parallel import key_parallel_figures
+from runtime.processing.task import StreamTask
+from runtime.processing.task_manager import TaskManager
+from runtime.processing.threads import ProcessingThread
+from runtime.state.remote.capture import SnapshotCapture
+from runtime.state.restoration import RestorationThread
+from runtime.status import AppStatus, QueryStatus, RestoreProgress, TaskStatus, ThreadStatus
+from runtime.topology.topology import Topology
+
+
+def sum_dicts(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Key-wise sums (counts per reason, per task)."""
+    total: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def task_statuses(
+    manager: TaskManager,
+    live_tasks: list[StreamTask],
+    polling: PollingThread | None,
+    restoration: RestorationThread | None,
+) -> tuple[TaskStatus, ...]:
+    """Processable tasks (RUNNING, PAUSED or FAILED, their owner and counts)
+    and restoring ones (with their restore progress), sorted by id."""
+    owners = manager.owners()
+    failed = manager.failed_task_ids()
+    tasks = [
+        TaskStatus(
+            id=task.id,
+            state="FAILED"
+            if task.id in failed
+            else ("PAUSED" if manager.is_paused(task.id) else "RUNNING"),
+            owner=owners.get(task.id),
+            partitions=tuple(f"{t}-{task.partition}" for t in task.queues),
+            buffered=task.input_buffered,
+            processed=task.processed_count,
+            skipped=task.skipped_count,
+            dead_lettered=task.dead_lettered_count,
+            **key_parallel_figures(task),
+        )
+        for task in live_tasks
+    ]
+    progress = dict(restoration.progress) if restoration else {}
+    for task in polling.tasks.restoring() if polling else []:
+        figures = progress.get(task.id, {})
+        tasks.append(
+            TaskStatus(
+                id=task.id,
+                state="RESTORING",
+                owner=None,
+                partitions=tuple(f"{t}-{task.partition}" for t in task.queues),
+                buffered=task.buffered,
+                processed=0,
+                skipped=0,
+                dead_lettered=0,
+                restore=RestoreProgress(
+                    restored=int(figures.get("restored", 0)),
+                    remaining=int(figures.get("remaining", -1)),
+                    rate=float(figures.get("rate", 0.0)),
+                ),
+            )
+        )
+    tasks.sort(key=lambda t: t.id)
+    return tuple(tasks)
+
+
+def thread_statuses(threads: Iterable[ProcessingThread]) -> tuple[ThreadStatus, ...]:
+    return tuple(
+        ThreadStatus(
+            name=t.name,
+            alive=t.is_alive(),
+            task=t.current_task,
+            batches=t.batches,
+            busy_seconds=round(t.busy_seconds, 3),
+            state=t.state,
+            last_task=t.last_task,
+        )
+        for t in threads
+    )
+
+
+def remote_state_figures(
+    restoration: RestorationThread | None, capture: SnapshotCapture | None
+) -> dict[str, Any] | None:
+    """Remote state's counters (uploads, downloads, captures); None without it."""
+    if restoration is None or restoration.remote is None:
+        return None
+    figures = restoration.remote.stats.as_dict()
+    if capture is not None:
+        figures["captures"] = capture.captured
+        figures["capture_seconds"] = round(capture.capture_seconds, 3)
+    return figures
+
+
+def query_statuses(
+    named: NamedQueries,
+    topology: Topology,
+    manager: TaskManager,
+    polling: PollingThread | None,
+    live_tasks: list[StreamTask],
+) -> tuple[QueryStatus, ...]:
+    """Per named query: tasks, processed records, busy seconds, lag, p99 latency."""
+    tasks: dict[str, int] = {}
+    processed: dict[str, int] = {}
+    for task in [*live_tasks, *(polling.tasks.restoring() if polling else [])]:
+        query = task.query
+        if query is not None:
+            tasks[query] = tasks.get(query, 0) + 1
+    for task in live_tasks:
+        if task.query is not None:
+            processed[task.query] = processed.get(task.query, 0) + task.processed_count
+    lag: dict[str, int] = {}
+    if polling is not None:
+        owner = {s.id: s.query for s in topology.subtopologies}
+        sub_of = dict(polling.layout.subtopology_of)
+        for (topic, _), records in dict(polling.lag_tracker.lag).items():
+            query = owner.get(sub_of.get(topic, -1))
+            if query is not None:
+                lag[query] = lag.get(query, 0) + records
+    return named.statuses(
+        tasks,
+        processed,
+        manager.query_busy_seconds(),
+        lag,
+        manager.query_latency_p99_ms(),
+    )
+
+
+def with_polling_figures(
+    base: AppStatus, polling: PollingThread, layout: TopicLayout | None
+) -> AppStatus:
+    """`base` with what the polling thread counts: consumed, produced, closed
+    tasks' and refused outputs' counts, commits, lag, start-up, expansion."""
+    closed = polling.tasks.closed_totals
+    # Output records the production handler skipped or dead-lettered.
+    refused = polling.output.error_counts
+    transactions = polling.output.transactions
+    committer = polling.committer
+    lag = dict(polling.lag_tracker.lag)
+    return dataclasses.replace(
+        base,
+        consumed=polling.consumed_total,
+        processed=base.processed + closed["processed"],
+        produced=polling.output.produced_total,
+        skipped=base.skipped + closed["skipped"] + refused.skipped,
+        dead_lettered=base.dead_lettered + closed["dead_lettered"] + refused.dead_lettered,
+        commits=committer.commits_total,
+        commit_failures=committer.failures_total,
+        transactions_committed=transactions.committed if transactions else 0,
+        transactions_aborted=transactions.aborted if transactions else 0,
+        last_commit=committer.last_commit_wall_time,
+        last_commit_duration_s=committer.last_commit_duration_s,
+        lag={f"{t}-{p}": v for (t, p), v in sorted(lag.items())},
+        total_lag=sum(lag.values()),
+        broker_down_since=polling.health.down_since,
+        startup_phase=polling.startup.phase,
+        waiting_for=polling.startup.waiting_for,
+        startup_phase_since=polling.startup.phase_since,
+        partitions=dict(sorted(layout.partitions.items())) if layout else {},
+        partition_expansions=polling.expansion.expansions,
+        tasks_created_by_expansion=polling.tasks.created_by_expansion,
+        held_partitions=[f"{t}-{p}" for t, p in sorted(polling.tasks.held)],
+        expansion_waiting_for=polling.expansion.waiting_for,
+        placement=polling.runtime.figures() if polling.runtime is not None else None,
+    )
