@@ -177,6 +177,31 @@ def final_values(bootstrap: str, sink: str, sent: dict[str, int], apps: list[App
     return records
 
 
+def expand_to_8_while_feeding(
+    app: App,
+    bootstrap: str,
+    source: str,
+    sink: str,
+    feeder: SequenceFeeder,
+    new_tasks: set[str],
+) -> tuple[dict[str, int], list[Msg]]:
+    """Grow `sink`, then `source`, to 8 partitions while `feeder` runs; wait
+    until `new_tasks` processed something and a few hundred more records (new
+    and old keys) went in; stop the feeder. Returns what was sent per key and
+    the output once every key's latest value reached it."""
+    grow(bootstrap, sink, source)  # output topic first
+    feeder.open_new_keys()
+    wait_until(
+        lambda: assert_alive(app) or processed(app, new_tasks) > 0,
+        60,
+        message=f"no new task processed anything: {sorted(new_tasks)}",
+    )
+    sent_then = sum(feeder.sent.values())
+    wait_until(lambda: sum(feeder.sent.values()) > sent_then + 400, 30, message="feeder")
+    sent = feeder.stop()
+    return sent, final_values(bootstrap, sink, sent, [app])
+
+
 def check_counts(records: list[Msg], sent: dict[str, int], exactly_once: bool) -> None:
     latest: dict[str, dict[str, int]] = {}
     partitions: dict[str, set[int]] = {}
@@ -223,19 +248,8 @@ def test_stateful_count_follows_a_4_to_8_expansion(
         old_tasks = {f"{s}_{p}" for s in (0, 1) for p in range(4)}
         assert tasks_of(app) == old_tasks
 
-        grow(bootstrap, sink, source)  # output topic first
-        feeder.open_new_keys()
         new_tasks = {f"{s}_{p}" for s in (0, 1) for p in range(4, 8)}
-        wait_until(
-            lambda: assert_alive(app) or processed(app, new_tasks) > 0,
-            60,
-            message="no new task processed anything",
-        )
-        # A few hundred more records, new and old keys, after the new tasks started.
-        sent_then = sum(feeder.sent.values())
-        wait_until(lambda: sum(feeder.sent.values()) > sent_then + 400, 30, message="feeder")
-        sent = feeder.stop()
-        records = final_values(bootstrap, sink, sent, [app])
+        sent, records = expand_to_8_while_feeding(app, bootstrap, source, sink, feeder, new_tasks)
         status = app.status()
         assert tasks_of(app) == old_tasks | new_tasks
         assert status.partition_expansions == 1
@@ -487,18 +501,8 @@ def test_a_query_added_at_runtime_follows_an_expansion(bootstrap: str, tmp_path:
             producer.produce(base_in, f"v{i}".encode(), f"b{i}".encode())
         assert producer.flush(30) == 0
 
-        grow(bootstrap, sink, source)
-        feeder.open_new_keys()
         new_tasks = {f"grow__{s}_{p}" for s in (0, 1) for p in range(4, 8)}
-        wait_until(
-            lambda: assert_alive(app) or processed(app, new_tasks) > 0,
-            60,
-            message="no new task of the added query processed anything",
-        )
-        sent_then = sum(feeder.sent.values())
-        wait_until(lambda: sum(feeder.sent.values()) > sent_then + 400, 30, message="feeder")
-        sent = feeder.stop()
-        records = final_values(bootstrap, sink, sent, [app])
+        sent, records = expand_to_8_while_feeding(app, bootstrap, source, sink, feeder, new_tasks)
         status = app.status()
         assert old_tasks | new_tasks <= tasks_of(app)
         assert status.partition_expansions == 1
