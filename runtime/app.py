@@ -333,7 +333,7 @@ class App:
             self._started_at = time.time()
             # Process-wide; no earlier: a start-up check that fails leaves it be.
             self._python_switch_interval = sys.getswitchinterval()
-            self._apply_switch_interval()
+            self._apply_query_priorities()
             if self._restoration is not None:
                 self._restoration.start()
             if self._cleanup is not None:
@@ -673,18 +673,20 @@ class App:
             raise
         with self._lock:
             self.topology = composite
-        self._apply_switch_interval()
+        self._apply_query_priorities()
         log.info("query_added", query=name, priority=share.priority, weight=share.weight)
 
-    def _apply_switch_interval(self) -> None:
-        """Set the interpreter's switch interval for the queries running now
-        (`gil.switch.interval.us`; 0: shorter while their priorities differ,
-        see `query_shares.switch_interval_s`). Process-wide. Called by
-        `start`, `add_query` and `remove_query`."""
+    def _apply_query_priorities(self) -> None:
+        """Tune latency for the priorities of the queries running now: the
+        polling thread's refill (`query_shares.input_refill`) and the
+        interpreter's switch interval (`gil.switch.interval.us`; 0: shorter
+        while their priorities differ, see `query_shares.switch_interval_s`;
+        process-wide). Called by `start`, `add_query` and `remove_query`."""
+        priorities = [share.priority for share in self._named.shares().values()]
+        if self._polling is not None:
+            self._polling.tune_refill(priorities)
         wanted = switch_interval_s(
-            self.config.gil_switch_interval_us,
-            (share.priority for share in self._named.shares().values()),
-            self._python_switch_interval,
+            self.config.gil_switch_interval_us, priorities, self._python_switch_interval
         )
         if wanted != sys.getswitchinterval():
             sys.setswitchinterval(wanted)
@@ -721,7 +723,7 @@ class App:
             self.topology = remaining
         self._named.remove(name)
         self._task_manager.forget_query(name)
-        self._apply_switch_interval()
+        self._apply_query_priorities()
         log.info("query_removed", query=name, reset=reset)
         if reset:
             reset_query(self.config, name, removed, timeout=clamp_wait_s(timeout))

@@ -154,20 +154,23 @@ class KafkaNode:
         self._close_log()
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed by _close_log
         self._log_start = self._log_file.tell()
+        # Extra JVM options (e.g. -Xlog:gc:file=/tmp/gc.log:time, or another collector
+        # for latency runs), as Kafka's own scripts take $KAFKA_OPTS.
+        extra = os.environ.get("STREAMS_KAFKA_JVM_OPTS", "").split()
+        # Serial GC: a test broker's heap is small and two cores are shared with the
+        # clients; G1's concurrent threads and remembered sets cost more than they save.
+        # A collector named in the extra options replaces it (the JVM refuses two).
+        collector = [] if any(_names_collector(o) for o in extra) else ["-XX:+UseSerialGC"]
         argv = [
             self.dist.java,
             *self._class_archive_options(),
             f"-Xmx{self._heap}",
             "-Xms64m",
-            # Serial GC: a test broker's heap is small and two cores are shared with the
-            # clients; G1's concurrent threads and remembered sets cost more than they save.
-            "-XX:+UseSerialGC",
+            *collector,
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.dist.log4j_config}",
             f"-Dstreams.kafka.log.level={self._log_level}",
-            # Extra JVM options for diagnostics (e.g. -Xlog:gc:file=/tmp/gc.log:time),
-            # as Kafka's own scripts take $KAFKA_OPTS.
-            *os.environ.get("STREAMS_KAFKA_JVM_OPTS", "").split(),
+            *extra,
             "-cp",
             self.dist.classpath,
             "kafka.Kafka",
@@ -309,3 +312,8 @@ class KafkaNode:
                 return f.read().decode("utf-8", errors="replace")
         except FileNotFoundError:
             return ""
+
+
+def _names_collector(jvm_option: str) -> bool:
+    """`-XX:+UseG1GC`, `-XX:+UseParallelGC`, `-XX:+UseZGC`, ...: a garbage collector."""
+    return jvm_option.startswith("-XX:+Use") and jvm_option.endswith("GC")

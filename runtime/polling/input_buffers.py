@@ -26,6 +26,8 @@ class InputBuffers:
         # Resume only once a paused queue is half empty: pausing makes
         # librdkafka drop its prefetch for the partition and resuming fetches
         # it again, so resuming at bound-1 would refetch for every record.
+        # The polling thread raises it while queries of different priorities
+        # run (`query_shares.input_refill`): smaller, more frequent refills.
         self.resume_below = max(1, bound // 2)
         self._queues: dict[PartitionKey, InputQueue] = {}
         self._paused: list[InputQueue] = []

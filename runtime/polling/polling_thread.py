@@ -53,6 +53,7 @@ from runtime.polling.startup import StartupProgress
 from runtime.polling.topics import TopicLayout
 from runtime.polling.transactions import TransactionFailed
 from runtime.processing.errors import TaskFailedError
+from runtime.processing.query_shares import input_refill
 from runtime.processing.task import TaskSettings
 from runtime.processing.task_manager import TaskManager
 from runtime.state.placement import ShutdownRequest
@@ -106,6 +107,9 @@ class PollingThread(threading.Thread):
         self._hooks = hooks
         self._restoration = restoration
         self._buffers = InputBuffers(config.buffered_records_per_partition)
+        self._max_poll_records = config.max_poll_records
+        priorities = list(query_priorities)
+        self.tune_refill(priorities)
         self._stop_event = threading.Event()
         self._commit_now = threading.Event()
         self._abort = False  # stop without the final commit (a fatal error)
@@ -139,7 +143,7 @@ class PollingThread(threading.Thread):
             config,
             self.assignment_strategy,
             {"error_cb": self.health.on_client_error},
-            query_priorities,
+            priorities,
         )
         self._consumer = Consumer(consumer_settings)
         session_timeout = consumer_settings.get("session.timeout.ms")
@@ -310,9 +314,31 @@ class PollingThread(threading.Thread):
         The wait also ends on a stop or commit request and on output or
         buffered work appearing: `poll.ms` bounds idleness, never responsiveness.
         """
-        return consume_until(
-            self._consumer, self._config.max_poll_records, timeout, self._has_other_work
+        return consume_until(self._consumer, self._max_poll_records, timeout, self._has_other_work)
+
+    def tune_refill(self, query_priorities: Iterable[int]) -> None:
+        """Refill input buffers for the named queries running now (`query_shares.input_refill`).
+
+        Any thread (App.start, add_query, remove_query): two int writes the
+        polling thread reads at its next batch and resume check.
+        """
+        refill = input_refill(
+            self._config.buffered_records_per_partition,
+            self._config.max_poll_records,
+            "max.poll.records" in self._config.raw,
+            query_priorities,
         )
+        if (refill.resume_below, refill.max_poll_records) != (
+            self._buffers.resume_below,
+            self._max_poll_records,
+        ):
+            self._buffers.resume_below = refill.resume_below
+            self._max_poll_records = refill.max_poll_records
+            log.info(
+                "input_refill_set",
+                resume_below=refill.resume_below,
+                max_poll_records=refill.max_poll_records,
+            )
 
     def _has_other_work(self) -> bool:
         return (

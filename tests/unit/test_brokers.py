@@ -12,7 +12,7 @@ from runtime.brokers import BrokerUnavailable, kafka_available, resolve_kind
 from runtime.brokers.kafka import broker_properties, new_cluster_id
 from runtime.brokers.kafka_cluster import coordinator_partition, java_string_hash
 from runtime.brokers.kafka_dist import ensure_kafka, find_java
-from runtime.brokers.kafka_node import NodeAddress
+from runtime.brokers.kafka_node import NodeAddress, _names_collector
 
 
 def _nodes(count: int) -> list[NodeAddress]:
@@ -114,3 +114,11 @@ def test_without_maven_and_cache_the_error_names_maven(bare_path: Path) -> None:
 def test_unknown_kind_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown broker kind 'redpanda'"):
         resolve_kind("redpanda")
+
+
+def test_a_collector_in_the_extra_jvm_options_replaces_the_serial_one() -> None:
+    # STREAMS_KAFKA_JVM_OPTS="-XX:+UseG1GC ..." must not start a JVM with two collectors.
+    assert _names_collector("-XX:+UseG1GC")
+    assert _names_collector("-XX:+UseZGC")
+    assert not _names_collector("-XX:MaxGCPauseMillis=20")
+    assert not _names_collector("-Xlog:gc:file=/tmp/gc.log:time")
