@@ -39,6 +39,15 @@ process by ``topologies()``):
   heavy query then brings some 15,000 of its small records per fetch, and the
   light record waits behind them in the consumer's one queue.
   ``priority-fetch256k``: the same at 256 KiB.
+- ``heavy-other-process``: the light and the heavy query each in a daemon of
+  its own (two applications): the isolation the operating system gives, the
+  floor for any one-process design on this machine (the heavy daemon holds a
+  core; the broker, the probe and the light daemon share the other).
+- ``priority-bulk-refill``: ``light-priority`` with the input refill an app
+  used before git ecda57f whatever the priorities (``BENCH_BULK_REFILL``):
+  a paused heavy partition resumes at half its 5,000-record buffer and the
+  polling thread routes 1,000-record batches, so the light record can wait
+  behind several of them (see ``query_shares.input_refill``).
 - ``priority-no-commit``: ``light-priority`` with ``commit.interval.ms``
   600000 (no commit in the window): whether the light query's stalls are
   commits (they were not). ``$BENCH_GC_LOG=<path>`` in the environment makes
@@ -116,6 +125,39 @@ CASES["priority-no-commit"] = {
     "queries": ["light", "heavy"],
     "config": {"query.light.priority": 10, "commit.interval.ms": 600000},
 }
+CASES["heavy-other-process"] = {
+    "queries": ["light", "heavy"],
+    "config": {},
+    "processes": [["light"], ["heavy"]],
+}
+CASES["priority-bulk-refill"] = {
+    "queries": ["light", "heavy"],
+    "config": {"query.light.priority": 10},
+    "env": {"BENCH_BULK_REFILL": "1"},
+}
+CASES["priority-switch-200us"] = {
+    "queries": ["light", "heavy"],
+    "config": {"query.light.priority": 10, "gil.switch.interval.us": 200},
+}
+CASES["priority-switch-100us"] = {
+    "queries": ["light", "heavy"],
+    "config": {"query.light.priority": 10, "gil.switch.interval.us": 100},
+}
+CASES["priority-switch-50us"] = {
+    "queries": ["light", "heavy"],
+    "config": {"query.light.priority": 10, "gil.switch.interval.us": 50},
+}
+# Two processing threads, two CPU-bound queries: what a short switch interval
+# costs when CPU-bound threads hand the GIL to each other.
+for _us in (500, 100):
+    CASES[f"two-heavy-switch-{_us}us"] = {
+        "queries": ["light", "heavy", "heavy2"],
+        "config": {
+            "query.light.priority": 10,
+            "processing.threads": 2,
+            "gil.switch.interval.us": _us,
+        },
+    }
 CASES["priority-switch-5ms"] = {
     "queries": ["light", "heavy"],
     "config": {"query.light.priority": 10, "gil.switch.interval.us": 5000},
@@ -172,7 +214,8 @@ def topologies() -> dict[str, Any]:
     query N reads ``$BENCH_QUERY_<N>_INPUT`` and writes ``$BENCH_QUERY_<N>_OUTPUT``;
     names starting with ``heavy`` spin ``$BENCH_HEAVY_RECORD_S`` s per record.
     Called in the daemon's process, at start-up, where it also applies the
-    diagnostic knobs ``$BENCH_SWITCH_INTERVAL`` and ``$BENCH_NO_PREEMPTION``."""
+    diagnostic knobs ``$BENCH_SWITCH_INTERVAL``, ``$BENCH_NO_PREEMPTION`` and
+    ``$BENCH_BULK_REFILL``."""
     from runtime import StreamsBuilder, serdes
 
     if os.environ.get("BENCH_SWITCH_INTERVAL"):
@@ -181,6 +224,13 @@ def topologies() -> dict[str, Any]:
         from runtime.processing.task_manager import TaskManager
 
         TaskManager._preempt_for_priority = lambda self: None  # type: ignore[method-assign]
+
+    if os.environ.get("BENCH_BULK_REFILL"):
+        from runtime.processing import query_shares
+
+        # input_refill as before git ecda57f: resume at half the buffer, 1,000-record batches.
+        query_shares.PRIORITY_REFILL_RECORDS = 1_000_000
+        query_shares.PRIORITY_MAX_POLL_RECORDS = 1_000_000
 
     if os.environ.get("BENCH_GC_LOG"):
         _log_gc_pauses(os.environ["BENCH_GC_LOG"])
@@ -323,7 +373,8 @@ def run_case(
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith("STREAMS_RUNTIME_") and k != "BENCH_NO_PREEMPTION"
+        if not k.startswith("STREAMS_RUNTIME_")
+        and k not in ("BENCH_NO_PREEMPTION", "BENCH_BULK_REFILL")
     }
     env.update(
         PYTHONPATH=str(REPO),
@@ -340,31 +391,41 @@ def run_case(
         if q.startswith("heavy"):
             _produce_backlog(session.bootstrap, env[f"BENCH_QUERY_{q.upper()}_INPUT"], backlog)
     workdir = Path(tempfile.mkdtemp(prefix="qb"))  # AF_UNIX paths are <= 107 bytes
-    sock = str(workdir / "admin.sock")
-    sets: dict[str, Any] = {
-        "application.id": app_id,
-        "bootstrap.servers": session.bootstrap,
-        "processing.threads": args.threads,
-        "task.timeslice.ms": args.timeslice_ms,
-        "commit.interval.ms": 30000,
-        "consumer.fetch.wait.max.ms": 5,
-        "consumer.session.timeout.ms": 6000,
-        "producer.linger.ms": 1,
-        "state.dir": workdir / "state",
-        "admin.socket": sock,
-        **case["config"],
-    }
-    argv = [sys.executable, "-m", "runtime", "run", "benchmarks.queries:topologies"]
-    for key, value in sets.items():
-        argv += ["--set", f"{key}={value}"]
-    log_path = workdir / "daemon.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-        )
+    # One daemon runs every query, or (case "processes") one daemon per group.
+    groups: list[list[str]] = case.get("processes", [queries])
+    daemons: list[tuple[subprocess.Popen[bytes], str, Path]] = []
+    for index, group in enumerate(groups):
+        sock = str(workdir / f"admin{index}.sock")
+        sets: dict[str, Any] = {
+            "application.id": app_id if len(groups) == 1 else f"{app_id}-p{index}",
+            "bootstrap.servers": session.bootstrap,
+            "processing.threads": args.threads,
+            "task.timeslice.ms": args.timeslice_ms,
+            "commit.interval.ms": 30000,
+            "consumer.fetch.wait.max.ms": 5,
+            "consumer.session.timeout.ms": 6000,
+            "producer.linger.ms": 1,
+            "state.dir": workdir / f"state{index}",
+            "admin.socket": sock,
+            **case["config"],
+        }
+        argv = [sys.executable, "-m", "runtime", "run", "benchmarks.queries:topologies"]
+        for key, value in sets.items():
+            argv += ["--set", f"{key}={value}"]
+        log_path = workdir / f"daemon{index}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                argv,
+                cwd=REPO,
+                env={**env, "BENCH_QUERIES": ",".join(group)},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        daemons.append((proc, sock, log_path))
 
     def status() -> dict[str, Any]:
-        return {q["name"]: q for q in request(sock, "queries")["queries"]}
+        return {q["name"]: q for _, sock, _ in daemons for q in request(sock, "queries")["queries"]}
 
     probe = None
     if "light" in queries:
@@ -375,9 +436,14 @@ def run_case(
             args.probe_interval_ms / 1000.0,
         )
     try:
-        _wait(lambda: os.path.exists(sock) or proc.poll() is not None, 60, "the admin socket")
-        if proc.poll() is not None:
-            raise RuntimeError("the daemon exited: " + log_path.read_text()[-2000:])
+        for proc, sock, log_path in daemons:
+            _wait(
+                lambda: os.path.exists(sock) or proc.poll() is not None,  # noqa: B023 - waited here
+                60,
+                "the admin socket",
+            )
+            if proc.poll() is not None:
+                raise RuntimeError("the daemon exited: " + log_path.read_text()[-2000:])
         expected_tasks = PARTITIONS * len(queries)
         _wait(
             lambda: sum(q["tasks"] for q in status().values()) == expected_tasks,
@@ -410,21 +476,23 @@ def run_case(
                 (s, lat) for s, lat in list(probe.samples) if start_wall <= s < end_wall
             )
             missing = len(sent) - len(samples)
-        request(sock, "shutdown")
-        exit_code = proc.wait(60)
+        for _, sock, _ in daemons:
+            request(sock, "shutdown")
+        exit_codes = [proc.wait(60) for proc, _, _ in daemons]
     finally:
         if probe:
             probe.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        for proc, _, _ in daemons:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
     result: dict[str, Any] = {
         "case": name,
         "queries": queries,
         "config": case["config"],
         "env": case.get("env", {}),
         "window_s": window,
-        "daemon_exit": exit_code,
+        "daemon_exit": exit_codes[0] if len(exit_codes) == 1 else exit_codes,
         "load_average": os.getloadavg()[0],
         "per_query": {},
     }
