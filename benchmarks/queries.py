@@ -143,6 +143,20 @@ CASES["priority-switch-100us"] = {
     "queries": ["light", "heavy"],
     "config": {"query.light.priority": 10, "gil.switch.interval.us": 100},
 }
+CASES["priority-switch-500us"] = {
+    "queries": ["light", "heavy"],
+    "config": {"query.light.priority": 10, "gil.switch.interval.us": 500},
+}
+# A processing thread the heavy query may not take: the light query never
+# waits for a heavy record to end (only for the GIL).
+CASES["priority-spare-thread"] = {
+    "queries": ["light", "heavy"],
+    "config": {
+        "query.light.priority": 10,
+        "processing.threads": 2,
+        "query.heavy.max.threads": 1,
+    },
+}
 CASES["priority-switch-50us"] = {
     "queries": ["light", "heavy"],
     "config": {"query.light.priority": 10, "gil.switch.interval.us": 50},

@@ -126,7 +126,7 @@ def preemptions(
 
 # The GIL switch interval while named queries of different priorities run
 # (`gil.switch.interval.us` 0, the default). See `switch_interval_s`.
-PRIORITY_SWITCH_INTERVAL_S = 0.0005
+PRIORITY_SWITCH_INTERVAL_S = 0.0001
 
 
 def switch_interval_s(
@@ -138,13 +138,17 @@ def switch_interval_s(
     waits up to the switch interval (CPython's 5 ms) before the holder is
     asked to drop it, and the polling thread waits so after every blocking
     client call: a high-priority record paid several such turns on its way
-    in and out beside a CPU-bound query (measured: p99 7-9x of running alone,
-    0.5 ms made it 1.2-2.4x). With one CPU-bound thread nobody else asks for
-    the GIL, so a short interval costs next to nothing; with several, they
-    hand it over more often. So: `configured_us` if above 0; else
-    `PRIORITY_SWITCH_INTERVAL_S` (never above `python_default_s`) while
-    queries of different priorities run, when latency matters by
-    configuration; else `python_default_s`. Pure; any thread.
+    in and out beside a CPU-bound query. Measured beside a heavy query's
+    backlog (one processing thread, Apache Kafka, 2 cores): p99 7-9x of
+    running alone at 5 ms; 2.2-2.4x at 0.5 ms; 1.45-1.9x at 0.1 ms (one run
+    with a stall: 3.1x); 50 us no better (1.7x). The heavy query's
+    throughput did not drop; with two CPU-bound threads handing the GIL to
+    each other it rose (0.1 ms: 1,470 records/s each against 1,300 at 0.5
+    ms), as the polling thread feeding them waited less. So:
+    `configured_us` if above 0; else `PRIORITY_SWITCH_INTERVAL_S` (never
+    above `python_default_s`) while queries of different priorities run,
+    when latency matters by configuration; else `python_default_s`. Pure;
+    any thread.
     """
     if configured_us > 0:
         return configured_us / 1_000_000

@@ -457,7 +457,7 @@ def test_light_query_latency_beside_a_heavy_backlog_and_admin_query_commands(
     # heavy batch yields to its input (tests/unit/test_query_preemption.py);
     # what it still loses is the process it shares: the GIL the CPU-bound
     # batches hold (the polling thread waits for it; the app shortens the
-    # switch interval to 0.5 ms while priorities differ) and the cores.
+    # switch interval to 0.1 ms while priorities differ) and the cores.
     # Those figures were read with consume(100, 0.05), which added ~25 ms of
     # the reader's own wait to every sample; read with poll(), alone is p50
     # ~10 ms, and beside the heavy query p50 12-17 ms (one run 42 ms under

@@ -1,6 +1,6 @@
 """The GIL switch interval an app runs with (`gil.switch.interval.us`).
 
-0 (the default) shortens it to 0.5 ms only while named queries of different
+0 (the default) shortens it to 0.1 ms only while named queries of different
 priorities run: the polling thread then waits at most that long for each GIL
 turn beside a CPU-bound query, which is what kept a high-priority query's
 records waiting (issue 17's latency target). The rule is pure; the app part
