@@ -547,29 +547,46 @@ def run_case(
     return result
 
 
+def _median_of(runs: list[dict[str, Any]], case: str, pick: Any) -> float | None:
+    values = [pick(r) for r in runs if r["case"] == case]
+    values = [v for v in values if v]
+    return statistics.median(values) if values else None
+
+
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
-    runs = {r["case"]: r for r in result["runs"] if "error" not in r}
-    alone = runs.get("light-alone", {}).get("light") or {}
-    heavy_alone = runs.get("heavy-alone", {}).get("per_query", {}).get("heavy", {})
+    """One row per run, in run order ("case #2" for a case's second run);
+    ratios against the median of the session's light-alone (heavy-alone)
+    runs: alone's p99 itself moves by a third from run to run here."""
+    ok = [r for r in result["runs"] if "error" not in r]
+    alone = {
+        q: _median_of(ok, "light-alone", lambda r, q=q: (r.get("light") or {}).get(f"{q}_ms"))
+        for q in ("p50", "p99")
+    }
+    heavy_alone = _median_of(
+        ok, "heavy-alone", lambda r: r["per_query"].get("heavy", {}).get("records_per_s")
+    )
     rows = {}
-    for name, r in runs.items():
+    seen: dict[str, int] = {}
+    for r in ok:
+        seen[r["case"]] = seen.get(r["case"], 0) + 1
+        label = r["case"] if seen[r["case"]] == 1 else f"{r['case']} #{seen[r['case']]}"
         row: dict[str, Any] = {}
         light = r.get("light")
         if light and light.get("n"):
             row["light_p50_ms"], row["light_p99_ms"] = light["p50_ms"], light["p99_ms"]
-            if alone.get("n"):
-                row["light_p50_ratio"] = light["p50_ms"] / alone["p50_ms"]
-                row["light_p99_ratio"] = light["p99_ms"] / alone["p99_ms"]
+            if alone["p50"] and alone["p99"]:
+                row["light_p50_ratio"] = light["p50_ms"] / alone["p50"]
+                row["light_p99_ratio"] = light["p99_ms"] / alone["p99"]
         for q in ("heavy", "heavy2"):
             if q in r["per_query"]:
                 rate = r["per_query"][q]["records_per_s"]
                 row[f"{q}_records_per_s"] = rate
-                if heavy_alone.get("records_per_s"):
-                    row[f"{q}_ratio"] = rate / heavy_alone["records_per_s"]
+                if heavy_alone:
+                    row[f"{q}_ratio"] = rate / heavy_alone
                 row[f"{q}_busy_share"] = r["per_query"][q]["busy_share"]
         if r.get("heavy_busy_ratio") is not None:
             row["heavy_busy_ratio"] = r["heavy_busy_ratio"]
-        rows[name] = row
+        rows[label] = row
     return rows
 
 
@@ -661,17 +678,15 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['probe_interval_ms']:.0f} ms; latency = the probe consumer's `time.time()` "
         "when `poll()` returns the output record minus `time.time()` just before the "
         f"input's `produce()`; {result['window_s']:.0f} s window per case after "
-        f"{result['warmup_s']:.0f} s warm-up. One run per case, in sequence, after a "
+        f"{result['warmup_s']:.0f} s warm-up. Ratios are to the median of the session's "
+        "light-alone (heavy-alone) runs. Runs in sequence, after a "
         "discarded 10 s light-alone run (a fresh broker's first minute is slow).",
         "",
         "| case | light p50 ms | light p99 ms | p50 / alone | p99 / alone | heavy rec/s | "
         "heavy / alone | heavy busy share | heavy:heavy2 busy |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for case in result["cases"]:
-        row = s.get(case)
-        if row is None:
-            continue
+    for case, row in s.items():
         heavy = _fmt(row.get("heavy_records_per_s"), ".0f")
         if "heavy2_records_per_s" in row:
             heavy += f" (heavy2 {row['heavy2_records_per_s']:.0f})"
