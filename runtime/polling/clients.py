@@ -216,15 +216,20 @@ _WAIT_SLICE_S = 0.05
 
 
 def consume_until(
-    consumer: Consumer, max_records: int, timeout: float, other_work: Callable[[], bool]
+    consumer: Consumer,
+    max_records: int,
+    timeout: float,
+    other_work: Callable[[], bool],
+    slice_s: float = _WAIT_SLICE_S,
 ) -> list[Message]:
-    """`consume_available`, waiting up to `timeout` s in short slices that end
-    early once `other_work()` is true. Called by the consumer's owning thread."""
+    """`consume_available`, waiting up to `timeout` s in slices of `slice_s`
+    that end early once `other_work()` is true. Called by the consumer's
+    owning thread."""
     deadline = time.monotonic() + timeout
     while True:
         remaining = deadline - time.monotonic()
-        records = consume_available(consumer, max_records, max(0.0, min(remaining, _WAIT_SLICE_S)))
-        if records or remaining <= _WAIT_SLICE_S or other_work():
+        records = consume_available(consumer, max_records, max(0.0, min(remaining, slice_s)))
+        if records or remaining <= slice_s or other_work():
             return records
 
 

@@ -1,4 +1,5 @@
-"""How the polling thread drives its consumer: consume_available, fetch_resumed_now.
+"""How the polling thread drives its consumer: consume_available, consume_until,
+fetch_resumed_now.
 
 librdkafka's ``consume(n, timeout)`` waits for n records or the whole timeout;
 at low input rates that wait was added to every record's latency. After
@@ -15,7 +16,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from runtime.polling.clients import consume_available, fetch_resumed_now
+from runtime.polling.clients import consume_available, consume_until, fetch_resumed_now
 from tests.kafka_helpers import create_topic, produce, unique_name
 
 pytestmark = pytest.mark.integration
@@ -55,6 +56,28 @@ def test_returns_with_the_first_record_not_after_the_timeout(bootstrap: str) -> 
         sender.join()
 
         assert [m.value() for m in records] == [b"late"]
+        assert waited < _LONG_TIMEOUT_S / 2
+    finally:
+        consumer.close()
+
+
+def test_a_wait_in_slices_ends_once_other_work_appears(bootstrap: str) -> None:
+    # The polling thread waits so while a processing thread makes output: the
+    # consumer's own wait cannot be woken, the end of a slice can.
+    topic = unique_name("consume-until")
+    create_topic(bootstrap, topic, 1)
+    consumer = _assigned_consumer(bootstrap, topic, 1)
+    try:
+        output_handed_over = threading.Event()
+        timer = threading.Timer(0.3, output_handed_over.set)
+        timer.start()
+        started = time.monotonic()
+        records = consume_until(consumer, 500, _LONG_TIMEOUT_S, output_handed_over.is_set, 0.001)
+        waited = time.monotonic() - started
+        timer.join()
+
+        assert records == []
+        assert output_handed_over.is_set()
         assert waited < _LONG_TIMEOUT_S / 2
     finally:
         consumer.close()
