@@ -11,10 +11,10 @@ The work itself lives in helpers this thread owns, one idea each:
 `output.OutputChannel` (the producer, collector drain, delivery reports),
 `committer.Committer` (the commit protocol), `active_tasks.ActiveTasks` (task
 create/close/rewind), `placement.TaskPlacement` (status, standbys, shutdown
-requests), `expansion.PartitionExpansion` (partition increases) and
-`lag.LagTracker`. This class decides what happens when: on a
-failed transaction it rewinds every task; on any other failure it stops
-without committing.
+requests), `expansion.PartitionExpansion` (partition increases),
+`lag.LagTracker` and `input_wait.InputWait` (how long to wait for input).
+This class decides what happens when: on a failed transaction it rewinds
+every task; on any other failure it stops without committing.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from runtime.polling.broker_health import BrokerHealth
 from runtime.polling.clients import (
     admin_config,
     assignment_strategy,
-    consume_until,
     consumer_config,
     fetch_resumed_now,
     log_consume_error,
@@ -43,6 +42,7 @@ from runtime.polling.committer import CommitResult, Committer
 from runtime.polling.consumer_release import close_in_background
 from runtime.polling.expansion import PartitionExpansion
 from runtime.polling.input_buffers import InputBuffers
+from runtime.polling.input_wait import InputWait
 from runtime.polling.lag import LagTracker
 from runtime.polling.output import OutputChannel
 from runtime.polling.placement import TaskPlacement
@@ -53,7 +53,6 @@ from runtime.polling.startup import StartupProgress
 from runtime.polling.topics import TopicLayout
 from runtime.polling.transactions import TransactionFailed
 from runtime.processing.errors import TaskFailedError
-from runtime.processing.query_shares import input_refill
 from runtime.processing.task import TaskSettings
 from runtime.processing.task_manager import TaskManager
 from runtime.state.placement import ShutdownRequest
@@ -64,10 +63,6 @@ log = get_logger("runtime.polling")
 
 _LAG_REFRESH_S = 1.0
 _STATUS_INTERVAL_S = 2.0
-# While a processing thread holds work, the loop waits this long at most for
-# input, in slices of _OUTPUT_SLICE_S after which handed-over output ends it.
-_OUTPUT_WAIT_S = 0.005
-_OUTPUT_SLICE_S = 0.001
 
 
 class FatalError(RuntimeError):
@@ -111,11 +106,17 @@ class PollingThread(threading.Thread):
         self._hooks = hooks
         self._restoration = restoration
         self._buffers = InputBuffers(config.buffered_records_per_partition)
-        self._max_poll_records = config.max_poll_records
-        priorities = list(query_priorities)
-        self.tune_refill(priorities)
         self._stop_event = threading.Event()
         self._commit_now = threading.Event()
+        self._input = InputWait(
+            config,
+            self._buffers,
+            collector,
+            task_manager,
+            lambda: self._stop_event.is_set() or self._commit_now.is_set(),
+        )
+        priorities = list(query_priorities)
+        self._input.tune(priorities)
         self._abort = False  # stop without the final commit (a fatal error)
         self._last_commit = time.monotonic()
         self._last_lag_refresh = 0.0
@@ -273,19 +274,7 @@ class PollingThread(threading.Thread):
 
     def poll_once(self) -> None:
         """One turn of the loop (see the module docstring)."""
-        # Block for input only when nothing else will need this thread soon:
-        # output on its way (buffered, or being made by a processing thread)
-        # must be produced within a few ms, not after the next poll.ms.
-        # A slice, not zero, even with output buffered: under a steady backlog
-        # output is always buffered, and the loop would spin for the GIL.
-        if (
-            self._buffers.any_paused
-            or self._collector.buffered > 0
-            or self._task_manager.has_work_in_flight()
-        ):
-            records = self.wait_for_output(_OUTPUT_WAIT_S)
-        else:
-            records = self.wait_for_records(self._config.poll_ms / 1000.0)
+        records = self._input.next_records(self._consumer)  # runtime.polling.input_wait
         if records:
             self.route_records(records)
         if self._buffers.any_paused:
@@ -316,66 +305,9 @@ class PollingThread(threading.Thread):
         """Name what start-up waits for (runtime.polling.startup), until it is over."""
         self.startup.observe(self._consumer.memberid(), self.joined, len(self.tasks.restoring()))
 
-    def wait_for_records(self, timeout: float) -> list[Message]:
-        """Consume what is there, waiting up to `timeout` s for something to do.
-
-        The wait also ends on a stop or commit request and on output or
-        buffered work appearing: `poll.ms` bounds idleness, never responsiveness.
-        """
-        return consume_until(self._consumer, self._max_poll_records, timeout, self._has_other_work)
-
-    def wait_for_output(self, timeout: float) -> list[Message]:
-        """Consume what is there, waiting up to `timeout` s while a processing
-        thread makes output: in `_OUTPUT_SLICE_S` slices that end once output
-        was handed over (or a stop or commit is asked for). The consumer's
-        wait cannot be woken from Python: in one 5 ms wait, output handed over
-        meanwhile waited 4 ms (p50) to be produced, half of a light query's
-        end-to-end latency.
-        """
-        return consume_until(
-            self._consumer,
-            self._max_poll_records,
-            timeout,
-            self._output_or_request,
-            _OUTPUT_SLICE_S,
-        )
-
-    def _output_or_request(self) -> bool:
-        return (
-            self._stop_event.is_set() or self._commit_now.is_set() or self._collector.buffered > 0
-        )
-
     def tune_refill(self, query_priorities: Iterable[int]) -> None:
-        """Refill input buffers for the named queries running now (`query_shares.input_refill`).
-
-        Any thread (App.start, add_query, remove_query): two int writes the
-        polling thread reads at its next batch and resume check.
-        """
-        refill = input_refill(
-            self._config.buffered_records_per_partition,
-            self._config.max_poll_records,
-            "max.poll.records" in self._config.raw,
-            query_priorities,
-        )
-        if (refill.resume_below, refill.max_poll_records) != (
-            self._buffers.resume_below,
-            self._max_poll_records,
-        ):
-            self._buffers.resume_below = refill.resume_below
-            self._max_poll_records = refill.max_poll_records
-            log.info(
-                "input_refill_set",
-                resume_below=refill.resume_below,
-                max_poll_records=refill.max_poll_records,
-            )
-
-    def _has_other_work(self) -> bool:
-        return (
-            self._stop_event.is_set()
-            or self._commit_now.is_set()
-            or self._collector.buffered > 0
-            or self._task_manager.has_work_in_flight()
-        )
+        """Any thread (App.start, add_query, remove_query): see `InputWait.tune`."""
+        self._input.tune(query_priorities)
 
     def route_records(self, records: list[Message]) -> None:
         """Append consumed records to their task's input queue; pause full ones."""
