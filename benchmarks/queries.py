@@ -135,18 +135,12 @@ CASES["priority-bulk-refill"] = {
     "config": {"query.light.priority": 10},
     "env": {"BENCH_BULK_REFILL": "1"},
 }
-CASES["priority-switch-200us"] = {
-    "queries": ["light", "heavy"],
-    "config": {"query.light.priority": 10, "gil.switch.interval.us": 200},
-}
-CASES["priority-switch-100us"] = {
-    "queries": ["light", "heavy"],
-    "config": {"query.light.priority": 10, "gil.switch.interval.us": 100},
-}
-CASES["priority-switch-500us"] = {
-    "queries": ["light", "heavy"],
-    "config": {"query.light.priority": 10, "gil.switch.interval.us": 500},
-}
+# The automatic GIL switch interval (0.1 ms while priorities differ) against others.
+for _us in (500, 200, 100, 50):
+    CASES[f"priority-switch-{_us}us"] = {
+        "queries": ["light", "heavy"],
+        "config": {"query.light.priority": 10, "gil.switch.interval.us": _us},
+    }
 # A processing thread the heavy query may not take: the light query never
 # waits for a heavy record to end (only for the GIL).
 CASES["priority-spare-thread"] = {
@@ -156,10 +150,6 @@ CASES["priority-spare-thread"] = {
         "processing.threads": 2,
         "query.heavy.max.threads": 1,
     },
-}
-CASES["priority-switch-50us"] = {
-    "queries": ["light", "heavy"],
-    "config": {"query.light.priority": 10, "gil.switch.interval.us": 50},
 }
 # Two processing threads, two CPU-bound queries: what a short switch interval
 # costs when CPU-bound threads hand the GIL to each other.
@@ -176,6 +166,9 @@ CASES["priority-switch-5ms"] = {
     "queries": ["light", "heavy"],
     "config": {"query.light.priority": 10, "gil.switch.interval.us": 5000},
 }
+
+# Environment knobs of diagnostic cases, kept out of the other cases' daemons.
+_CASE_KNOBS = {k for c in CASES.values() for k in c.get("env", {})}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -387,8 +380,8 @@ def run_case(
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith("STREAMS_RUNTIME_")
-        and k not in ("BENCH_NO_PREEMPTION", "BENCH_BULK_REFILL")
+        # Another case's knobs must not leak into this one.
+        if not k.startswith("STREAMS_RUNTIME_") and k not in _CASE_KNOBS
     }
     env.update(
         PYTHONPATH=str(REPO),

@@ -64,22 +64,18 @@ class InputWait:
             or self._task_manager.has_work_in_flight()
         ):
             return consume_until(
-                consumer, self.max_poll_records, OUTPUT_WAIT_S, self._output_or_request,
-                OUTPUT_SLICE_S,
-            )  # fmt: skip
+                consumer, self.max_poll_records, OUTPUT_WAIT_S, self._output, OUTPUT_SLICE_S
+            )
         return consume_until(
             consumer, self.max_poll_records, self._config.poll_ms / 1000.0, self._other_work
         )
 
-    def _output_or_request(self) -> bool:
+    def _output(self) -> bool:
+        """Output to drain, or a stop or commit request: the loop has work now."""
         return self._requested() or self._collector.buffered > 0
 
     def _other_work(self) -> bool:
-        return (
-            self._requested()
-            or self._collector.buffered > 0
-            or self._task_manager.has_work_in_flight()
-        )
+        return self._output() or self._task_manager.has_work_in_flight()
 
     def tune(self, query_priorities: Iterable[int]) -> None:
         """Refill input buffers for the named queries running now (`query_shares.input_refill`)."""

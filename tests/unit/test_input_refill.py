@@ -49,9 +49,6 @@ def test_refill_is_small_only_while_priorities_differ(
 
 
 class _Record:
-    def __init__(self, offset: int) -> None:
-        self._offset = offset
-
     def topic(self) -> str:
         return "heavy-in"
 
@@ -76,7 +73,7 @@ def _refills(refill: InputRefill, bound: int = 5000, drain_per_step: int = 50) -
     lowest = bound
     while offset < 200_000:
         if not queue.paused:
-            batch = [_Record(offset + i) for i in range(refill.max_poll_records)]
+            batch = [_Record()] * refill.max_poll_records
             offset += len(batch)
             _, to_pause = buffers.route(batch, lambda m: None)
             if to_pause and level_at_resume is not None:
