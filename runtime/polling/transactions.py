@@ -18,6 +18,8 @@ retried; seen here for 160 s when one node coordinating both the transaction
 and the group was killed). A call past its deadline leaves its producer stuck;
 it is abandoned (kept referenced until the call returns) and replaced by a new
 one with the same transactional.id, which fences it and aborts its transaction.
+A call that times out in time (a coordinator moving to another node) is retried
+instead, for a bounded time: librdkafka resumes it where it was.
 """
 
 from __future__ import annotations
@@ -76,6 +78,16 @@ _BROKEN_CODES = (KafkaError._FENCED, KafkaError._FATAL)
 # producer is abandoned as stuck (see the module docstring).
 _STUCK_GRACE_S = 5.0
 
+# How long a new producer keeps retrying `init_transactions` after timeouts
+# before the polling thread gives up (the app then fails). While the node that
+# coordinates our transactional.id is down, the role moves only once the
+# controller notices (broker.session.timeout.ms, 9 s by default) and the new
+# coordinator has loaded its log: one call's timeout (10 s) was not enough on a
+# three-node cluster (tests/integration/test_eos_failover.py). Kafka Streams
+# gives the same call `task.timeout.ms` (5 min); this blocks the polling thread,
+# so it stays below the consumer's max.poll.interval.ms default (300 s).
+INIT_RETRY_BUDGET_S = 120.0
+
 
 class ProducerStuck(KafkaException):
     """A transactional call did not return by its deadline; the producer is abandoned."""
@@ -128,10 +140,12 @@ class Transactions:
         make_producer: Callable[[], Producer],
         timeout_s: float,
         stuck_grace_s: float = _STUCK_GRACE_S,
+        init_budget_s: float = INIT_RETRY_BUDGET_S,
     ) -> None:
         self._make_producer = make_producer
         self._timeout_s = timeout_s
         self._stuck_grace_s = stuck_grace_s
+        self._init_budget_s = init_budget_s
         self.producer = self._new_producer()
         self.open = False
         self.committed = 0
@@ -152,11 +166,34 @@ class Transactions:
             self.broken = error
 
     def _new_producer(self) -> Producer:
+        """A producer whose `init_transactions` succeeded: it fences any earlier
+        producer with our transactional.id and ends the transaction that one
+        left open (aborted, or committed if its commit had already begun).
+
+        A timeout is retried on the same producer (librdkafka resumes the
+        call) until `INIT_RETRY_BUDGET_S` has passed: a coordinator that is
+        moving to another node is a broker outage to ride out, not a reason to
+        stop the app. Each retry is logged. A fatal error starts over with a
+        new producer; anything else, or the budget spent, raises.
+        """
+        deadline = time.monotonic() + self._init_budget_s
         producer = self._make_producer()
-        # Fences any earlier producer with our transactional.id and aborts
-        # the transaction it left open.
-        producer.init_transactions(self._timeout_s)
-        return producer
+        while True:
+            try:
+                producer.init_transactions(self._timeout_s)
+                return producer
+            except KafkaException as exc:
+                error: KafkaError = exc.args[0]
+                if time.monotonic() >= deadline or not (error.retriable() or error.fatal()):
+                    raise
+                log.warning(
+                    "transactional_producer_init_retry",
+                    error=error.str(),
+                    code=error.name(),
+                    new_producer=bool(error.fatal()),
+                )
+                if error.fatal():
+                    producer = self._make_producer()
 
     def ensure_open(self) -> bool:
         """Begin a transaction unless one is open (before any produce).
@@ -208,24 +245,26 @@ class Transactions:
         self.committed += 1
 
     def _commit_with_retries(self) -> None:
-        deadline = time.monotonic() + self._timeout_s * 3
+        self._retried("commit_transaction", self.producer.commit_transaction, self._timeout_s * 3)
+
+    def _retried(self, name: str, call: Callable[[float], None], budget_s: float) -> None:
+        """A coordinator call, retried after a retriable error (a timeout while
+        a broker is slow, paused or moving its coordinator role) for `budget_s`:
+        librdkafka resumes the call where it was, so a retried commit or abort
+        happens once. A stuck call (past its deadline) is never retried."""
+        deadline = time.monotonic() + budget_s
         while True:
             try:
-                self._bounded(
-                    "commit_transaction", partial(self.producer.commit_transaction, self._timeout_s)
-                )
+                self._bounded(name, partial(call, self._timeout_s))
                 return
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
-                # A retriable error (a timeout while the broker is slow or
-                # paused) leaves the commit's outcome to a retry, which the
-                # client makes idempotent.
                 if (
                     error.retriable()
                     and not isinstance(exc, ProducerStuck)
                     and time.monotonic() < deadline
                 ):
-                    log.warning("transaction_commit_retry", error=error.str())
+                    log.warning("transaction_call_retry", call=name, error=error.str())
                     continue
                 raise
 
@@ -237,8 +276,10 @@ class Transactions:
             try:
                 if self.broken is not None or breaks_producer(error):
                     raise KafkaException(error)
-                self._bounded(
-                    "abort_transaction", partial(self.producer.abort_transaction, self._timeout_s)
+                # Past the retries the producer is replaced instead: its
+                # init_transactions ends the transaction.
+                self._retried(
+                    "abort_transaction", self.producer.abort_transaction, self._timeout_s * 2
                 )
             except KafkaException as exc:
                 log.warning("transaction_abort_failed", error=str(exc))

@@ -177,3 +177,75 @@ def test_a_fatal_error_raised_by_poll_stops_at_least_once() -> None:
 
     with pytest.raises(KafkaException):
         channel._serve_reports(fatal_poll)
+
+
+TIMED_OUT = KafkaError(KafkaError._TIMED_OUT, "Timed out", retriable=True)
+
+
+class ScriptedProducer(FakeProducer):
+    """A fake whose calls raise the errors queued for them, in order."""
+
+    def __init__(self, failures: dict[str, list[KafkaError]]) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def _fail(self, name: str) -> None:
+        self.calls.append(name)
+        queued = self.failures.get(name)
+        if queued:
+            raise KafkaException(queued.pop(0))
+
+    def init_transactions(self, _timeout: float) -> None:
+        self._fail("init")
+
+    def abort_transaction(self, _timeout: float) -> None:
+        self._fail("abort")
+
+
+def test_init_transactions_timeouts_are_retried_on_the_same_producer() -> None:
+    """The coordinator of our transactional.id moving to another node took longer
+    than one call's timeout on a three-node cluster: the app failed (CI, test_eos_failover)."""
+    producers: list[ScriptedProducer] = []
+
+    def new() -> ScriptedProducer:
+        producers.append(ScriptedProducer({"init": [TIMED_OUT, TIMED_OUT]}))
+        return producers[-1]
+
+    txn = Transactions(new, 1.0)  # type: ignore[arg-type]
+    assert len(producers) == 1 and producers[0].calls == ["init", "init", "init"]
+    assert txn.producer is producers[0]
+
+
+def test_a_fatal_init_error_starts_over_with_a_new_producer() -> None:
+    producers: list[ScriptedProducer] = []
+
+    def new() -> ScriptedProducer:
+        producers.append(ScriptedProducer({"init": [FENCED] if not producers else []}))
+        return producers[-1]
+
+    txn = Transactions(new, 1.0)  # type: ignore[arg-type]
+    assert len(producers) == 2 and txn.producer is producers[1]
+
+
+def test_init_transactions_gives_up_after_its_budget_and_on_other_errors() -> None:
+    forever = [TIMED_OUT] * 1000
+    with pytest.raises(KafkaException) as raised:
+        Transactions(lambda: ScriptedProducer({"init": forever}), 1.0, init_budget_s=0.0)  # type: ignore[arg-type,return-value]
+    assert raised.value.args[0].code() == KafkaError._TIMED_OUT
+    bad = KafkaError(KafkaError.INVALID_CONFIG, "bad")
+    with pytest.raises(KafkaException):
+        Transactions(lambda: ScriptedProducer({"init": [bad]}), 1.0)  # type: ignore[arg-type,return-value]
+
+
+def test_an_abort_that_times_out_is_retried_before_the_producer_is_replaced() -> None:
+    producers: list[ScriptedProducer] = []
+
+    def new() -> ScriptedProducer:
+        producers.append(ScriptedProducer({"abort": [TIMED_OUT]}))
+        return producers[-1]
+
+    txn = Transactions(new, 1.0)  # type: ignore[arg-type]
+    assert txn.ensure_open()
+    failure = txn.abort(KafkaError(KafkaError._INCONSISTENT, "9 message(s) failed delivery"))
+    assert not failure.recreated_producer and len(producers) == 1
+    assert producers[0].calls == ["init", "begin", "abort", "abort"]
