@@ -40,6 +40,7 @@ from runtime.polling.serde_check import check_serdes_on_samples
 from runtime.polling.topics import TopicError, TopicLayout, create_user_topics, resolve_topics
 from runtime.processing.errors import ErrorPolicy, TaskFailedError
 from runtime.processing.key_lanes import key_parallel_settings
+from runtime.processing.os_scheduling import idle_class_unavailable
 from runtime.processing.queries import StoreQuery, StoreUnavailableError
 from runtime.processing.query_shares import QueryShare, switch_interval_s
 from runtime.processing.task import StreamTask, TaskSettings
@@ -169,6 +170,7 @@ class App:
             self._task_manager,
             self.config.task_timeslice_ms,
             self._collector,
+            sched_idle=self._sched_idle_wanted(),
         )
         self._polling: PollingThread | None = None
         self._restoration: RestorationThread | None = None
@@ -675,6 +677,17 @@ class App:
             self.topology = composite
         self._apply_query_priorities()
         log.info("query_added", query=name, priority=share.priority, weight=share.weight)
+
+    def _sched_idle_wanted(self) -> bool:
+        """`sched.idle.lower.priorities`, where the OS lets a thread leave
+        SCHED_IDLE again (runtime.processing.os_scheduling). Named queries
+        only: a single topology has no lower priority."""
+        if not self.config.sched_idle_lower_priorities or not self._named.enabled:
+            return False
+        unavailable = idle_class_unavailable()
+        if unavailable is not None:
+            log.info("sched_idle_lower_priorities_off", reason=unavailable)
+        return unavailable is None
 
     def _apply_query_priorities(self) -> None:
         """Tune latency for the priorities of the queries running now: the

@@ -50,6 +50,7 @@ class QueryLedger:
 
     def __init__(self, shares: Mapping[str, QueryShare] | None = None) -> None:
         self._shares: dict[str, QueryShare] = dict(shares or {})
+        self._top_priority = self._highest()
         self.busy_seconds: dict[str, float] = {}
         self._virtual: dict[str, float] = {}
         self._active: set[str] = set()
@@ -59,10 +60,20 @@ class QueryLedger:
 
     def set_share(self, query: str, share: QueryShare) -> None:
         self._shares[query] = share
+        self._top_priority = self._highest()
+
+    def below_top(self, query: str) -> bool:
+        """Whether `query` has a lower priority than another query known now.
+        Read without the lock by processing threads (one int comparison)."""
+        return self.share(query).priority < self._top_priority
+
+    def _highest(self) -> int:
+        return max((s.priority for s in self._shares.values()), default=DEFAULT_SHARE.priority)
 
     def forget(self, query: str) -> None:
         """A removed query: its figures go."""
         self._shares.pop(query, None)
+        self._top_priority = self._highest()
         self.busy_seconds.pop(query, None)
         self._virtual.pop(query, None)
         self._active.discard(query)

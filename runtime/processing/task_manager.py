@@ -330,6 +330,13 @@ class TaskManager:
         with self._cond:
             return self._query_of.get(task_id)
 
+    def below_top_priority(self, task_id: str) -> bool:
+        """Whether the task's named query has a lower priority than another
+        query's (see `runtime.processing.os_scheduling`). Read without the
+        lock: a processing thread asks once per task it takes."""
+        query = self._query_of.get(task_id)
+        return query is not None and self._ledger.below_top(query)
+
     # --- interactive queries (any thread but a processing thread) ---------------
 
     def run_exclusive(self, task_id: str, fn: Callable[[], T], timeout: float) -> T:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from runtime.logging import get_logger
 from runtime.processing.errors import TaskFailedError
+from runtime.processing.os_scheduling import ThreadSchedClass
 from runtime.processing.task_manager import TaskManager
 
 log = get_logger("runtime.processing")
@@ -45,9 +46,12 @@ class ProcessingThread(threading.Thread):
         task_manager: TaskManager,
         collector: OutputSink,
         timeslice_s: float,
+        sched_idle: bool = False,
     ):
         super().__init__(name=name, daemon=True)
         self.index = index
+        # SCHED_IDLE while it runs a lower-priority query's task (os_scheduling).
+        self.sched_class = ThreadSchedClass() if sched_idle else None
         self._task_manager = task_manager
         self._collector = collector
         self._timeslice_s = timeslice_s
@@ -88,12 +92,15 @@ class ProcessingThread(threading.Thread):
         log.info("processing_thread_started")
         manager = self._task_manager
         should_stop = self._stop_requested.is_set
+        sched_class = self.sched_class
         try:
             while not should_stop():
                 task = manager.acquire_next(self.name, 0.5, should_stop)
                 if task is None:
                     continue
                 self.current_task = self.last_task = task.id
+                if sched_class is not None:
+                    sched_class.set_idle(manager.below_top_priority(task.id))
                 error: TaskFailedError | None = None
                 started = time.monotonic()
                 try:
@@ -131,8 +138,12 @@ class ProcessingThreadPool:
         task_manager: TaskManager,
         timeslice_ms: int,
         collector: OutputSink | None = None,
+        sched_idle: bool = False,
     ) -> None:
+        """`sched_idle`: threads run lower-priority queries' tasks in SCHED_IDLE
+        (`sched.idle.lower.priorities`, where the OS allows it)."""
         self._prefix = f"{client_id}-ProcessingThread-"
+        self._sched_idle = sched_idle
         self._task_manager = task_manager
         self._collector: OutputSink = collector if collector is not None else _Discard()
         self._timeslice_s = timeslice_ms / 1000.0
@@ -153,6 +164,7 @@ class ProcessingThreadPool:
                 self._task_manager,
                 self._collector,
                 self._timeslice_s,
+                self._sched_idle,
             )
             self._threads.append(thread)
             thread.start()
