@@ -215,6 +215,7 @@ BAD_VALUES = [
     ("metrics.port", 65536),
     ("metrics.host", ""),
     ("processing.threads.autoscale", "sometimes"),
+    ("sched.idle.lower.priorities", "maybe"),
     ("processing.threads.min", -1),
     ("processing.threads.max", 0),
     ("processing.threads.limit", 0),
