@@ -95,6 +95,7 @@ def thread_statuses(threads: Iterable[ProcessingThread]) -> tuple[ThreadStatus, 
             busy_seconds=round(t.busy_seconds, 3),
             state=t.state,
             last_task=t.last_task,
+            sched_idle=t.sched_class is not None and t.sched_class.idle,
         )
         for t in threads
     )

@@ -63,7 +63,9 @@ class TaskStatus:
 @dataclass(frozen=True)
 class ThreadStatus:
     """One processing thread: `state` is processing, idle, stopping or stopped;
-    `task` the task it holds now, `last_task` the task of its latest batch."""
+    `task` the task it holds now, `last_task` the task of its latest batch;
+    `sched_idle` whether that batch ran in SCHED_IDLE (a lower-priority named
+    query's task, `sched.idle.lower.priorities`)."""
 
     name: str
     alive: bool
@@ -72,6 +74,7 @@ class ThreadStatus:
     busy_seconds: float
     state: str = "idle"
     last_task: str | None = None
+    sched_idle: bool = False
 
 
 @dataclass(frozen=True)

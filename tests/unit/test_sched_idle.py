@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from runtime.app_status import thread_statuses
 from runtime.processing.os_scheduling import ThreadSchedClass, idle_class_unavailable
 from runtime.processing.query_shares import QueryLedger, QueryShare
 from runtime.processing.task_manager import TaskManager
@@ -85,6 +86,8 @@ def test_a_processing_thread_runs_the_lower_query_in_sched_idle(sched_idle: bool
             heavy.add(round_)
             manager.notify_work()
             wait_until(lambda r=round_: len(heavy.classes) > r, 10, message="heavy not processed")
+            # Status shows the class of the latest batch (the thread now waits for work).
+            assert thread_statuses(pool.threads())[0].sched_idle is sched_idle
             light.add(round_)
             manager.notify_work()
             wait_until(lambda r=round_: len(light.classes) > r, 10, message="light not processed")
