@@ -85,6 +85,7 @@ import argparse
 import contextlib
 import os
 import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -502,6 +503,11 @@ def run_case(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+        # The daemons' state and logs go, unless one failed (its log is kept).
+        if all(proc.returncode == 0 for proc, _, _ in daemons):
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"a daemon failed; its log is under {workdir}", file=sys.stderr)
     result: dict[str, Any] = {
         "case": name,
         "queries": queries,
