@@ -10,8 +10,8 @@ query's tail latency. A thread in SCHED_IDLE is preempted at once by any
 normal thread that wakes up, and the kernel places waking threads on a core
 that runs only SCHED_IDLE work as if it were idle. Measured on 2 cores beside
 a CPU-bound backlog (queries benchmark, Apache Kafka 4.4.0): the light query's
-p99 9.2-17.3 ms with it, 12.1-18.5 ms without, the heavy query's throughput
-3-6% lower.
+p99 9.2-17.3 ms with it (median 11.7 of 12 runs), 12.1-18.5 ms without (and
+85 ms in a run with a stall; median 16.5 of 11), the heavy query's throughput 3-7% lower.
 
 The thread switches class per task it takes (one syscall, only when the
 class changes). Leaving SCHED_IDLE needs CAP_SYS_NICE or an RLIMIT_NICE of 20:
@@ -23,8 +23,9 @@ The risk it takes, and why it is off by default: a SCHED_IDLE thread holding
 the GIL on a host whose cores are saturated by other processes waits long for
 a core, and the whole process with it (the high-priority query too). Inside a
 container's own cgroup it competes with the container's threads only. The gain
-measured (p99 11.6 against 13.9 ms, medians of 9 and 8 runs) is smaller than
-that risk for an app that does not know its host.
+measured (a quarter off the p99) does not outweigh that risk for an app that
+does not know its host: turn it on where the host is known (a container, a
+machine of its own).
 """
 
 from __future__ import annotations
