@@ -35,6 +35,7 @@ from typing import Protocol
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from runtime.logging import get_logger
+from runtime.polling.clients import committed_offsets
 from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.output import OutputChannel
 from runtime.polling.topics import TopicLayout
@@ -361,7 +362,7 @@ class ActiveTasks:
     def _seek_to_committed(self, partitions: list[TopicPartition]) -> None:
         if not partitions:
             return
-        committed = self._consumer.committed(partitions, timeout=30)
+        committed = committed_offsets(self._consumer, partitions)
         for tp in committed:
             # No committed offset yet: start where auto.offset.reset says.
             offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING

@@ -233,6 +233,52 @@ def consume_until(
             return records
 
 
+# How long `committed_offsets` keeps asking while the group coordinator is
+# unreachable or moving (a killed node's role moves after
+# broker.session.timeout.ms, 9 s by default, plus loading the offsets).
+COMMITTED_RETRY_BUDGET_S = 120.0
+
+
+def committed_offsets(
+    consumer: Consumer,
+    partitions: list[TopicPartition],
+    timeout_s: float = 30.0,
+    budget_s: float = COMMITTED_RETRY_BUDGET_S,
+) -> list[TopicPartition]:
+    """The group's committed offsets of `partitions`, from the broker.
+
+    A task starts again from these after a rewind, so an answer with an error
+    on any partition is not an answer: read as "nothing committed", it would
+    send the task back to the partition's start (under exactly_once_v2, output
+    again). Timeouts, retriable errors and per-partition errors are retried
+    until `budget_s` has passed, each logged; then the last error is raised.
+    Called by the consumer's owning thread.
+    """
+    deadline = time.monotonic() + budget_s
+    while True:
+        try:
+            answer = consumer.committed(partitions, timeout=timeout_s)
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            retriable = error.retriable() or error.code() == KafkaError._TIMED_OUT
+            if not retriable or time.monotonic() >= deadline:
+                raise
+            log.warning("committed_offsets_retry", error=error.str())
+            continue
+        errors = [(tp, tp.error) for tp in answer if tp.error is not None]
+        if not errors:
+            return list(answer)
+        first = errors[0][1]
+        if time.monotonic() >= deadline:
+            raise KafkaException(first)
+        log.warning(
+            "committed_offsets_retry",
+            error=first.str(),
+            partitions=[f"{tp.topic}-{tp.partition}" for tp, _ in errors],
+        )
+        time.sleep(0.1)  # a per-partition error comes back at once: do not spin
+
+
 def fetch_resumed_now(consumer: Consumer, partitions: list[TopicPartition]) -> None:
     """Make librdkafka fetch just-resumed partitions now, not up to a second later.
 
