@@ -236,16 +236,15 @@ class Transactions:
                         self._timeout_s,
                     ),
                 )
-            self._commit_with_retries()
+            self._retried(
+                "commit_transaction", self.producer.commit_transaction, self._timeout_s * 3
+            )
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
             log.warning("transaction_commit_failed", error=error.str(), code=error.name())
             raise self.abort(error) from exc
         self.open = False
         self.committed += 1
-
-    def _commit_with_retries(self) -> None:
-        self._retried("commit_transaction", self.producer.commit_transaction, self._timeout_s * 3)
 
     def _retried(self, name: str, call: Callable[[float], None], budget_s: float) -> None:
         """A coordinator call, retried after a retriable error (a timeout while

@@ -30,6 +30,7 @@ machine of its own).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -38,19 +39,12 @@ from runtime.logging import get_logger
 
 log = get_logger("runtime.processing")
 
-_probe_result: list[str | None] = []
 
-
+@functools.cache
 def idle_class_unavailable() -> str | None:
     """None if a thread may enter SCHED_IDLE and leave it again; else why not.
 
     Probed once per process on a throwaway thread. Any thread."""
-    if not _probe_result:
-        _probe_result.append(_probe())
-    return _probe_result[0]
-
-
-def _probe() -> str | None:
     if not sys.platform.startswith("linux") or not hasattr(os, "SCHED_IDLE"):
         return f"SCHED_IDLE is Linux only (this is {sys.platform})"
     outcome: list[str | None] = []

@@ -38,26 +38,22 @@ class Answer:
         self.topic, self.partition, self.offset, self.error = "in", 0, offset, error
 
 
-def partition(offset: int, error: KafkaError | None = None) -> Answer:
-    return Answer(offset, error)
-
-
 def test_timeouts_and_retriable_errors_are_asked_again() -> None:
-    consumer = ScriptedConsumer(TIMED_OUT, NOT_COORDINATOR, [partition(42)])
+    consumer = ScriptedConsumer(TIMED_OUT, NOT_COORDINATOR, [Answer(42)])
     answer = committed_offsets(consumer, [TopicPartition("in", 0)])  # type: ignore[arg-type]
     assert [tp.offset for tp in answer] == [42] and consumer.calls == 3
 
 
 def test_a_partition_with_an_error_is_not_read_as_nothing_committed() -> None:
     unstable = KafkaError(KafkaError.UNSTABLE_OFFSET_COMMIT, "pending transaction")
-    consumer = ScriptedConsumer([partition(-1001, unstable)], [partition(42)])
+    consumer = ScriptedConsumer([Answer(-1001, unstable)], [Answer(42)])
     answer = committed_offsets(consumer, [TopicPartition("in", 0)])  # type: ignore[arg-type]
     assert [tp.offset for tp in answer] == [42] and consumer.calls == 2
 
 
 def test_after_the_budget_the_error_is_raised() -> None:
     unstable = KafkaError(KafkaError.UNSTABLE_OFFSET_COMMIT, "pending transaction")
-    for answer in (TIMED_OUT, [partition(-1001, unstable)]):
+    for answer in (TIMED_OUT, [Answer(-1001, unstable)]):
         consumer = ScriptedConsumer(answer)
         with pytest.raises(KafkaException):
             committed_offsets(consumer, [TopicPartition("in", 0)], budget_s=0.0)  # type: ignore[arg-type]
