@@ -20,6 +20,13 @@ out; the remaining lag is recorded). Cases, in this order:
 4. ``light-priority``: light + heavy, ``query.light.priority`` 10.
 5. ``weights-3-1``: light + heavy + heavy2 (a second heavy backlog), equal
    priority, ``query.heavy.weight`` 3, ``query.heavy2.weight`` 1 (light 1).
+6. ``priority-sched-idle``: ``light-priority`` with
+   ``sched.idle.lower.priorities`` true: the heavy query's batches run in
+   Linux's SCHED_IDLE class, so any other thread of the machine (the light
+   query's, the clients', the broker's) takes the CPU from them at once.
+7. ``spare-thread-sched-idle``: the same with ``processing.threads`` 2 and
+   ``query.heavy.max.threads`` 1: a thread the heavy query may not take, so
+   the light record never waits for a heavy record (0.5 ms) to end.
 
 Diagnostic cases, only when named in ``--cases`` (knobs set in the daemon's
 process by ``topologies()``):
@@ -43,16 +50,17 @@ process by ``topologies()``):
   its own (two applications): the isolation the operating system gives, the
   floor for any one-process design on this machine (the heavy daemon holds a
   core; the broker, the probe and the light daemon share the other).
+  ``heavy-other-process-idle`` and ``-nice``: the heavy daemon started under
+  ``chrt --idle 0`` / ``nice -n 19``: priority between processes by the OS.
 - ``priority-bulk-refill``: ``light-priority`` with the input refill an app
   used before git ecda57f whatever the priorities (``BENCH_BULK_REFILL``):
   a paused heavy partition resumes at half its 5,000-record buffer and the
   polling thread routes 1,000-record batches, so the light record can wait
   behind several of them (see ``query_shares.input_refill``).
-- ``priority-sched-idle``: ``light-priority`` with
-  ``sched.idle.lower.priorities`` true: the heavy query's batches run in
-  Linux's SCHED_IDLE class. (It was on by default for a few commits; results
-  of then, ``queries-schedidle-final.md`` and ``queries-final-d.md``, call the
-  off case ``priority-no-sched-idle`` and run ``light-priority`` with it on.)
+- (``sched.idle.lower.priorities`` was on by default for a few commits;
+  results of then, ``queries-schedidle-final.md`` and ``queries-final-d.md``,
+  call the off case ``priority-no-sched-idle`` and run ``light-priority`` with
+  it on.)
 - ``priority-no-commit``: ``light-priority`` with ``commit.interval.ms``
   600000 (no commit in the window): whether the light query's stalls are
   commits (they were not). ``$BENCH_GC_LOG=<path>`` in the environment makes
@@ -75,8 +83,18 @@ The heavy queries' throughput: the daemon's own processed count (admin
 ``queries``) at the window's start and end, over the window's length; busy
 shares from the same counters (busy seconds).
 
+Placement (``--placement``): *split* (the default) pins the broker's threads
+and this process's (the probe) to the first half of the CPUs and the daemons to
+the second half (on 2 cores: one each), as with a broker on a machine of its
+own, which is how a stream-processing app runs in production. *shared* lets
+everything use every CPU: then the heavy query's CPU-bound thread competes with
+the broker's request handlers, GC and JIT threads for the same two cores, and
+the light query's tail shows the broker's delays (fetches answered after 60-70
+ms, young-GC pauses of 15-24 ms, a first stall of 0.1-0.8 s that pinning made
+go away); ``results/queries-final-e.md`` and earlier ran that way.
+
 Writes ``<out>/queries[-TAG].json``, ``.md`` and ``.png`` (the light query's
-latency over time, one panel per case). About 4-5 minutes with the defaults;
+latency over time, one panel per case). About 6-7 minutes with the defaults;
 ``--quick`` (5 s windows) is a smoke run. The machine may be shared: every
 case runs once, in sequence, so load from elsewhere hits them unevenly.
 """
@@ -86,8 +104,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import statistics
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -111,6 +129,23 @@ CASES: dict[str, dict[str, Any]] = {
     "weights-3-1": {
         "queries": ["light", "heavy", "heavy2"],
         "config": {"query.heavy.weight": 3, "query.heavy2.weight": 1},
+    },
+    # The heavy query's batches in SCHED_IDLE (`sched.idle.lower.priorities`, off
+    # by default; see the module docstring for results that ran it on by default).
+    "priority-sched-idle": {
+        "queries": ["light", "heavy"],
+        "config": {"query.light.priority": 10, "sched.idle.lower.priorities": True},
+    },
+    # The same with a processing thread the heavy query may not take: the light
+    # query never waits for a heavy record to end.
+    "spare-thread-sched-idle": {
+        "queries": ["light", "heavy"],
+        "config": {
+            "query.light.priority": 10,
+            "sched.idle.lower.priorities": True,
+            "processing.threads": 2,
+            "query.heavy.max.threads": 1,
+        },
     },
 }
 DEFAULT_CASES = list(CASES)
@@ -136,6 +171,19 @@ CASES["heavy-other-process"] = {
     "config": {},
     "processes": [["light"], ["heavy"]],
 }
+# The same, the heavy daemon in SCHED_IDLE / at nice 19 (priority by the OS).
+CASES["heavy-other-process-idle"] = {
+    "queries": ["light", "heavy"],
+    "config": {},
+    "processes": [["light"], ["heavy"]],
+    "launch": [[], ["chrt", "--idle", "0"]],
+}
+CASES["heavy-other-process-nice"] = {
+    "queries": ["light", "heavy"],
+    "config": {},
+    "processes": [["light"], ["heavy"]],
+    "launch": [[], ["nice", "-n", "19"]],
+}
 CASES["priority-bulk-refill"] = {
     "queries": ["light", "heavy"],
     "config": {"query.light.priority": 10},
@@ -147,12 +195,6 @@ for _us in (500, 200, 100, 50):
         "queries": ["light", "heavy"],
         "config": {"query.light.priority": 10, "gil.switch.interval.us": _us},
     }
-# The heavy query's batches in SCHED_IDLE (`sched.idle.lower.priorities`, off
-# by default; see the module docstring for results that ran it on by default).
-CASES["priority-sched-idle"] = {
-    "queries": ["light", "heavy"],
-    "config": {"query.light.priority": 10, "sched.idle.lower.priorities": True},
-}
 # A processing thread the heavy query may not take: the light query never
 # waits for a heavy record to end (only for the GIL).
 CASES["priority-spare-thread"] = {
@@ -198,11 +240,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cases",
         default=",".join(DEFAULT_CASES),
-        help=f"comma-separated, of {', '.join(CASES)} (default: the first five)",
+        help=f"comma-separated, of {', '.join(CASES)} (default: the first seven)",
+    )
+    parser.add_argument(
+        "--placement",
+        choices=("split", "shared"),
+        default="split",
+        help="split (default): the broker and the probe on one half of the CPUs, the "
+        "daemons on the other, as with a broker on its own machine; shared: all on all",
     )
     parser.add_argument("--quick", action="store_true", help="5 s windows: a smoke run")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
     parser.add_argument("--tag", default="", help="suffix of the result files")
+
+
+def _split_cpus() -> dict[str, set[int]]:
+    """The CPUs this process may use, halved: the first half for the broker
+    and the probe, the second for the daemons (one each on 2 cores)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--placement split needs 2 CPUs or more; use --placement shared")
+    half = len(cpus) // 2
+    return {"broker": set(cpus[:half]), "app": set(cpus[half:])}
+
+
+def _cpu_list(cpus: set[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
 
 
 def _log_gc_pauses(path: str) -> None:
@@ -428,7 +491,10 @@ def run_case(
             "admin.socket": sock,
             **case["config"],
         }
-        argv = [sys.executable, "-m", "runtime", "run", "benchmarks.queries:topologies"]
+        launch = case.get("launch", [[]] * len(groups))[index]
+        if args.app_cpus:
+            launch = ["taskset", "-c", _cpu_list(args.app_cpus), *launch]
+        argv = [*launch, sys.executable, "-m", "runtime", "run", "benchmarks.queries:topologies"]
         for key, value in sets.items():
             argv += ["--set", f"{key}={value}"]
         log_path = workdir / f"daemon{index}.log"
@@ -624,9 +690,29 @@ def main(args: argparse.Namespace) -> int:
         "load_average_start": os.getloadavg()[0],
         "runs": [],
     }
+    placement = _split_cpus() if args.placement == "split" else None
+    args.app_cpus = placement["app"] if placement else None  # read by run_case
+    result["placement"] = {k: sorted(v) for k, v in placement.items()} if placement else "shared"
     started = time.monotonic()
     log_dir = os.path.join(args.out, "logs", name)
     with BenchSession(log_dir, "kafka") as session:
+        if placement:
+            # The broker's threads (taskset -a: all of them; threads it starts
+            # later inherit) and this process's (the probe, the backlog
+            # producer: threads started from here on inherit) on one half.
+            subprocess.run(
+                [
+                    "taskset",
+                    "-a",
+                    "-p",
+                    "-c",
+                    _cpu_list(placement["broker"]),
+                    str(session.broker_pid),
+                ],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+            os.sched_setaffinity(0, placement["broker"])
         # A discarded run of both queries first: the first minute on a fresh
         # broker (and a cold page cache) showed latencies of up to a second
         # that decay, and the first case running both queries often stalled
@@ -669,6 +755,19 @@ def _line(run: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _placement_line(placement: Any) -> str:
+    if placement == "shared":
+        return (
+            "Placement: shared (the broker, the probe and the daemons all on every CPU; "
+            "the CPU-bound query competes with the broker's threads)."
+        )
+    return (
+        f"Placement: split (the broker and the probe on CPU(s) {_cpu_list(placement['broker'])}, "
+        f"the daemons on CPU(s) {_cpu_list(placement['app'])}, as with a broker on a machine "
+        "of its own)."
+    )
+
+
 def _fmt(value: Any, spec: str, suffix: str = "") -> str:
     return "n/a" if value is None else f"{value:{spec}}{suffix}"
 
@@ -694,6 +793,8 @@ def markdown(result: dict[str, Any]) -> str:
         "light-alone (heavy-alone) runs. Runs in sequence, after a "
         "discarded 10 s light-priority run (a fresh broker's first minute is slow, and "
         "the first run of both queries often stalled once).",
+        "",
+        _placement_line(result.get("placement", "shared")),
         "",
         "| case | light p50 ms | light p99 ms | p50 / alone | p99 / alone | heavy rec/s | "
         "heavy / alone | heavy busy share | heavy:heavy2 busy |",
