@@ -77,10 +77,8 @@ takes ``time.time()`` when ``poll()`` returns the record, minus that value
 at its timeout below 100 records: every sample had up to 50 ms of the reader's
 own wait, 25 ms on average, in it).
 Only records sent during the ``--window-s`` (30) s window count (after a 3 s
-warm-up; and discarded 10 s light-priority and light-alone runs precede the
-cases: a fresh broker's first minute is slow, the first run of both queries
-often stalls once, and the first light-alone run came out slow even after
-that); the window ends when they are all back (or are counted missing).
+warm-up; and a discarded 10 s light-priority run precedes the cases, as a fresh
+broker's first minute is slow and the first run of both queries often stalls once); the window ends when they are all back (or are counted missing).
 The heavy queries' throughput: the daemon's own processed count (admin
 ``queries``) at the window's start and end, over the window's length; busy
 shares from the same counters (busy seconds).
@@ -715,22 +713,17 @@ def main(args: argparse.Namespace) -> int:
                 stdout=subprocess.DEVNULL,
             )
             os.sched_setaffinity(0, placement["broker"])
-        # Discarded runs first: the first minute on a fresh broker (and a
-        # cold page cache) showed latencies of up to a second that decay; the
-        # first case running both queries often stalled 0.1-0.8 s once (even
-        # after a heavy-alone case); and with that warm-up alone, the first
-        # light-alone case of a session still came out slow (p99 8.8-13.3 ms
-        # in 7 sessions against 4.8-7.3 ms for the later ones). Each would
-        # inflate whichever case came first.
-        result["warmup"] = {}
-        for warm_case in ("light-priority", "light-alone"):
-            try:
-                warm = run_case(session, warm_case, args, min(window_s, 10.0), backlog)
-                light = warm.get("light", {})
-                result["warmup"][warm_case] = {k: v for k, v in light.items() if k != "series"}
-            except Exception as exc:  # noqa: BLE001 - recorded, the session goes on
-                result["warmup"][warm_case] = {"error": f"{type(exc).__name__}: {exc}"}
-            print(f"  warm-up {warm_case} (discarded): {result['warmup'][warm_case]}", flush=True)
+        # A discarded run of both queries first: the first minute on a fresh
+        # broker (and a cold page cache) showed latencies of up to a second
+        # that decay, and the first case running both queries often stalled
+        # 0.1-0.8 s once (even after a heavy-alone case), which would inflate
+        # whichever case came first.
+        try:
+            warm = run_case(session, "light-priority", args, min(window_s, 10.0), backlog)
+            result["warmup"] = {k: v for k, v in warm.get("light", {}).items() if k != "series"}
+        except Exception as exc:  # noqa: BLE001 - recorded, the session goes on
+            result["warmup"] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(f"  warm-up (discarded): {result['warmup']}", flush=True)
         for case in cases:
             try:
                 run = run_case(session, case, args, window_s, backlog)
@@ -797,9 +790,9 @@ def markdown(result: dict[str, Any]) -> str:
         "when `poll()` returns the output record minus `time.time()` just before the "
         f"input's `produce()`; {result['window_s']:.0f} s window per case after "
         f"{result['warmup_s']:.0f} s warm-up. Ratios are to the median of the session's "
-        "light-alone (heavy-alone) runs. Runs in sequence, after discarded 10 s "
-        "light-priority and light-alone runs (a fresh broker's first minute is slow, the "
-        "first run of both queries often stalled once, the first light-alone run was slow).",
+        "light-alone (heavy-alone) runs. Runs in sequence, after a "
+        "discarded 10 s light-priority run (a fresh broker's first minute is slow, and "
+        "the first run of both queries often stalled once).",
         "",
         _placement_line(result.get("placement", "shared")),
         "",
