@@ -717,7 +717,10 @@ def main(args: argparse.Namespace) -> int:
         # broker (and a cold page cache) showed latencies of up to a second
         # that decay, and the first case running both queries often stalled
         # 0.1-0.8 s once (even after a heavy-alone case), which would inflate
-        # whichever case came first.
+        # whichever case came first. The first light-alone case of a session
+        # still comes out slow (p99 8.8-13.3 ms in 8 sessions against 4.8-7.3
+        # for the later ones, also after a discarded light-alone run): run
+        # light-alone three times or more; the ratios use their median.
         try:
             warm = run_case(session, "light-priority", args, min(window_s, 10.0), backlog)
             result["warmup"] = {k: v for k, v in warm.get("light", {}).items() if k != "series"}
