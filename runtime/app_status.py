@@ -175,6 +175,8 @@ def with_polling_figures(
         lag={f"{t}-{p}": v for (t, p), v in sorted(lag.items())},
         total_lag=sum(lag.values()),
         broker_down_since=polling.health.down_since,
+        retrying_call=polling.health.retrying.call,
+        retrying_since=polling.health.retrying.since,
         startup_phase=polling.startup.phase,
         waiting_for=polling.startup.waiting_for,
         startup_phase_since=polling.startup.phase_since,

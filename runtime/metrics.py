@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Executor
@@ -155,6 +156,11 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "Processing threads that failed with an uncaught error.",
     ),
     "streams_broker_unreachable": ("gauge", "1 while the brokers are unreachable, else 0."),
+    "streams_coordinator_retry_seconds": (
+        "gauge",
+        "How long the polling thread has been retrying a coordinator call (a transaction's "
+        "init, commit or abort, a rewind's committed offsets), 0 when it is not.",
+    ),
     "streams_topic_partitions": (
         "gauge",
         "Partition count in force per topic of the app (grows with a followed expansion).",
@@ -340,6 +346,8 @@ class AppCollector(Collector):
         yield _gauge("streams_processing_threads_alive", alive)
         yield _counter("streams_failed_processing_threads", status.failed_threads)
         yield _gauge("streams_broker_unreachable", 1 if status.broker_down_since is not None else 0)
+        since = status.retrying_since
+        yield _gauge("streams_coordinator_retry_seconds", time.time() - since if since else 0)
 
         partitions = _gauge("streams_topic_partitions", labels=["topic"])
         for topic, count in status.partitions.items():

@@ -149,6 +149,11 @@ class AppStatus:
     lag: dict[str, int] = field(default_factory=dict)  # "<topic>-<partition>" -> records
     total_lag: int = 0
     broker_down_since: float | None = None
+    # The coordinator call the polling thread keeps retrying (init_transactions,
+    # commit_transaction, abort_transaction, committed_offsets) and since when
+    # (wall clock): its loop, and the figures it moves, stand still meanwhile.
+    retrying_call: str | None = None
+    retrying_since: float | None = None
     failure: str | None = None
     restored: int = 0  # changelog records restored since start
     standbys: dict[str, dict[str, int]] = field(default_factory=dict)

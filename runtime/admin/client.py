@@ -291,6 +291,14 @@ def format_status(status: Mapping[str, Any], now: float | None = None) -> str:
         ),
         ("broker", "reachable" if down is None else f"unreachable since {_age(down, now)}"),
     ]
+    if status.get("retrying_call"):
+        lines.append(
+            (
+                "retrying",
+                f"{status['retrying_call']} since {_age(status.get('retrying_since'), now)} "
+                "(the polling thread waits for the coordinator)",
+            )
+        )
     waiting = status.get("waiting_for")
     if waiting:
         since = status.get("startup_phase_since")

@@ -35,6 +35,7 @@ from typing import Protocol
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from runtime.logging import get_logger
+from runtime.polling.broker_health import Retrying
 from runtime.polling.clients import committed_offsets
 from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.output import OutputChannel
@@ -82,6 +83,7 @@ class ActiveTasks:
         output: OutputChannel,
         consumer: Consumer,
         release_standby: Callable[[str], None],
+        retrying: Retrying | None = None,
     ) -> None:
         self._subtopologies = {s.id: s for s in topology.subtopologies}
         self._layout = layout
@@ -92,6 +94,7 @@ class ActiveTasks:
         self._output = output
         self._consumer = consumer
         self._release_standby = release_standby
+        self._retrying = retrying  # noted while a rewind's committed offsets are retried
         self._tasks: dict[str, StreamTask] = {}
         # With the restoration thread, not yet in the task manager.
         self._restoring: set[str] = set()
@@ -362,7 +365,7 @@ class ActiveTasks:
     def _seek_to_committed(self, partitions: list[TopicPartition]) -> None:
         if not partitions:
             return
-        committed = committed_offsets(self._consumer, partitions)
+        committed = committed_offsets(self._consumer, partitions, retrying=self._retrying)
         for tp in committed:
             # No committed offset yet: start where auto.offset.reset says.
             offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING

@@ -10,6 +10,11 @@ the last stops the polling thread without committing.
 
 Called by the polling thread only (client callbacks run inside its poll and
 flush calls); `down_since` is read racily by status.
+
+A coordinator call that keeps failing (a transaction's init, commit or abort;
+a rewind's committed offsets) is retried on the polling thread for up to a
+couple of minutes; `Retrying` says which call and since when, so that status
+and `/metrics` show why the loop stands still (its own figures stop moving).
 """
 
 from __future__ import annotations
@@ -26,12 +31,31 @@ log = get_logger("runtime.polling")
 _OUTAGE_CODES = (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._TIMED_OUT)
 
 
+class Retrying:
+    """The call the polling thread is retrying now, if any. Written by the
+    retry loops (polling thread), read racily by status."""
+
+    def __init__(self) -> None:
+        self.call: str | None = None
+        self.since: float | None = None  # wall-clock time of the first retry
+
+    def note(self, call: str) -> None:
+        """`call` failed and is tried again (the loop logs each retry itself)."""
+        if self.call != call:
+            self.call, self.since = call, time.time()
+
+    def clear(self) -> None:
+        """The retry loop ended (the call succeeded or the loop gave up)."""
+        self.call = self.since = None
+
+
 class BrokerHealth:
     """Tracks outages of the cluster. Polling thread only."""
 
     def __init__(self, on_fatal: Callable[[KafkaException], None]) -> None:
         self._on_fatal = on_fatal
         self.down_since: float | None = None  # wall-clock time, None while reachable
+        self.retrying = Retrying()
 
     def on_client_error(self, error: KafkaError) -> None:
         """librdkafka's error callback for the shared clients."""

@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from runtime.config import StreamsConfig
 from runtime.logging import get_logger, librdkafka_logger
+from runtime.polling.broker_health import Retrying
 from runtime.processing.query_shares import partition_fetch_bytes
 from runtime.topology.topology import Topology
 
@@ -244,6 +245,7 @@ def committed_offsets(
     partitions: list[TopicPartition],
     timeout_s: float = 30.0,
     budget_s: float = COMMITTED_RETRY_BUDGET_S,
+    retrying: Retrying | None = None,
 ) -> list[TopicPartition]:
     """The group's committed offsets of `partitions`, from the broker.
 
@@ -251,32 +253,39 @@ def committed_offsets(
     on any partition is not an answer: read as "nothing committed", it would
     send the task back to the partition's start (under exactly_once_v2, output
     again). Timeouts, retriable errors and per-partition errors are retried
-    until `budget_s` has passed, each logged; then the last error is raised.
-    Called by the consumer's owning thread.
+    until `budget_s` has passed, each logged (and noted in `retrying`, for
+    status); then the last error is raised. Called by the consumer's owning
+    thread.
     """
     deadline = time.monotonic() + budget_s
-    while True:
-        try:
-            answer = consumer.committed(partitions, timeout=timeout_s)
-        except KafkaException as exc:
-            error: KafkaError = exc.args[0]
-            retriable = error.retriable() or error.code() == KafkaError._TIMED_OUT
-            if not retriable or time.monotonic() >= deadline:
-                raise
-            log.warning("committed_offsets_retry", error=error.str())
-            continue
-        errors = [(tp, tp.error) for tp in answer if tp.error is not None]
-        if not errors:
-            return list(answer)
-        first = errors[0][1]
-        if time.monotonic() >= deadline:
-            raise KafkaException(first)
-        log.warning(
-            "committed_offsets_retry",
-            error=first.str(),
-            partitions=[f"{tp.topic}-{tp.partition}" for tp, _ in errors],
-        )
-        time.sleep(0.1)  # a per-partition error comes back at once: do not spin
+    retrying = retrying if retrying is not None else Retrying()
+    try:
+        while True:
+            try:
+                answer = consumer.committed(partitions, timeout=timeout_s)
+            except KafkaException as exc:
+                error: KafkaError = exc.args[0]
+                retriable = error.retriable() or error.code() == KafkaError._TIMED_OUT
+                if not retriable or time.monotonic() >= deadline:
+                    raise
+                log.warning("committed_offsets_retry", error=error.str())
+                retrying.note("committed_offsets")
+                continue
+            errors = [(tp, tp.error) for tp in answer if tp.error is not None]
+            if not errors:
+                return list(answer)
+            first = errors[0][1]
+            if time.monotonic() >= deadline:
+                raise KafkaException(first)
+            log.warning(
+                "committed_offsets_retry",
+                error=first.str(),
+                partitions=[f"{tp.topic}-{tp.partition}" for tp, _ in errors],
+            )
+            retrying.note("committed_offsets")
+            time.sleep(0.1)  # a per-partition error comes back at once: do not spin
+    finally:
+        retrying.clear()
 
 
 def fetch_resumed_now(consumer: Consumer, partitions: list[TopicPartition]) -> None:

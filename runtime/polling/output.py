@@ -23,6 +23,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from runtime.collector.collector import OutputRecord, RecordCollector
 from runtime.config import StreamsConfig
 from runtime.logging import get_logger
+from runtime.polling.broker_health import Retrying
 from runtime.polling.clients import producer_config
 from runtime.polling.production import OutputErrors, ProductionCounts
 from runtime.polling.transactions import (
@@ -61,6 +62,7 @@ class OutputChannel:
         on_client_error: Callable[[KafkaError], None],
         on_stall: Callable[[int], None],
         client_id: str | None = None,
+        retrying: Retrying | None = None,
     ) -> None:
         self._collector = collector
         self._on_stall = on_stall
@@ -88,7 +90,9 @@ class OutputChannel:
             settings["transactional.id"] = stable_transactional_id(app_dir, config.application_id)
             settings.setdefault("transaction.timeout.ms", 10000)
             timeout_s = max(10.0, int(settings["transaction.timeout.ms"]) / 1000.0)
-            self.transactions = Transactions(lambda: Producer(settings), timeout_s)
+            self.transactions = Transactions(
+                lambda: Producer(settings), timeout_s, retrying=retrying
+            )
         else:
             self._plain = Producer(settings)
         self.errors = OutputErrors(

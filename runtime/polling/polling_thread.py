@@ -163,6 +163,7 @@ class PollingThread(threading.Thread):
             layout.max_message_bytes,
             on_client_error=self.health.on_client_error,
             on_stall=self.health.on_flush_stall,
+            retrying=self.health.retrying,
         )
         self.committer = Committer(task_manager, self.output, self._consumer, lambda: self._abort)
         self.placement = TaskPlacement(
@@ -186,6 +187,7 @@ class PollingThread(threading.Thread):
             self.output,
             self._consumer,
             release_standby=self.placement.release_standby,
+            retrying=self.health.retrying,
         )
         self.runtime: RuntimeAssignment | None = None
         if runtime_placed:

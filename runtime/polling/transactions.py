@@ -36,6 +36,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from runtime.logging import get_logger
+from runtime.polling.broker_health import Retrying
 
 log = get_logger("runtime.transactions")
 
@@ -141,8 +142,10 @@ class Transactions:
         timeout_s: float,
         stuck_grace_s: float = _STUCK_GRACE_S,
         init_budget_s: float = INIT_RETRY_BUDGET_S,
+        retrying: Retrying | None = None,
     ) -> None:
         self._make_producer = make_producer
+        self._retrying = retrying if retrying is not None else Retrying()
         self._timeout_s = timeout_s
         self._stuck_grace_s = stuck_grace_s
         self._init_budget_s = init_budget_s
@@ -178,22 +181,26 @@ class Transactions:
         """
         deadline = time.monotonic() + self._init_budget_s
         producer = self._make_producer()
-        while True:
-            try:
-                producer.init_transactions(self._timeout_s)
-                return producer
-            except KafkaException as exc:
-                error: KafkaError = exc.args[0]
-                if time.monotonic() >= deadline or not (error.retriable() or error.fatal()):
-                    raise
-                log.warning(
-                    "transactional_producer_init_retry",
-                    error=error.str(),
-                    code=error.name(),
-                    new_producer=bool(error.fatal()),
-                )
-                if error.fatal():
-                    producer = self._make_producer()
+        try:
+            while True:
+                try:
+                    producer.init_transactions(self._timeout_s)
+                    return producer
+                except KafkaException as exc:
+                    error: KafkaError = exc.args[0]
+                    if time.monotonic() >= deadline or not (error.retriable() or error.fatal()):
+                        raise
+                    log.warning(
+                        "transactional_producer_init_retry",
+                        error=error.str(),
+                        code=error.name(),
+                        new_producer=bool(error.fatal()),
+                    )
+                    self._retrying.note("init_transactions")
+                    if error.fatal():
+                        producer = self._make_producer()
+        finally:
+            self._retrying.clear()
 
     def ensure_open(self) -> bool:
         """Begin a transaction unless one is open (before any produce).
@@ -252,20 +259,24 @@ class Transactions:
         librdkafka resumes the call where it was, so a retried commit or abort
         happens once. A stuck call (past its deadline) is never retried."""
         deadline = time.monotonic() + budget_s
-        while True:
-            try:
-                self._bounded(name, partial(call, self._timeout_s))
-                return
-            except KafkaException as exc:
-                error: KafkaError = exc.args[0]
-                if (
-                    error.retriable()
-                    and not isinstance(exc, ProducerStuck)
-                    and time.monotonic() < deadline
-                ):
-                    log.warning("transaction_call_retry", call=name, error=error.str())
-                    continue
-                raise
+        try:
+            while True:
+                try:
+                    self._bounded(name, partial(call, self._timeout_s))
+                    return
+                except KafkaException as exc:
+                    error: KafkaError = exc.args[0]
+                    if (
+                        error.retriable()
+                        and not isinstance(exc, ProducerStuck)
+                        and time.monotonic() < deadline
+                    ):
+                        log.warning("transaction_call_retry", call=name, error=error.str())
+                        self._retrying.note(name)
+                        continue
+                    raise
+        finally:
+            self._retrying.clear()
 
     def abort(self, cause: KafkaError | None = None) -> TransactionFailed:
         """Abort the open transaction (recreating a fenced or broken producer)."""

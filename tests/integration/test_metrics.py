@@ -51,6 +51,7 @@ FULL_STATUS = AppStatus(
     commits=2, commit_failures=0, last_commit=1_700_000_000.0,
     last_commit_duration_s=0.01, failed_threads=1,
     lag={"my-topic-0": 4}, total_lag=4, broker_down_since=1_700_000_001.0,
+    retrying_call="init_transactions", retrying_since=1_700_000_002.0,
     transactions_committed=3, transactions_aborted=1, restored=10,
     dropped={"late": 2},
     partitions={"my-topic": 8, "out": 8}, partition_expansions=1, tasks_created_by_expansion=4,
@@ -100,6 +101,7 @@ def test_collector_exports_every_name() -> None:
     states = {s.labels["state"]: s.value for s in got["streams_app_state"]}
     assert states["RUNNING"] == 1 and sum(states.values()) == 1
     assert got["streams_broker_unreachable"][0].value == 1
+    assert got["streams_coordinator_retry_seconds"][0].value > 0  # since 2023
     query_states = {s.labels["state"]: s.value for s in got["streams_query_state"]}
     assert query_states == {"RUNNING": 0, "PAUSED": 0, "FAILED": 1}
     (share,) = got["streams_query_busy_share"]

@@ -437,6 +437,17 @@ def test_format_status_and_tasks() -> None:
         "0_0", "RUNNING", "app-ProcessingThread-1", "3", "7", "10", "in-0,side-0",
     ]  # fmt: skip
     assert lines[header + 2].split()[:3] == ["0_1", "PAUSED", "-"]
+    assert "retrying" not in text
+
+
+def test_format_status_says_which_coordinator_call_the_polling_thread_retries() -> None:
+    status = {
+        **AdminHandler(FakeApp()).handle(Request("status")),
+        "retrying_call": "commit_transaction",
+        "retrying_since": 1_700_000_000.0,
+    }
+    text = admin_client.format_status(status, now=1_700_000_012.5)
+    assert "retrying     commit_transaction since 12.5 s ago" in text
 
 
 def test_admin_command_exit_codes(

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from runtime.polling.broker_health import Retrying
 from runtime.polling.clients import committed_offsets
 
 TIMED_OUT = KafkaError(KafkaError._TIMED_OUT, "Timed out")
@@ -66,3 +67,18 @@ def test_other_errors_are_raised_at_once() -> None:
     with pytest.raises(KafkaException):
         committed_offsets(consumer, [TopicPartition("in", 0)])  # type: ignore[arg-type]
     assert consumer.calls == 1
+
+
+def test_status_names_the_retried_call_while_it_is_retried() -> None:
+    retrying = Retrying()
+    seen: list[str | None] = []
+
+    class Watched(ScriptedConsumer):
+        def committed(self, partitions: list[TopicPartition], timeout: float) -> Any:
+            seen.append(retrying.call)
+            return super().committed(partitions, timeout)
+
+    consumer = Watched(TIMED_OUT, [Answer(42)])
+    committed_offsets(consumer, [TopicPartition("in", 0)], retrying=retrying)  # type: ignore[arg-type]
+    assert seen == [None, "committed_offsets"]
+    assert retrying.call is None and retrying.since is None

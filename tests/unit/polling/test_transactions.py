@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from runtime.polling.broker_health import Retrying
 from runtime.polling.output import OutputChannel
 from runtime.polling.transactions import (
     TransactionFailed,
@@ -249,3 +250,26 @@ def test_an_abort_that_times_out_is_retried_before_the_producer_is_replaced() ->
     failure = txn.abort(KafkaError(KafkaError._INCONSISTENT, "9 message(s) failed delivery"))
     assert not failure.recreated_producer and len(producers) == 1
     assert producers[0].calls == ["init", "begin", "abort", "abort"]
+
+
+def test_status_names_the_call_being_retried_while_it_is_and_clears_after() -> None:
+    """During a coordinator outage the polling thread's loop stands still in
+    these retries: status says which call and since when."""
+    retrying = Retrying()
+    seen: list[str | None] = []
+
+    class Watched(ScriptedProducer):
+        def _fail(self, name: str) -> None:
+            seen.append(retrying.call)
+            super()._fail(name)
+
+    producer = Watched({"init": [TIMED_OUT, TIMED_OUT], "abort": [TIMED_OUT]})
+    txn = Transactions(lambda: producer, 1.0, retrying=retrying)  # type: ignore[arg-type,return-value]
+    # The first try is not a retry; the second and third are.
+    assert seen == [None, "init_transactions", "init_transactions"]
+    assert retrying.call is None and retrying.since is None
+    seen.clear()
+    txn.ensure_open()
+    txn.abort(KafkaError(KafkaError._INCONSISTENT, "9 message(s) failed delivery"))
+    assert seen == [None, "abort_transaction"]
+    assert retrying.call is None
