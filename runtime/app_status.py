@@ -158,6 +158,7 @@ def with_polling_figures(
     refused = polling.output.error_counts
     transactions = polling.output.transactions
     committer = polling.committer
+    retrying = polling.health.retrying.now
     lag = dict(polling.lag_tracker.lag)
     return dataclasses.replace(
         base,
@@ -175,8 +176,8 @@ def with_polling_figures(
         lag={f"{t}-{p}": v for (t, p), v in sorted(lag.items())},
         total_lag=sum(lag.values()),
         broker_down_since=polling.health.down_since,
-        retrying_call=polling.health.retrying.call,
-        retrying_since=polling.health.retrying.since,
+        retrying_call=retrying[0] if retrying else None,
+        retrying_since=retrying[1] if retrying else None,
         startup_phase=polling.startup.phase,
         waiting_for=polling.startup.waiting_for,
         startup_phase_since=polling.startup.phase_since,

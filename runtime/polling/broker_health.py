@@ -33,20 +33,36 @@ _OUTAGE_CODES = (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError
 
 class Retrying:
     """The call the polling thread is retrying now, if any. Written by the
-    retry loops (polling thread), read racily by status."""
+    retry loops (polling thread), read racily by status: one attribute, so a
+    reader never sees one call with another's start."""
 
     def __init__(self) -> None:
-        self.call: str | None = None
-        self.since: float | None = None  # wall-clock time of the first retry
+        self._now: tuple[str, float] | None = None  # (call, wall time of its first retry)
+
+    @property
+    def now(self) -> tuple[str, float] | None:
+        """(call, wall time of its first retry), or None: one consistent read."""
+        return self._now
+
+    @property
+    def call(self) -> str | None:
+        now = self._now
+        return now[0] if now else None
+
+    @property
+    def since(self) -> float | None:
+        now = self._now
+        return now[1] if now else None
 
     def note(self, call: str) -> None:
         """`call` failed and is tried again (the loop logs each retry itself)."""
-        if self.call != call:
-            self.call, self.since = call, time.time()
+        now = self._now
+        if now is None or now[0] != call:
+            self._now = (call, time.time())
 
     def clear(self) -> None:
         """The retry loop ended (the call succeeded or the loop gave up)."""
-        self.call = self.since = None
+        self._now = None
 
 
 class BrokerHealth:
