@@ -57,12 +57,15 @@ class InputWait:
         self.max_poll_records = config.max_poll_records
 
     def next_records(self, consumer: Consumer) -> list[Message]:
-        """Consume what is there, waiting as long as nothing else needs the thread."""
-        if (
-            self._buffers.any_paused
-            or self._collector.buffered > 0
-            or self._task_manager.has_work_in_flight()
-        ):
+        """Consume what is there, waiting as long as nothing else needs the thread.
+
+        Paused partitions alone are no reason for short waits: they resume
+        once their tasks' buffers drain, and a buffer drains only while its
+        task is processable (then work is in flight, which is checked). A
+        query or task paused by the user over a backlog kept this thread in
+        1 ms slices for nothing: 5% of a core, against 1.2% idle.
+        """
+        if self._collector.buffered > 0 or self._task_manager.has_work_in_flight():
             return consume_until(
                 consumer, self.max_poll_records, OUTPUT_WAIT_S, self._output, OUTPUT_SLICE_S
             )
