@@ -12,7 +12,10 @@ measured here), as the latency test in tests/integration/test_named_queries.py.
 Queries: *light* copies its input to its output; *heavy* does the same but
 spins on the CPU (holding the GIL) ``--heavy-record-ms`` (0.5) ms per record,
 over a backlog produced before the daemon starts (large enough not to run
-out; the remaining lag is recorded). Cases, in this order:
+out; the remaining lag is recorded). Cases (the default run orders them
+heavy-alone, equal, weights-3-1, light-alone, light-priority,
+priority-sched-idle, spare-thread-sched-idle, light-alone: see
+``DEFAULT_CASES``):
 
 1. ``light-alone``: the light query only.
 2. ``heavy-alone``: the heavy query only (its throughput baseline).
@@ -94,7 +97,7 @@ ms, young-GC pauses of 15-24 ms, a first stall of 0.1-0.8 s that pinning made
 go away); ``results/queries-final-e.md`` and earlier ran that way.
 
 Writes ``<out>/queries[-TAG].json``, ``.md`` and ``.png`` (the light query's
-latency over time, one panel per case). About 6-7 minutes with the defaults;
+latency over time, one panel per case). About 7-8 minutes with the defaults;
 ``--quick`` (5 s windows) is a smoke run. The machine may be shared: every
 case runs once, in sequence, so load from elsewhere hits them unevenly.
 """
@@ -148,7 +151,20 @@ CASES: dict[str, dict[str, Any]] = {
         },
     },
 }
-DEFAULT_CASES = list(CASES)
+# The default run: the cases read for throughput and shares first (a
+# session's first minutes are slow for latency: the first light-alone case
+# came out at 8.8-13.3 ms p99 in eight sessions, later ones 4.8-7.3), then the
+# latency cases, light-alone twice (the ratios use the median of its runs).
+DEFAULT_CASES = [
+    "heavy-alone",
+    "equal",
+    "weights-3-1",
+    "light-alone",
+    "light-priority",
+    "priority-sched-idle",
+    "spare-thread-sched-idle",
+    "light-alone",
+]
 CASES["priority-no-preempt"] = {
     "queries": ["light", "heavy"],
     "config": {"query.light.priority": 10},
@@ -240,7 +256,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cases",
         default=",".join(DEFAULT_CASES),
-        help=f"comma-separated, of {', '.join(CASES)} (default: the first seven)",
+        help=f"comma-separated, of {', '.join(CASES)} (default: {','.join(DEFAULT_CASES)})",
     )
     parser.add_argument(
         "--placement",
