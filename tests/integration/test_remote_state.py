@@ -110,10 +110,19 @@ class CountApp:
 
 
 def wait_snapshots_cover_local_state(
-    app: App, bucket: RemoteBucket, counts: CountApp, state_dir: Path, timeout: float = 60
-) -> None:
+    app: App,
+    bucket: RemoteBucket,
+    counts: CountApp,
+    state_dir: Path,
+    timeout: float = 60,
+    newer_than: dict[str, dict[tuple[str, int], int]] | None = None,
+) -> dict[str, dict[tuple[str, int], int]]:
     """Until each task's newest snapshot names what its local checkpoint names (all
-    processed input is in a snapshot)."""
+    processed input is in a snapshot); with `newer_than` (a task's offsets from
+    before new input), also until that snapshot is a later one: right after
+    processing, the checkpoint may still be the one of the last commit before
+    the new input, which the old snapshot covers. Returns the offsets covered."""
+    seen: dict[str, dict[tuple[str, int], int]] = {}
 
     def covered() -> bool:
         for task_id in TASKS:
@@ -121,9 +130,13 @@ def wait_snapshots_cover_local_state(
             local = local_checkpoint(state_dir, counts.app_id, task_id)
             if not manifests or not local or snapshot_offsets(manifests[-1]) != local:
                 return False
+            if newer_than and newer_than.get(task_id) == local:
+                return False
+            seen[task_id] = local
         return True
 
     wait_until(covered, timeout, interval=0.3, message="snapshots never covered the state")
+    return seen
 
 
 def test_wiped_state_restores_from_snapshot_plus_tail(
@@ -205,11 +218,14 @@ def test_corrupt_or_truncated_snapshots_fall_back_and_old_ones_are_deleted(
     app = counts.app(state, bucket.config(interval_ms=1000, retained=2))
     app.start()
     try:
+        covered: dict[str, dict[tuple[str, int], int]] = {}
         for round_ in range(3):  # three different states: three snapshots per task
             batch = [f"key-{i}" for i in range(round_, 3000, round_ + 1)]
             counts.feed(batch)
             counts.wait_processed(app, sum(counts.truth.values()))
-            wait_snapshots_cover_local_state(app, bucket, counts, state)
+            covered = wait_snapshots_cover_local_state(
+                app, bucket, counts, state, newer_than=covered
+            )
         uploaded = app.status().remote_state
         assert uploaded is not None and uploaded["snapshots_uploaded"] >= 6
     finally:
