@@ -44,16 +44,6 @@ class Retrying:
         """(call, wall time of its first retry), or None: one consistent read."""
         return self._now
 
-    @property
-    def call(self) -> str | None:
-        now = self._now
-        return now[0] if now else None
-
-    @property
-    def since(self) -> float | None:
-        now = self._now
-        return now[1] if now else None
-
     def note(self, call: str) -> None:
         """`call` failed and is tried again (the loop logs each retry itself)."""
         now = self._now
