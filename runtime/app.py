@@ -29,6 +29,8 @@ from runtime.app_status import (
 from runtime.collector.collector import RecordCollector
 from runtime.collector.static_partitioner import open_static_partitioner
 from runtime.config import ConfigError, StreamsConfig, clamp_wait_s
+from runtime.isolation.plan import PROCESS, isolation_of
+from runtime.isolation.queries import IsolatedQueries
 from runtime.logging import get_logger
 from runtime.named_queries import NamedQueries, reset_query
 from runtime.polling.clients import admin_config, restore_consumer_config
@@ -55,15 +57,24 @@ from runtime.state.remote.manager import RemoteState
 from runtime.state.remote.settings import RemoteSettings
 from runtime.state.restoration import RestorationThread
 from runtime.status import AppStatus, Progress, QueryStatus
-from runtime.topology.queries import QueryError, with_query, without_query
+from runtime.topology.queries import (
+    QueryError,
+    check_disjoint_sources,
+    query_subtopologies,
+    with_query,
+    without_query,
+)
 from runtime.topology.serdes import serde_from_name
-from runtime.topology.topology import Topology
+from runtime.topology.topology import Subtopology, Topology
 
 log = get_logger("runtime.app")
 
 # A close still waiting after this long logs what it waits for, and again
 # every this long (and once more if it times out), so a slow close explains itself.
 _CLOSE_REPORT_EVERY_S = 5.0
+# How long `start` / `resume_query` / `add_query` wait for a process-isolated
+# query's child to start (cluster, topics, its first rebalance).
+_CHILD_START_TIMEOUT_S = 120.0
 
 
 class AppState(Enum):
@@ -130,10 +141,19 @@ class App:
         self,
         topology: Topology | Mapping[str, Topology],
         config: Mapping[str, Any] | StreamsConfig,
+        *,
+        source: str | None = None,
+        isolated_query: str | None = None,
     ) -> None:
         """`topology`: one Topology, or a mapping query name -> Topology (named
         queries, see runtime.topology.queries: each has its own tasks,
         internal topics, scheduling share, failure and figures).
+
+        `source`: 'module:attr' the topology (mapping) was loaded from; a
+        query with `query.<name>.isolation=process` runs in a child process
+        that imports it from there (runtime.isolation). `isolated_query`:
+        set by such a child for its plain topology, whose tasks it counts
+        under that query's name.
 
         Raises ConfigError (a bad key, a `query.<name>.*` key naming no
         query) and QueryError (a bad query name, a topic two queries read).
@@ -162,8 +182,11 @@ class App:
         # A task with input waits at most about one time slice before it is
         # served ahead of bigger buffers (see runtime.processing.task_manager).
         self._task_manager = TaskManager(
-            starvation_s=self.config.task_timeslice_ms / 1000.0, shares=self._named.shares()
+            starvation_s=self.config.task_timeslice_ms / 1000.0,
+            shares=self._named.shares(),
+            plain_query=isolated_query,
         )
+        self._isolated = IsolatedQueries(self.config, self._named, source)
         self._collector = RecordCollector()
         self._pool = ProcessingThreadPool(
             self.config.client_id,
@@ -352,6 +375,9 @@ class App:
                 processing_threads=config.processing_threads,
                 guarantee=config.processing_guarantee,
             )
+        # Outside the lock: a child's start-up (cluster, topics, restore)
+        # takes seconds, and one that fails marks its query FAILED only.
+        self._isolated.start_all(timeout=_CHILD_START_TIMEOUT_S)
 
     def close(self, timeout: float | None = None) -> bool:
         """Shut down gracefully: stop processing, commit, leave the group.
@@ -378,6 +404,11 @@ class App:
             else:
                 stop_processing = False
         deadline = time.monotonic() + timeout
+        # Children close (and commit) beside this process's own shutdown.
+        stopping_children = threading.Thread(
+            target=self._isolated.stop_all, args=(timeout,), name="stop-query-processes"
+        )
+        stopping_children.start()
         if stop_processing:
             # Key-parallel tasks finish their in-flight records first, so the
             # final commit (its exactly-once barrier) covers all they took.
@@ -390,7 +421,8 @@ class App:
         while True:
             remaining = deadline - time.monotonic()
             if self._finished.wait(max(0.0, min(remaining, _CLOSE_REPORT_EVERY_S))):
-                return True
+                stopping_children.join(max(0.0, deadline - time.monotonic()))
+                return not stopping_children.is_alive()
             waited = round(time.monotonic() - began, 1)
             if remaining <= _CLOSE_REPORT_EVERY_S:
                 log.warning("app_close_timed_out", waited_s=waited, waiting_for=self._closing_on())
@@ -431,6 +463,8 @@ class App:
             self._supervisor_step = "stopping the restoration thread"
             self._restoration.request_stop()
             self._restoration.join(timeout=self.config.shutdown_timeout_ms / 1000.0)
+        self._supervisor_step = "stopping the query processes"
+        self._isolated.stop_all(timeout=self.config.shutdown_timeout_ms / 1000.0)
         self._supervisor_step = "closing the static partitioner"
         self._close_partitioner()  # no thread partitions any more
         if self._switch_interval_set is not None and (
@@ -598,6 +632,7 @@ class App:
         weight: int | None = None,
         max_threads: int | None = None,
         timeout: float = 60.0,
+        source: str | None = None,
     ) -> None:
         """Run one more named query, without restarting the others.
 
@@ -609,9 +644,53 @@ class App:
         or the app runs one plain topology), QueryError (a bad name, a name
         in use, a topic another query reads, a join under cooperative
         assignment), TopicError, TimeoutError.
+
+        With `query.<name>.isolation=process` it starts in a child process
+        that imports `source` ('module:attr': the Topology, or a mapping
+        holding it under `name`; default: the app's `source`); RuntimeError
+        if that child cannot start.
         """
         with self._query_change:
-            self._add_query(name, topology, priority, weight, max_threads, timeout)
+            if isolation_of(self.config, name) == PROCESS:
+                self._add_isolated_query(name, topology, priority, max_threads, timeout, source)
+            else:
+                self._add_query(name, topology, priority, weight, max_threads, timeout)
+
+    def _add_isolated_query(
+        self,
+        name: str,
+        topology: Topology,
+        priority: int | None,
+        max_threads: int | None,
+        timeout: float,
+        source: str | None,
+    ) -> None:
+        with self._lock:
+            self._check_named("add a query")
+            if self._state not in (AppState.RUNNING, AppState.REBALANCING):
+                raise IllegalStateError(f"add_query() needs a running app, it is {self._state}")
+            if name in self._named.names():
+                raise QueryError(f"query {name!r} already runs; remove it first")
+            check_disjoint_sources(name, topology, list(self._all_subtopologies()))
+        defaults = named_queries.share_from_config(self.config, name)
+        share = QueryShare(
+            priority=defaults.priority if priority is None else priority,
+            max_threads=defaults.max_threads if max_threads is None else max_threads,
+        )
+        self._named.add(name, topology, share, in_process=False)
+        try:
+            self._isolated.add(name, source, clamp_wait_s(timeout), share.max_threads)
+        except BaseException:
+            self._named.remove(name)
+            raise
+        log.info("query_added", query=name, priority=share.priority, isolation="process")
+
+    def _all_subtopologies(self) -> list[Subtopology]:
+        """The in-process queries' subtopologies and the isolated ones'."""
+        subs = list(self.topology.subtopologies)
+        for query, topology in self._named.isolated().items():
+            subs += query_subtopologies(query, topology, len(subs))
+        return subs
 
     def _add_query(
         self,
@@ -721,6 +800,16 @@ class App:
             self._remove_query(name, reset, timeout)
 
     def _remove_query(self, name: str, reset: bool, timeout: float) -> None:
+        if name in self._isolated:
+            with self._lock:
+                if self._state not in (AppState.RUNNING, AppState.REBALANCING):
+                    raise IllegalStateError(
+                        f"remove_query() needs a running app, it is {self._state}"
+                    )
+            self._isolated.remove(name, reset, clamp_wait_s(timeout))
+            self._named.remove(name)
+            log.info("query_removed", query=name, reset=reset, isolation="process")
+            return
         polling = self._polling
         with self._lock:
             self._check_named("remove a query")
@@ -744,14 +833,22 @@ class App:
     def pause_query(self, name: str) -> None:
         """Stop scheduling a named query's tasks (input buffers up to its bound)."""
         self._check_known(name)
-        self._task_manager.pause_query(name)
+        if name in self._isolated:
+            self._isolated.pause(name)
+        else:
+            self._task_manager.pause_query(name)
         self._named.set_state(name, named_queries.PAUSED)
         log.info("query_paused", query=name)
 
     def resume_query(self, name: str) -> None:
         """Schedule a paused (or failed) named query again. A failed query
-        starts from its last commit, so from the record that failed."""
+        starts from its last commit, so from the record that failed (a
+        process-isolated one in a new child process)."""
         self._check_known(name)
+        if name in self._isolated:
+            self._isolated.resume(name, _CHILD_START_TIMEOUT_S)
+            log.info("query_resumed", query=name, state=self._named.state(name))
+            return
         self._task_manager.resume_query(name)
         self._named.set_state(name, named_queries.RUNNING)
         log.info("query_resumed", query=name)
@@ -852,7 +949,7 @@ class App:
         for failure in failures:
             self.failed_threads += 1
             query = self._task_manager.query_of(failure.task_id)
-            if query is not None and self._exception_handler is None:
+            if query is not None and self._named.enabled and self._exception_handler is None:
                 self._stop_failed_query(query, failure)
                 continue
             response = self._decide(failure)
@@ -933,8 +1030,19 @@ class App:
         if not self._named.enabled:
             return ()
         return query_statuses(
-            self._named, self.topology, self._task_manager, self._polling, live_tasks
+            self._named,
+            self.topology,
+            self._task_manager,
+            self._polling,
+            live_tasks,
+            self._isolated.figures(),
         )
+
+    def query_figures(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Busy seconds and p99 batch latency (ms) per query this process
+        schedules (a child of runtime.isolation reports its query's). Any thread."""
+        manager = self._task_manager
+        return manager.query_busy_seconds(), manager.query_latency_p99_ms()
 
     def progress(self) -> Progress:
         """Running totals, cheap enough to poll many times a second (any thread;

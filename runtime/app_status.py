@@ -10,9 +10,11 @@ class only composes them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from runtime.isolation.queries import merge_figures
+from runtime.isolation.supervisor import ChildFigures
 from runtime.named_queries import NamedQueries
 from runtime.polling.polling_thread import PollingThread
 from runtime.polling.topics import TopicLayout
@@ -120,8 +122,10 @@ def query_statuses(
     manager: TaskManager,
     polling: PollingThread | None,
     live_tasks: list[StreamTask],
+    children: Mapping[str, ChildFigures],
 ) -> tuple[QueryStatus, ...]:
-    """Per named query: tasks, processed records, busy seconds, lag, p99 latency."""
+    """Per named query: tasks, processed records, busy seconds, lag, p99 latency
+    (`children`: the last figures of process-isolated queries)."""
     tasks: dict[str, int] = {}
     processed: dict[str, int] = {}
     for task in [*live_tasks, *(polling.tasks.restoring() if polling else [])]:
@@ -139,13 +143,10 @@ def query_statuses(
             query = owner.get(sub_of.get(topic, -1))
             if query is not None:
                 lag[query] = lag.get(query, 0) + records
-    return named.statuses(
-        tasks,
-        processed,
-        manager.query_busy_seconds(),
-        lag,
-        manager.query_latency_p99_ms(),
-    )
+    busy = manager.query_busy_seconds()
+    p99_ms = manager.query_latency_p99_ms()
+    merge_figures(children, tasks, processed, busy, lag, p99_ms)
+    return named.statuses(tasks, processed, busy, lag, p99_ms)
 
 
 def with_polling_figures(

@@ -112,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         preflight(config)
-        app = App(topology, config)
+        app = App(topology, config, source=args.target)
         app.start()
     except (ConfigError, TopicError, DaemonSetupError, SerializationError, QueryError) as exc:
         print(f"streams-runtime: {str(exc).replace('MODULE:ATTR', args.target)}", file=sys.stderr)

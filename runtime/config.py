@@ -473,7 +473,7 @@ class StreamsConfig:
         "checked at start-up the same way.",
     )
 
-    query_settings: dict[str, dict[str, int]] = field(default_factory=dict)
+    query_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     """`query.<name>.<setting>` keys (named queries): name -> setting -> value."""
 
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -587,6 +587,31 @@ QUERY_SETTINGS: Mapping[str, ConfigKey] = {
         "Most processing threads working on the named query's tasks at once; unset: no cap.",
         min=1,
         max=THREADS_CEILING,
+        nullable=True,
+    ),
+    "isolation": ConfigKey(
+        "query.<name>.isolation",
+        "enum",
+        "thread",
+        "`thread`: the named query shares the daemon's clients, processing threads and GIL with "
+        "the others. `process`: it runs in a child process of its own (its own clients, threads "
+        "and GIL, consumer group `<application.id>-<name>`, `query.<name>.max.threads` threads, "
+        "niceness `query.<name>.nice`), so a CPU-bound query cannot delay the others' records "
+        "and a crash in it stops it alone; its status, pause/resume and removal go through the "
+        "daemon. The topology must be importable: `streams-runtime run` passes its MODULE:ATTR, "
+        "a library user gives `App(..., source='module:attr')`. At least one query stays in the "
+        "daemon's process.",
+        choices=("thread", "process"),
+    ),
+    "nice": ConfigKey(
+        "query.<name>.nice",
+        "int",
+        None,
+        "Niceness the child process of a `query.<name>.isolation=process` query adds to its own "
+        "(0-19; higher yields the CPU to the other queries). Unset: 19 if another query has a "
+        "higher `query.<name>.priority`, else 0.",
+        min=0,
+        max=19,
         nullable=True,
     ),
 }

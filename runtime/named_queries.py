@@ -23,6 +23,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from runtime.config import ConfigError, StreamsConfig
+from runtime.isolation.plan import PROCESS, isolation_of
 from runtime.logging import get_logger
 from runtime.polling.clients import admin_config
 from runtime.polling.expansion_plan import changelog_topics
@@ -70,6 +71,9 @@ class _Query:
     share: QueryShare
     state: str = RUNNING
     failure: str | None = None
+    # Runs in a child process (query.<name>.isolation=process): not part of
+    # this process's topology, scheduler or shares.
+    in_process: bool = True
 
 
 class NamedQueries:
@@ -80,7 +84,11 @@ class NamedQueries:
         self._queries: dict[str, _Query] = {}
         for name, topology in queries.items():
             check_query_name(name)
-            self._queries[name] = _Query(topology, share_from_config(config, name))
+            self._queries[name] = _Query(
+                topology,
+                share_from_config(config, name),
+                in_process=isolation_of(config, name) != PROCESS,
+            )
         check_query_keys(config, self._queries)
         self._enabled = bool(self._queries)
         # records/s: the processed count per query at the previous sample.
@@ -100,7 +108,15 @@ class NamedQueries:
                 f"got {type(topology).__name__}"
             )
         named = cls(topology, config)
-        return named, compose(topology)
+        compose(topology)  # every query's names and topics, wherever it runs
+        own = {name: t for name, t in topology.items() if name not in named.isolated()}
+        if not own:
+            raise ConfigError(
+                f"query.{next(iter(topology))}.isolation",
+                "every query would run in a process of its own: keep at least one query in "
+                "the daemon's process (isolation=thread), or run each as its own app",
+            )
+        return named, compose(own)
 
     @property
     def enabled(self) -> bool:
@@ -112,12 +128,25 @@ class NamedQueries:
             return list(self._queries)
 
     def shares(self) -> dict[str, QueryShare]:
+        """Scheduling shares of the queries this process schedules."""
         with self._lock:
-            return {name: q.share for name, q in self._queries.items()}
+            return {name: q.share for name, q in self._queries.items() if q.in_process}
 
-    def add(self, name: str, topology: Topology, share: QueryShare) -> None:
+    def priorities(self) -> dict[str, int]:
+        """Every query's priority, those in child processes too."""
         with self._lock:
-            self._queries[name] = _Query(topology, share)
+            return {name: q.share.priority for name, q in self._queries.items()}
+
+    def isolated(self) -> dict[str, Topology]:
+        """The queries that run in child processes."""
+        with self._lock:
+            return {name: q.topology for name, q in self._queries.items() if not q.in_process}
+
+    def add(
+        self, name: str, topology: Topology, share: QueryShare, in_process: bool = True
+    ) -> None:
+        with self._lock:
+            self._queries[name] = _Query(topology, share, in_process=in_process)
 
     def remove(self, name: str) -> None:
         with self._lock:

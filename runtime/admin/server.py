@@ -397,6 +397,7 @@ class AdminHandler:
                     weight=args.get("weight"),
                     max_threads=args.get("max_threads"),
                     timeout=args.get("timeout", 60.0),
+                    source=args["target"],
                 )
                 log.info("admin_query_added", query=args["name"], target=args["target"])
             elif command == "query.remove":

@@ -73,8 +73,13 @@ class TaskManager:
         starvation_s: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
         shares: dict[str, QueryShare] | None = None,
+        plain_query: str | None = None,
     ) -> None:
+        """`plain_query`: the name a plain topology's tasks are counted under
+        (busy time, latency), for the child process of a process-isolated
+        query (runtime.isolation); None: only named queries' tasks count."""
         self._cond = threading.Condition(threading.Lock())
+        self._plain_query = plain_query
         self._starvation_s = starvation_s
         self._clock = clock
         self._tasks: dict[str, StreamTask] = {}
@@ -112,7 +117,7 @@ class TaskManager:
         with self._cond:
             self._tasks[task.id] = task
             self._last_served[task.id] = self._clock()
-            query = getattr(task, "query", None)
+            query = getattr(task, "query", None) or self._plain_query
             if query is not None:
                 self._query_of[task.id] = query
             self._failed.pop(task.id, None)

@@ -1,0 +1,137 @@
+"""Entry point of a process-isolated query's child: `python -m runtime.isolation.child`.
+
+Protocol (JSON lines): the daemon writes a `ChildSpec` line, then commands
+(`{"cmd": "pause" | "resume" | "stop"}`) on stdin; the child writes events
+on stdout: `started`, `status` (every `STATUS_INTERVAL_S`), `failed` (start-up
+or the app failed), `stopped`. Logs go to stderr, which the child shares with
+the daemon. stdin closing (the daemon died, even by kill -9) stops the child
+gracefully, and on Linux the kernel sends it SIGTERM when its parent dies.
+
+Threads: the main thread runs the app's lifecycle and the status loop; one
+reader thread takes the commands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+from typing import IO, Any
+
+STATUS_INTERVAL_S = 0.5
+_PR_SET_PDEATHSIG = 1
+
+
+def _write(out: IO[str], lock: threading.Lock, event: str, **fields: Any) -> None:
+    with lock:
+        out.write(json.dumps({"event": event, **fields}) + "\n")
+        out.flush()
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGTERM when the daemon dies (Linux), and an exit if it already did."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        sys.exit(0)
+
+
+def main() -> int:
+    # stdout carries the protocol only: whatever else prints goes to stderr.
+    out = sys.stdout
+    sys.stdout = sys.stderr
+    write_lock = threading.Lock()
+    parent = os.getppid()
+    line = sys.stdin.readline()
+    if not line:
+        return 0
+    from runtime.isolation.plan import ChildSpec
+
+    spec = ChildSpec.from_line(line)
+    _die_with_parent(parent)
+    if spec.nice:
+        os.nice(spec.nice)  # before any thread: every thread inherits it
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    try:
+        app = _start(spec)
+    except BaseException as exc:  # any start-up failure is the query's, reported as such
+        _write(out, write_lock, "failed", error=f"{type(exc).__name__}: {exc}")
+        return 2
+    _write(out, write_lock, "started", pid=os.getpid())
+
+    def read_commands() -> None:
+        for command_line in sys.stdin:
+            try:
+                command = json.loads(command_line).get("cmd")
+            except ValueError:
+                continue
+            if command == "pause":
+                app.pause()
+            elif command == "resume":
+                app.resume()
+            elif command == "stop":
+                break
+        stop.set()  # "stop", or stdin closed: the daemon is gone or done with us
+
+    threading.Thread(target=read_commands, name="query-child-commands", daemon=True).start()
+    return _run(app, spec, out, write_lock, stop)
+
+
+def _start(spec: Any) -> Any:
+    from runtime.app import App
+    from runtime.cli import load_topology
+    from runtime.config import StreamsConfig
+    from runtime.isolation.offsets import carry_over_offsets
+    from runtime.logging import configure_logging
+
+    config = StreamsConfig.from_dict(spec.config)
+    configure_logging(config.log_level)
+    loaded = load_topology(spec.source, named=True)
+    topology = loaded[spec.query] if isinstance(loaded, dict) else loaded
+    carry_over_offsets(config, topology, spec.parent_group)
+    app = App(topology, config, isolated_query=spec.query)
+    app.start()
+    return app
+
+
+def _run(app: Any, spec: Any, out: IO[str], lock: threading.Lock, stop: threading.Event) -> int:
+    from runtime.app import AppState
+
+    while True:
+        status = app.status()
+        figures = app.query_figures()
+        _write(
+            out,
+            lock,
+            "status",
+            state=status.state,
+            tasks=len(status.tasks),
+            processed=status.processed,
+            lag=status.total_lag,
+            busy_seconds=figures[0].get(spec.query, 0.0),
+            p99_latency_ms=figures[1].get(spec.query),
+            failure=status.failure,
+        )
+        if app.state in (AppState.NOT_RUNNING, AppState.ERROR):
+            break
+        if stop.wait(STATUS_INTERVAL_S):
+            app.close()
+            break
+    failure = app.status().failure
+    if app.state is AppState.ERROR:
+        _write(out, lock, "failed", error=failure or "the query's app failed")
+        return 1
+    _write(out, lock, "stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""What a process-isolated query's child runs with (pure; any thread).
+
+The child runs the query as a plain topology under application.id
+`<application.id>-<query>`. Why that id: the names of the query's internal
+topics and changelogs are then exactly those it has in the daemon's process
+(`<application.id>-<query>-<name>`), so a query moved between isolation
+levels keeps its state; and everything keyed by application.id (consumer
+group, transactional id, status topic, state directory) is its own, so the
+child never fences or confuses the daemon's clients.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.config import ConfigError, StreamsConfig
+
+THREAD = "thread"
+PROCESS = "process"
+LOWER_PRIORITY_NICE = 19
+
+# Keys of the daemon that a child must not share: its own admin socket and
+# metrics endpoint would collide (the daemon reports for it), and the
+# process-wide tuning keys are the daemon's.
+_DAEMON_ONLY = (
+    "admin.socket",
+    "metrics.port",
+    "metrics.host",
+)
+
+
+def isolation_of(config: StreamsConfig, name: str) -> str:
+    return str(config.query_settings.get(name, {}).get("isolation", THREAD))
+
+
+def child_application_id(config: StreamsConfig, name: str) -> str:
+    return f"{config.application_id}-{name}"
+
+
+def child_nice(config: StreamsConfig, name: str, priorities: Mapping[str, int]) -> int:
+    """`query.<name>.nice`, else 19 if another query has a higher priority, else 0."""
+    given = config.query_settings.get(name, {}).get("nice")
+    if given is not None:
+        return int(given)
+    own = priorities.get(name, 0)
+    return LOWER_PRIORITY_NICE if any(p > own for p in priorities.values()) else 0
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """The first line a child reads on stdin (JSON)."""
+
+    query: str
+    source: str
+    config: dict[str, Any]
+    nice: int
+    parent_group: str
+
+    def to_line(self) -> str:
+        return json.dumps(self.__dict__) + "\n"
+
+    @classmethod
+    def from_line(cls, line: str) -> ChildSpec:
+        return cls(**json.loads(line))
+
+
+def child_spec(
+    config: StreamsConfig,
+    name: str,
+    source: str,
+    priorities: Mapping[str, int],
+    max_threads: int | None = None,
+) -> ChildSpec:
+    """The child's spec for query `name`; raises ConfigError when a config
+    value cannot be passed to another process (an object, not text)."""
+    raw: dict[str, Any] = {}
+    for key, value in config.raw.items():
+        if key.startswith("query.") or key in _DAEMON_ONLY or key.startswith("admin.socket"):
+            continue
+        if value is not None and not isinstance(value, str | int | float | bool):
+            raise ConfigError(
+                key,
+                f"query {name!r} runs in its own process (query.{name}.isolation=process), "
+                f"which gets the config as text: give {key} as a string (a serde or "
+                "partitioner as 'module:attr')",
+            )
+        raw[key] = value
+    settings = config.query_settings.get(name, {})
+    raw["application.id"] = child_application_id(config, name)
+    raw["client.id"] = f"{config.client_id}-{name}"
+    threads = max_threads if max_threads is not None else settings.get("max.threads")
+    if threads is not None:
+        raw["processing.threads"] = int(threads)
+    raw.pop("processing.threads.autoscale", None)
+    return ChildSpec(
+        query=name,
+        source=source,
+        config=raw,
+        nice=child_nice(config, name, priorities),
+        parent_group=config.application_id,
+    )

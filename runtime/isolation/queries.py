@@ -1,0 +1,187 @@
+"""The app's process-isolated queries: one `QueryProcess` per query.
+
+`App` owns one `IsolatedQueries`. It builds every child's spec when the app
+is made (so a config a child cannot take fails at once, naming the key),
+starts the children once the app's own threads run, reports their figures,
+and routes pause/resume/remove to them. A child that exits on its own marks
+its query FAILED; `resume` starts it again from its last commit.
+
+Threads: any (each QueryProcess has its own lock; the mapping has one).
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from runtime import named_queries
+from runtime.config import ConfigError, StreamsConfig
+from runtime.isolation.plan import child_application_id, child_spec
+from runtime.isolation.supervisor import ChildFigures, QueryProcess
+from runtime.logging import get_logger
+from runtime.named_queries import NamedQueries, reset_query
+from runtime.polling.clients import admin_config
+from runtime.topology.topology import Topology
+
+log = get_logger("runtime.isolation")
+
+
+class IsolatedQueries:
+    def __init__(self, config: StreamsConfig, named: NamedQueries, source: str | None) -> None:
+        self._config = config
+        self._named = named
+        self._source = source
+        self._lock = threading.Lock()
+        self._processes: dict[str, QueryProcess] = {}
+        for name in named.isolated():
+            self._processes[name] = self._make(name, source)
+
+    def _make(self, name: str, source: str | None, max_threads: int | None = None) -> QueryProcess:
+        if source is None:
+            raise ConfigError(
+                f"query.{name}.isolation",
+                f"query {name!r} runs in its own process, which imports its topology: give "
+                "App(..., source='module:attr') naming what the topologies come from "
+                "(`streams-runtime run` and `query add` pass their MODULE:ATTR)",
+            )
+        spec = child_spec(self._config, name, source, self._named.priorities(), max_threads)
+        return QueryProcess(spec, self._on_exit)
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._processes)
+
+    def __contains__(self, name: object) -> bool:
+        with self._lock:
+            return name in self._processes
+
+    def start_all(self, timeout: float) -> None:
+        """Start every child; one that cannot start marks its query FAILED."""
+        for name in self.names():
+            self._start(name, timeout)
+
+    def _start(self, name: str, timeout: float) -> bool:
+        process = self._get(name)
+        try:
+            process.start(timeout)
+        except RuntimeError as exc:
+            self._named.set_state(name, named_queries.FAILED, str(exc))
+            log.error("query_failed", query=name, error=str(exc), isolation="process")
+            return False
+        log.info("query_process_started", query=name, pid=process.pid, nice=process.spec.nice)
+        return True
+
+    def _get(self, name: str) -> QueryProcess:
+        with self._lock:
+            return self._processes[name]
+
+    def stop_all(self, timeout: float) -> None:
+        with self._lock:
+            processes = list(self._processes.values())
+        # Asked together: each closes (and commits) at its own pace.
+        stoppers = [
+            threading.Thread(target=p.stop, args=(timeout,), name=f"stop-{p.spec.query}")
+            for p in processes
+        ]
+        for stopper in stoppers:
+            stopper.start()
+        for stopper in stoppers:
+            stopper.join()
+
+    def figures(self) -> dict[str, ChildFigures]:
+        with self._lock:
+            processes = dict(self._processes)
+        return {name: p.figures() for name, p in processes.items()}
+
+    def pids(self) -> dict[str, int | None]:
+        with self._lock:
+            return {name: p.pid for name, p in self._processes.items()}
+
+    def pause(self, name: str) -> None:
+        self._get(name).pause()
+
+    def resume(self, name: str, timeout: float) -> None:
+        """Resume a paused child, or start a failed one again."""
+        process = self._get(name)
+        if process.alive:
+            process.resume()
+            self._named.set_state(name, named_queries.RUNNING)
+        elif self._start(name, timeout):
+            self._named.set_state(name, named_queries.RUNNING)
+
+    def add(self, name: str, source: str | None, timeout: float, max_threads: int | None) -> None:
+        """Start query `name` in a child (its settings are in the app's
+        NamedQueries already). Raises ConfigError, RuntimeError."""
+        process = self._make(name, source or self._source, max_threads)
+        with self._lock:
+            self._processes[name] = process
+        try:
+            process.start(timeout)
+        except RuntimeError:
+            with self._lock:
+                self._processes.pop(name, None)
+            raise
+
+    def remove(self, name: str, reset: bool, timeout: float) -> None:
+        with self._lock:
+            process = self._processes.pop(name)
+        process.stop(timeout)
+        if reset:
+            self._reset(name, timeout)
+
+    def _reset(self, name: str, timeout: float) -> None:
+        """Forget where the child's query was: its consumer group, internal
+        topics and local state (best effort, logged)."""
+        app = child_application_id(self._config, name)
+        admin = AdminClient(admin_config(self._config))
+        try:
+            admin.delete_consumer_groups([app], request_timeout=timeout)[app].result(timeout)
+            log.info("query_group_deleted", query=name, group=app)
+        except KafkaException as exc:
+            log.warning("query_group_not_deleted", query=name, group=app, error=str(exc))
+        topology = self._named_topology(name)
+        if topology is not None:
+            reset_query(
+                self._config.with_overrides(application_id=app),
+                name,
+                list(topology.subtopologies),
+                timeout,
+            )
+        shutil.rmtree(Path(self._config.state_dir) / app, ignore_errors=True)
+
+    def _named_topology(self, name: str) -> Topology | None:
+        return self._named.isolated().get(name)
+
+    def _on_exit(self, name: str, failure: str | None) -> None:
+        reason = failure or "its process exited"
+        self._named.set_state(name, named_queries.FAILED, reason)
+        log.error(
+            "query_failed",
+            query=name,
+            error=reason,
+            isolation="process",
+            hint=f"fix the cause, then `query resume {name}` (or remove it)",
+        )
+
+
+def merge_figures(
+    figures: Mapping[str, ChildFigures],
+    tasks: dict[str, int],
+    processed: dict[str, int],
+    busy: dict[str, float],
+    lag: dict[str, int],
+    p99_ms: dict[str, float],
+) -> None:
+    """Add the children's figures to the per-query maps `App.status()` builds."""
+    for name, f in figures.items():
+        tasks[name] = f.tasks
+        processed[name] = f.processed
+        busy[name] = f.busy_seconds
+        lag[name] = f.lag
+        if f.p99_latency_ms is not None:
+            p99_ms[name] = f.p99_latency_ms

@@ -1,0 +1,194 @@
+"""Process-isolated named queries on a real broker (`query.<name>.isolation=process`):
+the child processes its input completely and reports through the daemon;
+pause/resume reach it; a killed child fails its query alone and `resume`
+starts it again from its commit (exactly_once_v2: no loss, no duplicate); a
+query moved from the daemon's process into its own resumes from the
+daemon's commit; a processor error in the child fails only that query."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime import App, AppState
+from runtime.cli import load_topology
+from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
+
+pytestmark = pytest.mark.integration
+
+SOURCE = "tests.apps.isolated_app:queries"
+
+
+@pytest.fixture
+def io(bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Fresh topics, named in the environment the child processes inherit."""
+    names: dict[str, str] = {}
+    for query in ("main", "side"):
+        for end in ("input", "output"):
+            name = unique_name(f"iso-{query}-{end}")
+            create_topic(bootstrap, name, 2)
+            monkeypatch.setenv(f"STREAMS_TEST_{query.upper()}_{end.upper()}", name)
+            names[f"{query}_{end}"] = name
+    return names
+
+
+def config(bootstrap: str, tmp_path: Path, app_id: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "application.id": app_id,
+        "bootstrap.servers": bootstrap,
+        "processing.threads": 1,
+        "commit.interval.ms": 200,
+        "state.dir": str(tmp_path),
+        "consumer.session.timeout.ms": 6000,
+        "processing.guarantee": "exactly_once_v2",
+        "query.side.isolation": "process",
+        **extra,
+    }
+
+
+def side(app: App) -> Any:
+    return next(q for q in app.status().queries if q.name == "side")
+
+
+def child_pid(app: App) -> int:
+    pid = app._isolated.pids()["side"]
+    assert pid is not None and pid != os.getpid()
+    return pid
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped) is not alive either.
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def values(bootstrap: str, topic: str, expected: int) -> list[str]:
+    return sorted(m.value.decode() for m in consume_all(bootstrap, topic, expected=expected))
+
+
+def test_a_query_in_its_own_process_runs_reports_pauses_and_stops_with_the_daemon(
+    bootstrap: str, tmp_path: Path, io: dict[str, str]
+) -> None:
+    app = App(
+        load_topology(SOURCE, named=True),
+        config(bootstrap, tmp_path, unique_name("iso")),
+        source=SOURCE,
+    )
+    first = [f"s{i}" for i in range(300)]
+    produce(bootstrap, io["side_input"], ((f"k{i % 5}", v) for i, v in enumerate(first)))
+    produce(bootstrap, io["main_input"], ((f"k{i % 5}", f"m{i}") for i in range(300)))
+    app.start()
+    try:
+        pid = child_pid(app)
+        assert values(bootstrap, io["side_output"], 300) == sorted(first)
+        assert values(bootstrap, io["main_output"], 300) == sorted(f"m{i}" for i in range(300))
+        wait_until(lambda: side(app).processed == 300, 30, message="side's figures")
+        status = side(app)
+        assert status.state == "RUNNING" and status.tasks == 2
+        assert status.p99_latency_ms is not None and status.busy_seconds > 0
+        # Only the daemon's own query's tasks are in its scheduler.
+        assert {t.id.split("__")[0] for t in app.status().tasks} == {"main"}
+
+        app.pause_query("side")
+        assert side(app).state == "PAUSED"
+        wait_until(lambda: side(app).tasks == 2, 30)
+        paused = [f"p{i}" for i in range(100)]
+        produce(bootstrap, io["side_input"], ((f"k{i % 5}", v) for i, v in enumerate(paused)))
+        # While paused, nothing of it comes out (the main query still runs).
+        produce(bootstrap, io["main_input"], [("k", "after-pause")])
+        assert len(consume_all(bootstrap, io["main_output"], expected=301)) == 301
+        assert len(consume_all(bootstrap, io["side_output"], timeout=10)) == 300
+        app.resume_query("side")
+        assert values(bootstrap, io["side_output"], 400) == sorted(first + paused)
+    finally:
+        assert app.close(60)
+    assert app.state is AppState.NOT_RUNNING
+    wait_until(lambda: not alive(pid), 10, message="the child outlived the daemon")
+
+
+def test_a_killed_child_fails_its_query_alone_and_resume_restarts_it_exactly_once(
+    bootstrap: str, tmp_path: Path, io: dict[str, str]
+) -> None:
+    app = App(
+        load_topology(SOURCE, named=True),
+        config(bootstrap, tmp_path, unique_name("iso")),
+        source=SOURCE,
+    )
+    batch = [f"a{i}" for i in range(200)]
+    produce(bootstrap, io["side_input"], ((f"k{i % 5}", v) for i, v in enumerate(batch)))
+    app.start()
+    try:
+        assert values(bootstrap, io["side_output"], 200) == sorted(batch)
+        pid = child_pid(app)
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: side(app).state == "FAILED", 30, message="side never failed")
+        assert "code -9" in (side(app).failure or "")
+        # The daemon's own query runs on.
+        produce(bootstrap, io["main_input"], ((f"k{i}", f"m{i}") for i in range(100)))
+        assert len(consume_all(bootstrap, io["main_output"], expected=100)) == 100
+        assert app.state is AppState.RUNNING
+
+        more = [f"b{i}" for i in range(200)]
+        produce(bootstrap, io["side_input"], ((f"k{i % 5}", v) for i, v in enumerate(more)))
+        app.resume_query("side")
+        assert side(app).state == "RUNNING" and child_pid(app) != pid
+        # From its last commit: everything, once (read_committed).
+        assert values(bootstrap, io["side_output"], 400) == sorted(batch + more)
+    finally:
+        assert app.close(60)
+
+
+def test_a_query_moved_into_its_own_process_resumes_from_the_daemons_commit(
+    bootstrap: str, tmp_path: Path, io: dict[str, str]
+) -> None:
+    app_id = unique_name("iso")
+    before = [f"t{i}" for i in range(300)]
+    produce(bootstrap, io["side_input"], ((f"k{i % 5}", v) for i, v in enumerate(before)))
+    in_process = App(
+        load_topology(SOURCE, named=True),
+        config(bootstrap, tmp_path, app_id, **{"query.side.isolation": "thread"}),
+    )
+    in_process.start()
+    try:
+        assert values(bootstrap, io["side_output"], 300) == sorted(before)
+    finally:
+        assert in_process.close(60)
+
+    after = [f"u{i}" for i in range(300)]
+    produce(bootstrap, io["side_input"], ((f"k{i % 5}", v) for i, v in enumerate(after)))
+    isolated = App(
+        load_topology(SOURCE, named=True), config(bootstrap, tmp_path, app_id), source=SOURCE
+    )
+    isolated.start()
+    try:
+        # Nothing of `before` again: the child's group took the daemon's offsets.
+        assert values(bootstrap, io["side_output"], 600) == sorted(before + after)
+    finally:
+        assert isolated.close(60)
+
+
+def test_a_processor_error_in_the_child_fails_that_query_only(
+    bootstrap: str, tmp_path: Path, io: dict[str, str]
+) -> None:
+    app = App(
+        load_topology(SOURCE, named=True),
+        config(bootstrap, tmp_path, unique_name("iso"), **{"processing.guarantee": "at_least_once"}),
+        source=SOURCE,
+    )
+    produce(bootstrap, io["side_input"], [("k", "fine"), ("k", "poison!")])
+    app.start()
+    try:
+        wait_until(lambda: side(app).state == "FAILED", 60, message="side never failed")
+        assert "marked record poison!" in (side(app).failure or "")
+        produce(bootstrap, io["main_input"], ((f"k{i}", f"m{i}") for i in range(50)))
+        assert len(consume_all(bootstrap, io["main_output"], expected=50)) == 50
+        assert app.state is AppState.RUNNING
+    finally:
+        assert app.close(60)
