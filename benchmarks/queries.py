@@ -14,7 +14,7 @@ spins on the CPU (holding the GIL) ``--heavy-record-ms`` (0.5) ms per record,
 over a backlog produced before the daemon starts (large enough not to run
 out; the remaining lag is recorded). Cases (the default run orders them
 heavy-alone, equal, weights-3-1, light-alone, light-priority,
-priority-sched-idle, spare-thread-sched-idle, light-alone: see
+priority-sched-idle, spare-thread-sched-idle, process-priority, light-alone: see
 ``DEFAULT_CASES``):
 
 1. ``light-alone``: the light query only.
@@ -30,6 +30,9 @@ priority-sched-idle, spare-thread-sched-idle, light-alone: see
 7. ``spare-thread-sched-idle``: the same with ``processing.threads`` 2 and
    ``query.heavy.max.threads`` 1: a thread the heavy query may not take, so
    the light record never waits for a heavy record (0.5 ms) to end.
+8. ``process-priority``: ``light-priority`` with ``query.heavy.isolation``
+   ``process``: the daemon runs the heavy query in a child process of its
+   own (own clients, threads and GIL) at nice 19.
 
 Diagnostic cases, only when named in ``--cases`` (knobs set in the daemon's
 process by ``topologies()``):
@@ -150,6 +153,12 @@ CASES: dict[str, dict[str, Any]] = {
             "query.heavy.max.threads": 1,
         },
     },
+    # The heavy query in a child process of the daemon (query.<name>.isolation
+    # = process), at nice 19 since the light query's priority is higher.
+    "process-priority": {
+        "queries": ["light", "heavy"],
+        "config": {"query.light.priority": 10, "query.heavy.isolation": "process"},
+    },
 }
 # The default run: the cases read for throughput and shares first (a
 # session's first minutes are slow for latency: the first light-alone case
@@ -163,6 +172,7 @@ DEFAULT_CASES = [
     "light-priority",
     "priority-sched-idle",
     "spare-thread-sched-idle",
+    "process-priority",
     "light-alone",
 ]
 CASES["priority-no-preempt"] = {

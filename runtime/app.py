@@ -633,6 +633,7 @@ class App:
         max_threads: int | None = None,
         timeout: float = 60.0,
         source: str | None = None,
+        isolation: str | None = None,
     ) -> None:
         """Run one more named query, without restarting the others.
 
@@ -645,13 +646,14 @@ class App:
         in use, a topic another query reads, a join under cooperative
         assignment), TopicError, TimeoutError.
 
-        With `query.<name>.isolation=process` it starts in a child process
+        With `isolation` 'process' (default: `query.<name>.isolation`) it
+        starts in a child process
         that imports `source` ('module:attr': the Topology, or a mapping
         holding it under `name`; default: the app's `source`); RuntimeError
         if that child cannot start.
         """
         with self._query_change:
-            if isolation_of(self.config, name) == PROCESS:
+            if (isolation or isolation_of(self.config, name)) == PROCESS:
                 self._add_isolated_query(name, topology, priority, max_threads, timeout, source)
             else:
                 self._add_query(name, topology, priority, weight, max_threads, timeout)

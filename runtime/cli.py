@@ -270,7 +270,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
                 )
                 return EXIT_BAD_INPUT
             arguments["target"] = args.target
-            for key in ("priority", "weight", "max_threads"):
+            for key in ("priority", "weight", "max_threads", "isolation"):
                 if getattr(args, key) is not None:
                     arguments[key] = getattr(args, key)
         else:
@@ -688,6 +688,11 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--priority", type=int, help="add: query.<name>.priority")
     query.add_argument("--weight", type=int, help="add: query.<name>.weight")
     query.add_argument("--max-threads", dest="max_threads", type=int, help="add: thread cap")
+    query.add_argument(
+        "--isolation",
+        choices=("thread", "process"),
+        help="add: query.<name>.isolation (process: a child process of the daemon)",
+    )
     query.add_argument("--reset", action="store_true", help="remove: delete offsets and state")
     admin_sub.add_parser("shutdown", parents=[options], help="graceful shutdown (as SIGTERM)")
     admin_sub.add_parser(

@@ -140,6 +140,12 @@ def _int_in(name: str, low: int, high: int) -> Callable[[Any], int]:
     return parse
 
 
+def _isolation(value: Any) -> str:
+    if value not in ("thread", "process"):
+        raise ProtocolError(f"'isolation' must be 'thread' or 'process', got {_show(value)}")
+    return str(value)
+
+
 def _flag(value: Any) -> bool:
     if not isinstance(value, bool):
         raise ProtocolError(f"'reset' must be true or false, got {_show(value)}")
@@ -168,6 +174,7 @@ COMMANDS: Mapping[str, Mapping[str, Argument]] = {
         "priority": Argument(_int_in("priority", -1000, 1000)),
         "weight": Argument(_int_in("weight", 1, 10000)),
         "max_threads": Argument(_int_in("max_threads", 1, MAX_THREADS)),
+        "isolation": Argument(_isolation),
         "timeout": Argument(_timeout),
     },
     "query.remove": {
@@ -398,6 +405,7 @@ class AdminHandler:
                     max_threads=args.get("max_threads"),
                     timeout=args.get("timeout", 60.0),
                     source=args["target"],
+                    isolation=args.get("isolation"),
                 )
                 log.info("admin_query_added", query=args["name"], target=args["target"])
             elif command == "query.remove":

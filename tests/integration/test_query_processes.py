@@ -16,7 +16,14 @@ import pytest
 
 from runtime import App, AppState
 from runtime.cli import load_topology
-from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
+from tests.kafka_helpers import (
+    committed_offsets,
+    consume_all,
+    create_topic,
+    produce,
+    unique_name,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -179,7 +186,9 @@ def test_a_processor_error_in_the_child_fails_that_query_only(
 ) -> None:
     app = App(
         load_topology(SOURCE, named=True),
-        config(bootstrap, tmp_path, unique_name("iso"), **{"processing.guarantee": "at_least_once"}),
+        config(
+            bootstrap, tmp_path, unique_name("iso"), **{"processing.guarantee": "at_least_once"}
+        ),
         source=SOURCE,
     )
     produce(bootstrap, io["side_input"], [("k", "fine"), ("k", "poison!")])
@@ -190,5 +199,37 @@ def test_a_processor_error_in_the_child_fails_that_query_only(
         produce(bootstrap, io["main_input"], ((f"k{i}", f"m{i}") for i in range(50)))
         assert len(consume_all(bootstrap, io["main_output"], expected=50)) == 50
         assert app.state is AppState.RUNNING
+    finally:
+        assert app.close(60)
+
+
+def test_a_query_added_in_its_own_process_at_runtime_and_removed_with_reset(
+    bootstrap: str, tmp_path: Path, io: dict[str, str]
+) -> None:
+    app_id = unique_name("iso")
+    settings = config(bootstrap, tmp_path, app_id)
+    del settings["query.side.isolation"]  # `side` is not in the mapping at start
+    queries = load_topology(SOURCE, named=True)
+    app = App({"main": queries["main"]}, settings)
+    app.start()
+    try:
+        batch = [f"s{i}" for i in range(200)]
+        produce(bootstrap, io["side_input"], ((f"k{i % 5}", v) for i, v in enumerate(batch)))
+        app.add_query("side", queries["side"], isolation="process", source=SOURCE)
+        pid = child_pid(app)
+        assert values(bootstrap, io["side_output"], 200) == sorted(batch)
+        wait_until(
+            lambda: committed_offsets(bootstrap, f"{app_id}-side", io["side_input"]),
+            30,
+            message="the child never committed",
+        )
+        app.remove_query("side", reset=True)
+        assert app.queries == ["main"]
+        wait_until(lambda: not alive(pid), 10, message="the removed query's child lives on")
+        # Reset: its group is gone, so adding it again would start over.
+        assert committed_offsets(bootstrap, f"{app_id}-side", io["side_input"]) == {}
+        # The daemon's own query was not touched.
+        produce(bootstrap, io["main_input"], ((f"k{i}", f"m{i}") for i in range(100)))
+        assert len(consume_all(bootstrap, io["main_output"], expected=100)) == 100
     finally:
         assert app.close(60)

@@ -818,12 +818,24 @@ def test_query_commands_reach_the_app() -> None:
     handler = AdminHandler(app)
     line = {"command": "query.add", "target": "tests.apps.query_app:topology", "name": "q"}
     assert handler.handle_line(json.dumps({**line, "priority": 3}))["ok"]
+    assert handler.handle_line(json.dumps({**line, "name": "p", "isolation": "process"}))["ok"]
+    bad = handler.handle_line(json.dumps({**line, "isolation": "fork"}))
+    assert not bad["ok"] and "'isolation' must be 'thread' or 'process'" in bad["error"]
     assert handler.handle_line(b'{"command": "query.remove", "name": "q", "reset": true}')["ok"]
     assert handler.handle_line(b'{"command": "query.pause", "name": "q"}')["ok"]
     reply = handler.handle_line(json.dumps({**line, "target": "tests.apps.nothing_here:x"}))
     assert not reply["ok"] and "nothing_here" in reply["error"]
+    added = {
+        "priority": None,
+        "weight": None,
+        "max_threads": None,
+        "timeout": 60.0,
+        "source": "tests.apps.query_app:topology",
+        "isolation": None,
+    }
     assert app.calls == [
-        ("add_query", "q", {"priority": 3, "weight": None, "max_threads": None, "timeout": 60.0}),
+        ("add_query", "q", {**added, "priority": 3}),
+        ("add_query", "p", {**added, "isolation": "process"}),
         ("remove_query", "q", True),
         ("pause_query", "q"),
     ]
