@@ -1038,6 +1038,7 @@ class App:
             self._polling,
             live_tasks,
             self._isolated.figures(),
+            self._isolated.pids(),
         )
 
     def query_figures(self) -> tuple[dict[str, float], dict[str, float]]:

@@ -123,6 +123,7 @@ def query_statuses(
     polling: PollingThread | None,
     live_tasks: list[StreamTask],
     children: Mapping[str, ChildFigures],
+    pids: Mapping[str, int | None],
 ) -> tuple[QueryStatus, ...]:
     """Per named query: tasks, processed records, busy seconds, lag, p99 latency
     (`children`: the last figures of process-isolated queries)."""
@@ -146,7 +147,7 @@ def query_statuses(
     busy = manager.query_busy_seconds()
     p99_ms = manager.query_latency_p99_ms()
     merge_figures(children, tasks, processed, busy, lag, p99_ms)
-    return named.statuses(tasks, processed, busy, lag, p99_ms)
+    return named.statuses(tasks, processed, busy, lag, p99_ms, pids)
 
 
 def with_polling_figures(

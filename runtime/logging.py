@@ -26,6 +26,7 @@ import contextlib
 import logging
 import sys
 import threading
+from collections.abc import Mapping, MutableMapping
 from typing import Any, TextIO, cast
 
 import structlog
@@ -121,7 +122,12 @@ def _is_terminal(stream: TextIO) -> bool:
         return False
 
 
-def configure_logging(level: str = "info", json: bool | None = None, stream: Any = None) -> None:
+def configure_logging(
+    level: str = "info",
+    json: bool | None = None,
+    stream: Any = None,
+    fields: Mapping[str, Any] | None = None,
+) -> None:
     """Configure structlog for the whole process; may be called again with other arguments.
 
     ``level``: debug, info, warning, error or critical (case-insensitive).
@@ -130,8 +136,11 @@ def configure_logging(level: str = "info", json: bool | None = None, stream: Any
     up at each write, so redirections and pytest's capture work.
 
     Every event carries ``timestamp`` (ISO 8601, UTC), ``level``, ``event``, ``thread`` and
-    the bound contextvars. Any thread may call this, though start-up belongs on the main one.
+    the bound contextvars, and ``fields`` (for every thread: a process-isolated query's child
+    says whose lines it writes). Any thread may call this, though start-up belongs on the
+    main one.
     """
+
     try:
         min_level = _LEVELS[level.lower()]
     except KeyError:
@@ -147,10 +156,12 @@ def configure_logging(level: str = "info", json: bool | None = None, stream: Any
         _renderer.console = structlog.dev.ConsoleRenderer(colors=_is_terminal(shown_on))
         _renderer.json = use_json
         _level.min_level = min_level
+        _fields.fields = dict(fields or {})
         structlog.configure(
             processors=[
                 _level,
                 structlog.contextvars.merge_contextvars,
+                _fields,
                 structlog.processors.add_log_level,
                 _add_thread,
                 structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -162,6 +173,26 @@ def configure_logging(level: str = "info", json: bool | None = None, stream: Any
             context_class=dict,
             cache_logger_on_first_use=True,
         )
+
+
+class _Fields:
+    """Adds fixed fields to every event (not overriding the event's own).
+
+    One shared instance, changed in place like `_level`: loggers made at
+    import time keep the processor list they were first bound with."""
+
+    def __init__(self) -> None:
+        self.fields: Mapping[str, Any] = {}
+
+    def __call__(
+        self, _logger: Any, _method: str, event: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        for key, value in self.fields.items():
+            event.setdefault(key, value)
+        return event
+
+
+_fields = _Fields()
 
 
 def get_logger(name: str | None = None) -> FilteringBoundLogger:

@@ -200,7 +200,10 @@ FAMILIES: dict[str, tuple[str, str]] = {
     ),
     # Named queries (App({name: topology})), label `query`.
     "streams_query_state": ("gauge", "1 for the query's current state (RUNNING, PAUSED, FAILED)."),
-    "streams_query_tasks": ("gauge", "Tasks of the query in this process."),
+    "streams_query_tasks": (
+        "gauge",
+        "Tasks of the query in this process (or in its child process, isolation=process).",
+    ),
     "streams_query_records_processed": ("counter", "Records the query's live tasks processed."),
     "streams_query_records_per_second": ("gauge", "Records processed per second by the query."),
     "streams_query_busy_seconds": ("counter", "Processing threads' busy time spent on the query."),

@@ -172,6 +172,7 @@ class NamedQueries:
         busy: Mapping[str, float],
         lag: Mapping[str, int],
         p99_ms: Mapping[str, float],
+        pids: Mapping[str, int | None] | None = None,
     ) -> tuple[QueryStatus, ...]:
         """Per-query status from per-query figures (each keyed by query name)."""
         now = time.monotonic()
@@ -202,6 +203,8 @@ class NamedQueries:
                 lag=lag.get(name, 0),
                 p99_latency_ms=round(p99_ms[name], 1) if name in p99_ms else None,
                 failure=q.failure,
+                isolation="thread" if q.in_process else PROCESS,
+                pid=(pids or {}).get(name),
             )
             for name, q in queries
         )

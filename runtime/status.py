@@ -100,6 +100,10 @@ class QueryStatus:
     lag: int = 0
     p99_latency_ms: float | None = None
     failure: str | None = None
+    # `query.<name>.isolation`; for "process", the child's pid (None while
+    # it does not run).
+    isolation: str = "thread"
+    pid: int | None = None
 
 
 @dataclass(frozen=True)

@@ -393,7 +393,18 @@ def format_queries(queries: list[Mapping[str, Any]]) -> str:
     """Named queries as a table (`admin queries`, `admin query ...`)."""
     if not queries:
         return "no named queries"
-    header = ("query", "state", "prio", "weight", "tasks", "rec/s", "busy", "lag", "p99 ms")
+    header = (
+        "query",
+        "state",
+        "prio",
+        "weight",
+        "tasks",
+        "rec/s",
+        "busy",
+        "lag",
+        "p99 ms",
+        "runs in",
+    )
     rows = [
         (
             str(q.get("name")),
@@ -405,6 +416,7 @@ def format_queries(queries: list[Mapping[str, Any]]) -> str:
             f"{100 * float(q.get('busy_share') or 0):.0f}%",
             str(q.get("lag")),
             "-" if q.get("p99_latency_ms") is None else f"{float(q['p99_latency_ms']):.0f}",
+            "daemon" if q.get("pid") is None else f"pid {q['pid']}",
         )
         for q in queries
     ]

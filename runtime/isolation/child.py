@@ -26,10 +26,15 @@ STATUS_INTERVAL_S = 0.5
 _PR_SET_PDEATHSIG = 1
 
 
-def _write(out: IO[str], lock: threading.Lock, event: str, **fields: Any) -> None:
+def _write(out: IO[str], lock: threading.Lock, event: str, **fields: Any) -> bool:
+    """One event line; False once the daemon no longer reads them."""
     with lock:
-        out.write(json.dumps({"event": event, **fields}) + "\n")
-        out.flush()
+        try:
+            out.write(json.dumps({"event": event, **fields}) + "\n")
+            out.flush()
+        except (BrokenPipeError, ValueError):  # ValueError: written after close
+            return False
+    return True
 
 
 def _die_with_parent(parent: int) -> None:
@@ -93,7 +98,8 @@ def _start(spec: Any) -> Any:
     from runtime.logging import configure_logging
 
     config = StreamsConfig.from_dict(spec.config)
-    configure_logging(config.log_level)
+    # Every line of the child's log says whose it is (it shares the daemon's stderr).
+    configure_logging(config.log_level, fields={"query": spec.query, "query_pid": os.getpid()})
     loaded = load_topology(spec.source, named=True)
     topology = loaded[spec.query] if isinstance(loaded, dict) else loaded
     carry_over_offsets(config, topology, spec.parent_group)
@@ -108,7 +114,7 @@ def _run(app: Any, spec: Any, out: IO[str], lock: threading.Lock, stop: threadin
     while True:
         status = app.status()
         figures = app.query_figures()
-        _write(
+        reported = _write(
             out,
             lock,
             "status",
@@ -122,7 +128,8 @@ def _run(app: Any, spec: Any, out: IO[str], lock: threading.Lock, stop: threadin
         )
         if app.state in (AppState.NOT_RUNNING, AppState.ERROR):
             break
-        if stop.wait(STATUS_INTERVAL_S):
+        # The daemon is gone (its end of the pipe closed): close gracefully.
+        if not reported or stop.wait(STATUS_INTERVAL_S):
             app.close()
             break
     failure = app.status().failure

@@ -58,8 +58,9 @@ class QueryProcess:
 
     @property
     def pid(self) -> int | None:
+        """The running child's pid; None before the start and once it exited."""
         process = self._process
-        return process.pid if process is not None else None
+        return process.pid if process is not None and process.poll() is None else None
 
     @property
     def alive(self) -> bool:

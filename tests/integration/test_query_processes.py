@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from runtime import App, AppState
+from runtime.admin.client import request
 from runtime.cli import load_topology
 from tests.kafka_helpers import (
     committed_offsets,
@@ -28,6 +32,7 @@ from tests.kafka_helpers import (
 pytestmark = pytest.mark.integration
 
 SOURCE = "tests.apps.isolated_app:queries"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -62,7 +67,9 @@ def side(app: App) -> Any:
 
 
 def child_pid(app: App) -> int:
-    pid = app._isolated.pids()["side"]
+    status = side(app)
+    assert status.isolation == "process"
+    pid = status.pid
     assert pid is not None and pid != os.getpid()
     return pid
 
@@ -233,3 +240,54 @@ def test_a_query_added_in_its_own_process_at_runtime_and_removed_with_reset(
         assert len(consume_all(bootstrap, io["main_output"], expected=100)) == 100
     finally:
         assert app.close(60)
+
+
+def test_kill_9_of_the_daemon_takes_its_child_along_and_a_restart_outputs_exactly_once(
+    bootstrap: str, tmp_path: Path, io: dict[str, str]
+) -> None:
+    """`streams-runtime run` with `side` in a child process, exactly_once_v2:
+    kill -9 the daemon mid-run; its child must not outlive it (it would hold
+    the query's partitions and its transactional id); a restarted daemon
+    finishes the input, each record exactly once."""
+    workdir = Path(tempfile.mkdtemp(prefix="iso"))  # AF_UNIX paths are <= 107 bytes
+    sock = str(workdir / "admin.sock")
+    sets = {
+        **config(bootstrap, tmp_path, unique_name("iso")),
+        "admin.socket": sock,
+        "commit.interval.ms": 100,
+    }
+    argv = [sys.executable, "-m", "runtime", "run", SOURCE]
+    for key, value in sets.items():
+        argv += ["--set", f"{key}={value}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMS_RUNTIME_")}
+    env["PYTHONPATH"] = str(REPO)
+
+    def start(log_name: str) -> subprocess.Popen[bytes]:
+        with open(workdir / log_name, "wb") as log:
+            proc = subprocess.Popen(
+                argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
+        wait_until(lambda: os.path.exists(sock) or proc.poll() is not None, 60)
+        assert proc.poll() is None, (workdir / log_name).read_text()[-3000:]
+        return proc
+
+    def side_query() -> dict[str, Any]:
+        return next(q for q in request(sock, "queries")["queries"] if q["name"] == "side")
+
+    sent = [f"v{i}" for i in range(3000)]
+    produce(bootstrap, io["side_input"], ((f"k{i % 11}", v) for i, v in enumerate(sent[:1500])))
+    daemon = start("daemon1.log")
+    try:
+        wait_until(lambda: side_query()["pid"] is not None, 60, message="no child")
+        pid = side_query()["pid"]
+        wait_until(lambda: side_query()["processed"] > 0, 60, message="the child is idle")
+        daemon.kill()
+        daemon.wait(10)
+        wait_until(lambda: not alive(pid), 30, message="the child outlived its daemon")
+        os.unlink(sock)
+        produce(bootstrap, io["side_input"], ((f"k{i % 11}", v) for i, v in enumerate(sent[1500:])))
+        daemon = start("daemon2.log")
+        assert values(bootstrap, io["side_output"], 3000) == sorted(sent)
+    finally:
+        daemon.terminate()
+        assert daemon.wait(60) == 0, (workdir / "daemon2.log").read_text()[-3000:]

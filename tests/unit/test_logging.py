@@ -95,3 +95,23 @@ def test_a_closed_stream_drops_lines_instead_of_raising() -> None:
     closed.close()
     configure_logging("info", json=True, stream=closed)
     get_logger("runtime.test").warning("lost too")
+
+
+def test_fixed_fields_reach_every_thread_and_loggers_bound_before_them() -> None:
+    """A process-isolated query's child marks all its lines with its query."""
+    early = get_logger("runtime.early")
+    early.info("warm")  # bound and cached before the fields exist
+    stream = io.StringIO()
+    configure_logging("info", json=True, stream=stream, fields={"query": "side", "query_pid": 7})
+    worker = threading.Thread(target=lambda: early.info("from_a_thread"))
+    worker.start()
+    worker.join()
+    get_logger("runtime.late").info("own_query_wins", query="other")
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(e["event"], e["query"], e["query_pid"]) for e in lines] == [
+        ("from_a_thread", "side", 7),
+        ("own_query_wins", "other", 7),
+    ]
+    configure_logging("info", json=True, stream=stream)
+    get_logger("runtime.late").info("after")
+    assert "query" not in json.loads(stream.getvalue().splitlines()[-1])
