@@ -5,7 +5,8 @@ Protocol (JSON lines): the daemon writes a `ChildSpec` line, then commands
 on stdout: `started`, `status` (every `STATUS_INTERVAL_S`), `failed` (start-up
 or the app failed), `stopped`. Logs go to stderr, which the child shares with
 the daemon. stdin closing (the daemon died, even by kill -9) stops the child
-gracefully, and on Linux the kernel sends it SIGTERM when its parent dies.
+gracefully. Not PR_SET_PDEATHSIG: that fires when the *thread* that started
+the child ends, and `resume_query` may run on any short-lived thread.
 
 Threads: the main thread runs the app's lifecycle and the status loop; one
 reader thread takes the commands.
@@ -13,8 +14,7 @@ reader thread takes the commands.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
+import gc
 import json
 import os
 import signal
@@ -23,7 +23,6 @@ import threading
 from typing import IO, Any
 
 STATUS_INTERVAL_S = 0.5
-_PR_SET_PDEATHSIG = 1
 
 
 def _write(out: IO[str], lock: threading.Lock, event: str, **fields: Any) -> bool:
@@ -37,27 +36,17 @@ def _write(out: IO[str], lock: threading.Lock, event: str, **fields: Any) -> boo
     return True
 
 
-def _die_with_parent(parent: int) -> None:
-    """SIGTERM when the daemon dies (Linux), and an exit if it already did."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:
-        sys.exit(0)
-
-
 def main() -> int:
     # stdout carries the protocol only: whatever else prints goes to stderr.
     out = sys.stdout
     sys.stdout = sys.stderr
     write_lock = threading.Lock()
-    parent = os.getppid()
     line = sys.stdin.readline()
     if not line:
         return 0
     from runtime.isolation.plan import ChildSpec
 
     spec = ChildSpec.from_line(line)
-    _die_with_parent(parent)
     if spec.nice:
         os.nice(spec.nice)  # before any thread: every thread inherits it
 
@@ -70,6 +59,9 @@ def main() -> int:
     except BaseException as exc:  # any start-up failure is the query's, reported as such
         _write(out, write_lock, "failed", error=f"{type(exc).__name__}: {exc}")
         return 2
+    # As `streams-runtime run` does: what start-up made lives as long as the
+    # process, so full collections stop scanning it (runtime.cli.cmd_run).
+    gc.freeze()
     _write(out, write_lock, "started", pid=os.getpid())
 
     def read_commands() -> None:

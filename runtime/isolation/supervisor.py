@@ -85,6 +85,10 @@ class QueryProcess:
                 stdout=subprocess.PIPE,
                 text=True,
                 bufsize=1,
+                # Its own session: a terminal's Ctrl-C reaches the daemon
+                # only, which then stops the child itself (final commit,
+                # no FAILED state for a child that merely obeyed SIGINT).
+                start_new_session=True,
             )
             self._process = process
             assert process.stdin is not None and process.stdout is not None
