@@ -83,6 +83,19 @@ def alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
+def isolated_app(bootstrap: str, tmp_path: Path, **extra: Any) -> App:
+    """`main` in this process, `side` in a child (exactly_once_v2 unless `extra` says)."""
+    return App(
+        load_topology(SOURCE, named=True),
+        config(bootstrap, tmp_path, unique_name("iso"), **extra),
+        source=SOURCE,
+    )
+
+
+def send(bootstrap: str, topic: str, sent: list[str]) -> None:
+    produce(bootstrap, topic, ((f"k{i % 5}", v) for i, v in enumerate(sent)))
+
+
 def values(bootstrap: str, topic: str, expected: int) -> list[str]:
     return sorted(m.value.decode() for m in consume_all(bootstrap, topic, expected=expected))
 
@@ -90,13 +103,9 @@ def values(bootstrap: str, topic: str, expected: int) -> list[str]:
 def test_a_query_in_its_own_process_runs_reports_pauses_and_stops_with_the_daemon(
     bootstrap: str, tmp_path: Path, io: dict[str, str]
 ) -> None:
-    app = App(
-        load_topology(SOURCE, named=True),
-        config(bootstrap, tmp_path, unique_name("iso")),
-        source=SOURCE,
-    )
+    app = isolated_app(bootstrap, tmp_path)
     first = [f"s{i}" for i in range(300)]
-    produce(bootstrap, io["side_input"], ((f"k{i % 5}", v) for i, v in enumerate(first)))
+    send(bootstrap, io["side_input"], first)
     produce(bootstrap, io["main_input"], ((f"k{i % 5}", f"m{i}") for i in range(300)))
     app.start()
     try:
@@ -114,7 +123,7 @@ def test_a_query_in_its_own_process_runs_reports_pauses_and_stops_with_the_daemo
         assert side(app).state == "PAUSED"
         wait_until(lambda: side(app).tasks == 2, 30)
         paused = [f"p{i}" for i in range(100)]
-        produce(bootstrap, io["side_input"], ((f"k{i % 5}", v) for i, v in enumerate(paused)))
+        send(bootstrap, io["side_input"], paused)
         # While paused, nothing of it comes out (the main query still runs).
         produce(bootstrap, io["main_input"], [("k", "after-pause")])
         assert len(consume_all(bootstrap, io["main_output"], expected=301)) == 301
@@ -130,13 +139,9 @@ def test_a_query_in_its_own_process_runs_reports_pauses_and_stops_with_the_daemo
 def test_a_killed_child_fails_its_query_alone_and_resume_restarts_it_exactly_once(
     bootstrap: str, tmp_path: Path, io: dict[str, str]
 ) -> None:
-    app = App(
-        load_topology(SOURCE, named=True),
-        config(bootstrap, tmp_path, unique_name("iso")),
-        source=SOURCE,
-    )
+    app = isolated_app(bootstrap, tmp_path)
     batch = [f"a{i}" for i in range(200)]
-    produce(bootstrap, io["side_input"], ((f"k{i % 5}", v) for i, v in enumerate(batch)))
+    send(bootstrap, io["side_input"], batch)
     app.start()
     try:
         assert values(bootstrap, io["side_output"], 200) == sorted(batch)
@@ -150,7 +155,7 @@ def test_a_killed_child_fails_its_query_alone_and_resume_restarts_it_exactly_onc
         assert app.state is AppState.RUNNING
 
         more = [f"b{i}" for i in range(200)]
-        produce(bootstrap, io["side_input"], ((f"k{i % 5}", v) for i, v in enumerate(more)))
+        send(bootstrap, io["side_input"], more)
         app.resume_query("side")
         assert side(app).state == "RUNNING" and child_pid(app) != pid
         # From its last commit: everything, once (read_committed).
@@ -164,7 +169,7 @@ def test_a_query_moved_into_its_own_process_resumes_from_the_daemons_commit(
 ) -> None:
     app_id = unique_name("iso")
     before = [f"t{i}" for i in range(300)]
-    produce(bootstrap, io["side_input"], ((f"k{i % 5}", v) for i, v in enumerate(before)))
+    send(bootstrap, io["side_input"], before)
     in_process = App(
         load_topology(SOURCE, named=True),
         config(bootstrap, tmp_path, app_id, **{"query.side.isolation": "thread"}),
@@ -176,7 +181,7 @@ def test_a_query_moved_into_its_own_process_resumes_from_the_daemons_commit(
         assert in_process.close(60)
 
     after = [f"u{i}" for i in range(300)]
-    produce(bootstrap, io["side_input"], ((f"k{i % 5}", v) for i, v in enumerate(after)))
+    send(bootstrap, io["side_input"], after)
     isolated = App(
         load_topology(SOURCE, named=True), config(bootstrap, tmp_path, app_id), source=SOURCE
     )
@@ -191,13 +196,7 @@ def test_a_query_moved_into_its_own_process_resumes_from_the_daemons_commit(
 def test_a_processor_error_in_the_child_fails_that_query_only(
     bootstrap: str, tmp_path: Path, io: dict[str, str]
 ) -> None:
-    app = App(
-        load_topology(SOURCE, named=True),
-        config(
-            bootstrap, tmp_path, unique_name("iso"), **{"processing.guarantee": "at_least_once"}
-        ),
-        source=SOURCE,
-    )
+    app = isolated_app(bootstrap, tmp_path, **{"processing.guarantee": "at_least_once"})
     produce(bootstrap, io["side_input"], [("k", "fine"), ("k", "poison!")])
     app.start()
     try:
@@ -221,7 +220,7 @@ def test_a_query_added_in_its_own_process_at_runtime_and_removed_with_reset(
     app.start()
     try:
         batch = [f"s{i}" for i in range(200)]
-        produce(bootstrap, io["side_input"], ((f"k{i % 5}", v) for i, v in enumerate(batch)))
+        send(bootstrap, io["side_input"], batch)
         app.add_query("side", queries["side"], isolation="process", source=SOURCE)
         pid = child_pid(app)
         assert values(bootstrap, io["side_output"], 200) == sorted(batch)
