@@ -29,6 +29,7 @@ from runtime.app_status import (
 from runtime.collector.collector import RecordCollector
 from runtime.collector.static_partitioner import open_static_partitioner
 from runtime.config import ConfigError, StreamsConfig, clamp_wait_s
+from runtime.isolation.offsets import carry_back_from_children
 from runtime.isolation.plan import PROCESS, isolation_of
 from runtime.isolation.queries import IsolatedQueries
 from runtime.logging import get_logger
@@ -186,7 +187,9 @@ class App:
             shares=self._named.shares(),
             plain_query=isolated_query,
         )
-        self._isolated = IsolatedQueries(self.config, self._named, source)
+        self._isolated = IsolatedQueries(
+            self.config, self._named, source, self._rewind_daemon_offsets
+        )
         self._collector = RecordCollector()
         self._pool = ProcessingThreadPool(
             self.config.client_id,
@@ -265,6 +268,10 @@ class App:
             # A sink serde that cannot take what the topology makes fails
             # here, on the newest input, instead of on the first record later.
             check_serdes_on_samples(config, self.topology, self._layout)
+            if self._named.enabled:
+                # A query that ran in a child process before resumes from
+                # its commits there (runtime.isolation.offsets).
+                carry_back_from_children(config, self.topology)
             settings = TaskSettings(
                 application_id=config.application_id,
                 default_key_serde=config.default_key_serde,
@@ -686,6 +693,15 @@ class App:
             self._named.remove(name)
             raise
         log.info("query_added", query=name, priority=share.priority, isolation="process")
+
+    def _rewind_daemon_offsets(self, name: str, topology: Topology, timeout: float) -> None:
+        """This group's commits of an isolated query's input back to the start
+        (its reset; runtime.polling.query_changes, on the polling thread)."""
+        polling = self._polling
+        if polling is None:
+            return
+        change = QueryChange("rewind", name, query_subtopologies(name, topology, 0))
+        polling.query_changes.request(change).result(timeout=timeout)
 
     def _all_subtopologies(self) -> list[Subtopology]:
         """The in-process queries' subtopologies and the isolated ones'."""

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from runtime.config import ConfigError, StreamsConfig
@@ -237,6 +237,17 @@ def reset_query(
                 log.info("query_topic_deleted", query=name, topic=topic)
             except KafkaException as exc:
                 log.warning("query_topic_not_deleted", query=name, topic=topic, error=str(exc))
+    # Had the query run in a child process (runtime.isolation), that group's
+    # commits would be carried back at the next start: the reset goes there too.
+    child_group = f"{app}-{name}"
+    try:
+        admin.delete_consumer_groups([child_group], request_timeout=timeout)[child_group].result(
+            timeout
+        )
+        log.info("query_group_deleted", query=name, group=child_group)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:
+            log.warning("query_group_not_deleted", query=name, group=child_group, error=str(exc))
     state = Path(config.state_dir) / app
     for directory in sorted(state.glob(f"{name}__*")):
         shutil.rmtree(directory, ignore_errors=True)

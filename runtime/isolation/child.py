@@ -86,7 +86,7 @@ def _start(spec: Any) -> Any:
     from runtime.app import App
     from runtime.cli import load_topology
     from runtime.config import StreamsConfig
-    from runtime.isolation.offsets import carry_over_offsets
+    from runtime.isolation.offsets import carry_into_child
     from runtime.logging import configure_logging
 
     config = StreamsConfig.from_dict(spec.config)
@@ -94,7 +94,7 @@ def _start(spec: Any) -> Any:
     configure_logging(config.log_level, fields={"query": spec.query, "query_pid": os.getpid()})
     loaded = load_topology(spec.source, named=True)
     topology = loaded[spec.query] if isinstance(loaded, dict) else loaded
-    carry_over_offsets(config, topology, spec.parent_group)
+    carry_into_child(config, topology, spec.parent_group)
     app = App(topology, config, isolated_query=spec.query)
     app.start()
     return app

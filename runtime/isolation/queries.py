@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from confluent_kafka import KafkaException
@@ -31,8 +31,20 @@ from runtime.topology.topology import Topology
 log = get_logger("runtime.isolation")
 
 
+# Commits the daemon group's offsets of a query's input back to the start
+# (the polling thread's consumer, a group member): (query, topology, timeout).
+Rewinder = Callable[[str, Topology, float], None]
+
+
 class IsolatedQueries:
-    def __init__(self, config: StreamsConfig, named: NamedQueries, source: str | None) -> None:
+    def __init__(
+        self,
+        config: StreamsConfig,
+        named: NamedQueries,
+        source: str | None,
+        rewind_daemon_offsets: Rewinder,
+    ) -> None:
+        self._rewind_daemon_offsets = rewind_daemon_offsets
         self._config = config
         self._named = named
         self._source = source
@@ -135,8 +147,10 @@ class IsolatedQueries:
             self._reset(name, timeout)
 
     def _reset(self, name: str, timeout: float) -> None:
-        """Forget where the child's query was: its consumer group, internal
-        topics and local state (best effort, logged)."""
+        """Forget where the child's query was: its consumer group, the daemon
+        group's older commits of its input (else they would be carried into
+        the next child, see runtime.isolation.offsets), its internal topics
+        and local state (best effort, logged)."""
         app = child_application_id(self._config, name)
         admin = AdminClient(admin_config(self._config))
         try:
@@ -146,6 +160,7 @@ class IsolatedQueries:
             log.warning("query_group_not_deleted", query=name, group=app, error=str(exc))
         topology = self._named_topology(name)
         if topology is not None:
+            self._rewind_daemon_offsets(name, topology, timeout)
             reset_query(
                 self._config.with_overrides(application_id=app),
                 name,

@@ -13,6 +13,7 @@ lock); the reader thread calls `on_exit` once, when the child's stdout closes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import subprocess
 import sys
@@ -133,6 +134,8 @@ class QueryProcess:
                     self._start_error = failure
                     self._started.set()
         code = process.wait()
+        # Its tasks went with it; the counts stay (the next child adds to them).
+        self._figures = dataclasses.replace(self._figures, tasks=0)
         if failure is None and code != 0 and not self._stopping:
             failure = f"its process exited with code {code}"
         if not self._started.is_set():

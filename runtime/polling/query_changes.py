@@ -48,7 +48,7 @@ log = get_logger("runtime.polling")
 class QueryChange:
     """One add or remove request; `done` completes on the polling thread."""
 
-    kind: str  # "add" | "remove"
+    kind: str  # "add" | "remove" | "rewind" (only commit its input offsets back)
     query: str
     subtopologies: list[Subtopology]
     layout: TopicLayout | None = None  # add: the resolved layout of the new composite
@@ -81,6 +81,11 @@ class QueryChanges:
             try:
                 if change.kind == "add":
                     self._add(change)
+                elif change.kind == "rewind":
+                    # A process-isolated query's reset (runtime.isolation):
+                    # not in this process's topology, but this group's older
+                    # commits of its input would be carried into its child.
+                    self._rewind_offsets(change)
                 else:
                     self._remove(change)
             except BaseException as exc:

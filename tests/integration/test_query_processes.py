@@ -3,7 +3,7 @@ the child processes its input completely and reports through the daemon;
 pause/resume reach it; a killed child fails its query alone and `resume`
 starts it again from its commit (exactly_once_v2: no loss, no duplicate); a
 query moved from the daemon's process into its own resumes from the
-daemon's commit; a processor error in the child fails only that query."""
+daemon's commit, and back; a processor error in the child fails only that query."""
 
 from __future__ import annotations
 
@@ -149,6 +149,7 @@ def test_a_killed_child_fails_its_query_alone_and_resume_restarts_it_exactly_onc
         os.kill(pid, signal.SIGKILL)
         wait_until(lambda: side(app).state == "FAILED", 30, message="side never failed")
         assert "code -9" in (side(app).failure or "")
+        assert side(app).tasks == 0 and side(app).pid is None
         # The daemon's own query runs on.
         produce(bootstrap, io["main_input"], ((f"k{i}", f"m{i}") for i in range(100)))
         assert len(consume_all(bootstrap, io["main_output"], expected=100)) == 100
@@ -164,33 +165,28 @@ def test_a_killed_child_fails_its_query_alone_and_resume_restarts_it_exactly_onc
         assert app.close(60)
 
 
-def test_a_query_moved_into_its_own_process_resumes_from_the_daemons_commit(
+def test_a_query_moved_into_its_own_process_and_back_resumes_from_its_latest_commit(
     bootstrap: str, tmp_path: Path, io: dict[str, str]
 ) -> None:
+    """Thread -> process -> thread -> process, restarting the app each time
+    (exactly_once_v2, read_committed): every record once, none skipped."""
     app_id = unique_name("iso")
-    before = [f"t{i}" for i in range(300)]
-    send(bootstrap, io["side_input"], before)
-    in_process = App(
-        load_topology(SOURCE, named=True),
-        config(bootstrap, tmp_path, app_id, **{"query.side.isolation": "thread"}),
-    )
-    in_process.start()
-    try:
-        assert values(bootstrap, io["side_output"], 300) == sorted(before)
-    finally:
-        assert in_process.close(60)
-
-    after = [f"u{i}" for i in range(300)]
-    send(bootstrap, io["side_input"], after)
-    isolated = App(
-        load_topology(SOURCE, named=True), config(bootstrap, tmp_path, app_id), source=SOURCE
-    )
-    isolated.start()
-    try:
-        # Nothing of `before` again: the child's group took the daemon's offsets.
-        assert values(bootstrap, io["side_output"], 600) == sorted(before + after)
-    finally:
-        assert isolated.close(60)
+    sent: list[str] = []
+    for step, isolation in enumerate(("thread", "process", "thread", "process")):
+        batch = [f"r{step}-{i}" for i in range(200)]
+        sent += batch
+        send(bootstrap, io["side_input"], batch)
+        app = App(
+            load_topology(SOURCE, named=True),
+            config(bootstrap, tmp_path, app_id, **{"query.side.isolation": isolation}),
+            source=SOURCE,
+        )
+        app.start()
+        try:
+            # Nothing of an earlier step again: the commits followed the query.
+            assert values(bootstrap, io["side_output"], len(sent)) == sorted(sent), isolation
+        finally:
+            assert app.close(60)
 
 
 def test_a_processor_error_in_the_child_fails_that_query_only(
@@ -212,18 +208,31 @@ def test_a_processor_error_in_the_child_fails_that_query_only(
 def test_a_query_added_in_its_own_process_at_runtime_and_removed_with_reset(
     bootstrap: str, tmp_path: Path, io: dict[str, str]
 ) -> None:
+    """`side` ran in the daemon's process first (the daemon's group has its
+    commits); added at runtime in a child it goes on from there; removed with
+    reset, both groups forget it, so adding it again starts over."""
     app_id = unique_name("iso")
-    settings = config(bootstrap, tmp_path, app_id)
-    del settings["query.side.isolation"]  # `side` is not in the mapping at start
     queries = load_topology(SOURCE, named=True)
+    first = [f"f{i}" for i in range(200)]
+    send(bootstrap, io["side_input"], first)
+    settings = config(bootstrap, tmp_path, app_id, **{"query.side.isolation": "thread"})
+    before = App(queries, settings)
+    before.start()
+    try:
+        assert values(bootstrap, io["side_output"], 200) == sorted(first)
+    finally:
+        assert before.close(60)
+
+    del settings["query.side.isolation"]  # `side` is not in the mapping at start
     app = App({"main": queries["main"]}, settings)
     app.start()
     try:
-        batch = [f"s{i}" for i in range(200)]
-        send(bootstrap, io["side_input"], batch)
+        second = [f"s{i}" for i in range(200)]
+        send(bootstrap, io["side_input"], second)
         app.add_query("side", queries["side"], isolation="process", source=SOURCE)
         pid = child_pid(app)
-        assert values(bootstrap, io["side_output"], 200) == sorted(batch)
+        # From the daemon's commit: nothing of `first` again.
+        assert values(bootstrap, io["side_output"], 400) == sorted(first + second)
         wait_until(
             lambda: committed_offsets(bootstrap, f"{app_id}-side", io["side_input"]),
             30,
@@ -232,8 +241,11 @@ def test_a_query_added_in_its_own_process_at_runtime_and_removed_with_reset(
         app.remove_query("side", reset=True)
         assert app.queries == ["main"]
         wait_until(lambda: not alive(pid), 10, message="the removed query's child lives on")
-        # Reset: its group is gone, so adding it again would start over.
         assert committed_offsets(bootstrap, f"{app_id}-side", io["side_input"]) == {}
+        # Added again after the reset: from the start of its input.
+        app.add_query("side", queries["side"], isolation="process", source=SOURCE)
+        everything = sorted(2 * (first + second))
+        assert values(bootstrap, io["side_output"], 800) == everything
         # The daemon's own query was not touched.
         produce(bootstrap, io["main_input"], ((f"k{i}", f"m{i}") for i in range(100)))
         assert len(consume_all(bootstrap, io["main_output"], expected=100)) == 100
