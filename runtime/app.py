@@ -542,6 +542,7 @@ class App:
         from, to)` for window stores. Keys and values are decoded with the
         store's serdes (the config defaults where the topology names none).
         """
+        self._refuse_isolated_store(name)
         definition = self.topology.store_def(name)
         # Named queries: `<query>.<store>` names one query's store; a plain
         # name used by two queries is ambiguous.
@@ -571,6 +572,19 @@ class App:
             else "default.key.serde",
             query=query or None,
         )
+
+    def _refuse_isolated_store(self, name: str) -> None:
+        """KeyError saying why a process-isolated query's store is not here."""
+        query, _, plain = name.partition(".")
+        for owner, topology in self._named.isolated().items():
+            if (query == owner and plain) or any(
+                name in sub.state_stores for sub in topology.subtopologies
+            ):
+                raise KeyError(
+                    f"store {name!r} belongs to query {owner!r}, which runs in a child "
+                    f"process (query.{owner}.isolation=process): its stores are there, not "
+                    "in the daemon; run the query with isolation=thread to query them"
+                )
 
     def _check_queryable(self, store: str) -> None:
         """Raise StoreUnavailableError unless the app runs (or rebalances)."""

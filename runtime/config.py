@@ -601,7 +601,7 @@ QUERY_SETTINGS: Mapping[str, ConfigKey] = {
         "daemon. The topology must be importable: `streams-runtime run` passes its MODULE:ATTR, "
         "a library user gives `App(..., source='module:attr')`. At least one query stays in the "
         "daemon's process. Measured beside a CPU-bound query (queries benchmark, 2 cores): the "
-        "higher-priority query's p99 latency 6.95 ms (median of 10 runs, all within 1.5x of "
+        "higher-priority query's p99 latency 6.9 ms (median of 13 runs, all within 1.5x of "
         "alone's 6.0 ms) against 11.0 ms with both in one process.",
         choices=("thread", "process"),
     ),

@@ -92,5 +92,7 @@ def test_an_isolated_query_needs_a_source_and_one_query_stays_in_the_daemon() ->
     assert app.queries == ["light", "heavy"]
     # Only the daemon's own query is in its topology.
     assert {s.query for s in app.topology.subtopologies} == {"light"}
+    with pytest.raises(KeyError, match="runs in a child process"):
+        app.store("heavy.counts")
     with pytest.raises(ConfigError, match="at least one query"):
         App(queries, config(**{"query.light.isolation": "process"}), source="app:queries")
