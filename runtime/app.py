@@ -60,13 +60,12 @@ from runtime.state.restoration import RestorationThread
 from runtime.status import AppStatus, Progress, QueryStatus
 from runtime.topology.queries import (
     QueryError,
-    check_disjoint_sources,
     query_subtopologies,
     with_query,
     without_query,
 )
 from runtime.topology.serdes import serde_from_name
-from runtime.topology.topology import Subtopology, Topology
+from runtime.topology.topology import Topology
 
 log = get_logger("runtime.app")
 
@@ -542,7 +541,7 @@ class App:
         from, to)` for window stores. Keys and values are decoded with the
         store's serdes (the config defaults where the topology names none).
         """
-        self._refuse_isolated_store(name)
+        self._isolated.refuse_store(name)
         definition = self.topology.store_def(name)
         # Named queries: `<query>.<store>` names one query's store; a plain
         # name used by two queries is ambiguous.
@@ -572,19 +571,6 @@ class App:
             else "default.key.serde",
             query=query or None,
         )
-
-    def _refuse_isolated_store(self, name: str) -> None:
-        """KeyError saying why a process-isolated query's store is not here."""
-        query, _, plain = name.partition(".")
-        for owner, topology in self._named.isolated().items():
-            if (query == owner and plain) or any(
-                name in sub.state_stores for sub in topology.subtopologies
-            ):
-                raise KeyError(
-                    f"store {name!r} belongs to query {owner!r}, which runs in a child "
-                    f"process (query.{owner}.isolation=process): its stores are there, not "
-                    "in the daemon; run the query with isolation=thread to query them"
-                )
 
     def _check_queryable(self, store: str) -> None:
         """Raise StoreUnavailableError unless the app runs (or rebalances)."""
@@ -692,21 +678,10 @@ class App:
             self._check_named("add a query")
             if self._state not in (AppState.RUNNING, AppState.REBALANCING):
                 raise IllegalStateError(f"add_query() needs a running app, it is {self._state}")
-            if name in self._named.names():
-                raise QueryError(f"query {name!r} already runs; remove it first")
-            check_disjoint_sources(name, topology, list(self._all_subtopologies()))
-        defaults = named_queries.share_from_config(self.config, name)
-        share = QueryShare(
-            priority=defaults.priority if priority is None else priority,
-            max_threads=defaults.max_threads if max_threads is None else max_threads,
+            in_process = self.topology
+        self._isolated.add(
+            name, topology, in_process, source, priority, max_threads, clamp_wait_s(timeout)
         )
-        self._named.add(name, topology, share, in_process=False)
-        try:
-            self._isolated.add(name, source, clamp_wait_s(timeout), share.max_threads)
-        except BaseException:
-            self._named.remove(name)
-            raise
-        log.info("query_added", query=name, priority=share.priority, isolation="process")
 
     def _rewind_daemon_offsets(self, name: str, topology: Topology, timeout: float) -> None:
         """This group's commits of an isolated query's input back to the start
@@ -716,13 +691,6 @@ class App:
             return
         change = QueryChange("rewind", name, query_subtopologies(name, topology, 0))
         polling.query_changes.request(change).result(timeout=timeout)
-
-    def _all_subtopologies(self) -> list[Subtopology]:
-        """The in-process queries' subtopologies and the isolated ones'."""
-        subs = list(self.topology.subtopologies)
-        for query, topology in self._named.isolated().items():
-            subs += query_subtopologies(query, topology, len(subs))
-        return subs
 
     def _add_query(
         self,

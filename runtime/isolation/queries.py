@@ -26,6 +26,8 @@ from runtime.isolation.supervisor import ChildFigures, QueryProcess
 from runtime.logging import get_logger
 from runtime.named_queries import NamedQueries, reset_query
 from runtime.polling.clients import admin_config
+from runtime.processing.query_shares import QueryShare
+from runtime.topology.queries import QueryError, check_disjoint_sources, query_subtopologies
 from runtime.topology.topology import Topology
 
 log = get_logger("runtime.isolation")
@@ -126,18 +128,57 @@ class IsolatedQueries:
         elif self._start(name, timeout):
             self._named.set_state(name, named_queries.RUNNING)
 
-    def add(self, name: str, source: str | None, timeout: float, max_threads: int | None) -> None:
-        """Start query `name` in a child (its settings are in the app's
-        NamedQueries already). Raises ConfigError, RuntimeError."""
-        process = self._make(name, source or self._source, max_threads)
-        with self._lock:
-            self._processes[name] = process
+    def add(
+        self,
+        name: str,
+        topology: Topology,
+        in_process: Topology,
+        source: str | None,
+        priority: int | None,
+        max_threads: int | None,
+        timeout: float,
+    ) -> None:
+        """`App.add_query` of a process-isolated query: check it against the
+        queries running (`in_process`: the daemon's topology), register it
+        and start its child. Settings not given come from `query.<name>.*`.
+        Raises QueryError, ConfigError, RuntimeError (the child did not start)."""
+        if name in self._named.names():
+            raise QueryError(f"query {name!r} already runs; remove it first")
+        others = list(in_process.subtopologies)
+        for query, isolated in self._named.isolated().items():
+            others += query_subtopologies(query, isolated, len(others))
+        check_disjoint_sources(name, topology, others)
+        defaults = named_queries.share_from_config(self._config, name)
+        share = QueryShare(
+            priority=defaults.priority if priority is None else priority,
+            max_threads=defaults.max_threads if max_threads is None else max_threads,
+        )
+        self._named.add(name, topology, share, in_process=False)
         try:
+            process = self._make(name, source or self._source, share.max_threads)
+            with self._lock:
+                self._processes[name] = process
             process.start(timeout)
-        except RuntimeError:
+        except BaseException:
             with self._lock:
                 self._processes.pop(name, None)
+            self._named.remove(name)
             raise
+        log.info("query_added", query=name, priority=share.priority, isolation="process")
+
+    def refuse_store(self, name: str) -> None:
+        """`App.store`: KeyError saying why a process-isolated query's store
+        is not in this process."""
+        query, _, plain = name.partition(".")
+        for owner, topology in self._named.isolated().items():
+            if (query == owner and plain) or any(
+                name in sub.state_stores for sub in topology.subtopologies
+            ):
+                raise KeyError(
+                    f"store {name!r} belongs to query {owner!r}, which runs in a child "
+                    f"process (query.{owner}.isolation=process): its stores are there, not "
+                    "in the daemon; run the query with isolation=thread to query them"
+                )
 
     def remove(self, name: str, reset: bool, timeout: float) -> None:
         with self._lock:
