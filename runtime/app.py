@@ -949,7 +949,7 @@ class App:
         for failure in failures:
             self.failed_threads += 1
             query = self._task_manager.query_of(failure.task_id)
-            if query is not None and self._named.enabled and self._exception_handler is None:
+            if query is not None and self._exception_handler is None:
                 self._stop_failed_query(query, failure)
                 continue
             response = self._decide(failure)

@@ -690,7 +690,7 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--max-threads", dest="max_threads", type=int, help="add: thread cap")
     query.add_argument(
         "--isolation",
-        choices=("thread", "process"),
+        choices=("thread", "process"),  # the admin socket checks it against the config
         help="add: query.<name>.isolation (process: a child process of the daemon)",
     )
     query.add_argument("--reset", action="store_true", help="remove: delete offsets and state")

@@ -23,7 +23,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from runtime.config import ConfigError, StreamsConfig
-from runtime.isolation.plan import PROCESS, isolation_of
+from runtime.isolation.plan import PROCESS, child_application_id, isolation_of
 from runtime.logging import get_logger
 from runtime.polling.clients import admin_config
 from runtime.polling.expansion_plan import changelog_topics
@@ -239,7 +239,7 @@ def reset_query(
                 log.warning("query_topic_not_deleted", query=name, topic=topic, error=str(exc))
     # Had the query run in a child process (runtime.isolation), that group's
     # commits would be carried back at the next start: the reset goes there too.
-    child_group = f"{app}-{name}"
+    child_group = child_application_id(config, name)
     try:
         admin.delete_consumer_groups([child_group], request_timeout=timeout)[child_group].result(
             timeout

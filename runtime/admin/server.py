@@ -36,7 +36,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.config import StreamsConfig
+from runtime.config import QUERY_SETTINGS, StreamsConfig
 from runtime.config_values import THREADS_CEILING
 from runtime.logging import get_logger
 from runtime.status import AppStatus
@@ -141,8 +141,10 @@ def _int_in(name: str, low: int, high: int) -> Callable[[Any], int]:
 
 
 def _isolation(value: Any) -> str:
-    if value not in ("thread", "process"):
-        raise ProtocolError(f"'isolation' must be 'thread' or 'process', got {_show(value)}")
+    choices = QUERY_SETTINGS["isolation"].choices
+    if value not in choices:
+        shown = " or ".join(repr(c) for c in choices)
+        raise ProtocolError(f"'isolation' must be {shown}, got {_show(value)}")
     return str(value)
 
 

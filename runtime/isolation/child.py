@@ -3,7 +3,7 @@
 Protocol (JSON lines): the daemon writes a `ChildSpec` line, then commands
 (`{"cmd": "pause" | "resume" | "stop"}`) on stdin; the child writes events
 on stdout: `started`, `status` (every `STATUS_INTERVAL_S`), `failed` (start-up
-or the app failed), `stopped`. Logs go to stderr, which the child shares with
+or the app failed). Logs go to stderr, which the child shares with
 the daemon. stdin closing (the daemon died, even by kill -9) stops the child
 gracefully. Not PR_SET_PDEATHSIG: that fires when the *thread* that started
 the child ends, and `resume_query` may run on any short-lived thread.
@@ -110,13 +110,11 @@ def _run(app: Any, spec: Any, out: IO[str], lock: threading.Lock, stop: threadin
             out,
             lock,
             "status",
-            state=status.state,
             tasks=len(status.tasks),
             processed=status.processed,
             lag=status.total_lag,
             busy_seconds=figures[0].get(spec.query, 0.0),
             p99_latency_ms=figures[1].get(spec.query),
-            failure=status.failure,
         )
         if app.state in (AppState.NOT_RUNNING, AppState.ERROR):
             break
@@ -124,11 +122,9 @@ def _run(app: Any, spec: Any, out: IO[str], lock: threading.Lock, stop: threadin
         if not reported or stop.wait(STATUS_INTERVAL_S):
             app.close()
             break
-    failure = app.status().failure
     if app.state is AppState.ERROR:
-        _write(out, lock, "failed", error=failure or "the query's app failed")
+        _write(out, lock, "failed", error=app.status().failure or "the query's app failed")
         return 1
-    _write(out, lock, "stopped")
     return 0
 
 

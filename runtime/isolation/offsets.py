@@ -15,24 +15,27 @@ needs it without members.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from runtime.config import StreamsConfig
+from runtime.isolation.plan import child_application_id
 from runtime.logging import get_logger
 from runtime.polling.clients import admin_config
-from runtime.topology.topology import Topology
+from runtime.topology.topology import Subtopology, Topology
 
 log = get_logger("runtime.isolation")
 
 _TIMEOUT_S = 30.0
 
 
-def input_topics(topology: Topology, application_id: str) -> set[str]:
-    """Topics the query reads, internal ones under their full names."""
+def input_topics(subtopologies: Iterable[Subtopology], application_id: str) -> set[str]:
+    """Topics these subtopologies read, internal ones under their full names."""
     return {
         f"{application_id}-{spec.name}" if spec.internal else spec.name
-        for sub in topology.subtopologies
+        for sub in subtopologies
         for spec in sub.sources
     }
 
@@ -87,24 +90,19 @@ def carry_into_child(config: StreamsConfig, topology: Topology, parent_group: st
     """The child's start: take the daemon's commits where they are further
     (the query ran in the daemon's process since). `config` is the child's."""
     admin = AdminClient(admin_config(config))
-    topics = input_topics(topology, config.application_id)
+    topics = input_topics(topology.subtopologies, config.application_id)
     return carry_forward(admin, topics, parent_group, config.application_id)
 
 
 def carry_back_from_children(config: StreamsConfig, topology: Topology) -> int:
-    """The daemon's start: for each named query it runs in its own process
-    whose child group `<application.id>-<query>` exists (the query ran in a
-    child before), take that group's commits where they are further. One
-    group listing at start when no query ever ran in a child."""
+    """The daemon's start: for each named query of `topology` (those the
+    daemon runs itself) whose child group `<application.id>-<query>` exists
+    (the query ran in a child before), take that group's commits where they
+    are further. One group listing at start when no query ever ran in a child."""
     admin = AdminClient(admin_config(config))
     app = config.application_id
-    by_query: dict[str, set[str]] = {}
-    for sub in topology.subtopologies:
-        if sub.query is not None:
-            by_query.setdefault(sub.query, set()).update(
-                f"{app}-{spec.name}" if spec.internal else spec.name for spec in sub.sources
-            )
-    if not by_query:
+    queries = {sub.query for sub in topology.subtopologies if sub.query is not None}
+    if not queries:
         return 0
     try:
         listed = admin.list_consumer_groups(request_timeout=_TIMEOUT_S).result(timeout=_TIMEOUT_S)
@@ -113,7 +111,12 @@ def carry_back_from_children(config: StreamsConfig, topology: Topology) -> int:
         return 0
     groups = {g.group_id for g in listed.valid}
     return sum(
-        carry_forward(admin, topics, f"{app}-{query}", app)
-        for query, topics in by_query.items()
-        if f"{app}-{query}" in groups
+        carry_forward(
+            admin,
+            input_topics((s for s in topology.subtopologies if s.query == query), app),
+            child_application_id(config, query),
+            app,
+        )
+        for query in sorted(queries)
+        if child_application_id(config, query) in groups
     )

@@ -12,6 +12,7 @@ child never fences or confuses the daemon's clients.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,14 +23,9 @@ THREAD = "thread"
 PROCESS = "process"
 LOWER_PRIORITY_NICE = 19
 
-# Keys of the daemon that a child must not share: its own admin socket and
-# metrics endpoint would collide (the daemon reports for it), and the
-# process-wide tuning keys are the daemon's.
-_DAEMON_ONLY = (
-    "admin.socket",
-    "metrics.port",
-    "metrics.host",
-)
+# Keys a child does not take: the other queries' settings, and the admin
+# socket and metrics endpoint (they would collide; the daemon reports for it).
+_NOT_FOR_THE_CHILD = ("query.", "admin.socket", "metrics.")
 
 
 def isolation_of(config: StreamsConfig, name: str) -> str:
@@ -78,8 +74,10 @@ def child_spec(
     value cannot be passed to another process (an object, not text)."""
     raw: dict[str, Any] = {}
     for key, value in config.raw.items():
-        if key.startswith("query.") or key in _DAEMON_ONLY or key.startswith("admin.socket"):
+        if key.startswith(_NOT_FOR_THE_CHILD):
             continue
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
         if value is not None and not isinstance(value, str | int | float | bool):
             raise ConfigError(
                 key,

@@ -7,7 +7,8 @@ child that exits on its own (its app failed, or it was killed) marks the
 query FAILED through `on_exit`, and the daemon's other queries go on.
 
 Threads: `start`, `stop`, `pause`, `resume`, `figures` from any thread (one
-lock); the reader thread calls `on_exit` once, when the child's stdout closes.
+lock); the reader thread calls `on_exit` once, when a child that started
+exits without being asked to (one that never started makes `start` raise).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from runtime.logging import get_logger
 
 log = get_logger("runtime.isolation")
 
-ExitListener = Callable[[str, str | None], None]
+ExitListener = Callable[[str, str], None]  # (query, why its child exited)
 
 
 @dataclass(frozen=True)
@@ -130,20 +131,16 @@ class QueryProcess:
                 self._started.set()
             elif kind == "failed":
                 failure = str(event.get("error"))
-                if not self._started.is_set():
-                    self._start_error = failure
-                    self._started.set()
         code = process.wait()
         # Its tasks went with it; the counts stay (the next child adds to them).
         self._figures = dataclasses.replace(self._figures, tasks=0)
-        if failure is None and code != 0 and not self._stopping:
-            failure = f"its process exited with code {code}"
+        log.info("query_process_exited", query=self.spec.query, pid=process.pid, code=code)
         if not self._started.is_set():
+            # `start` reports this one (it raises with the reason).
             self._start_error = failure or f"its process exited with code {code}"
             self._started.set()
-        log.info("query_process_exited", query=self.spec.query, pid=process.pid, code=code)
-        if not self._stopping:
-            self._on_exit(self.spec.query, failure)
+        elif not self._stopping:
+            self._on_exit(self.spec.query, failure or f"its process exited with code {code}")
 
     def figures(self) -> ChildFigures:
         figures = self._figures
@@ -174,15 +171,19 @@ class QueryProcess:
     def resume(self) -> None:
         self._send("resume")
 
-    def stop(self, timeout: float) -> bool:
-        """Ask the child to close gracefully (final commit); kill it after
-        `timeout`. True if it stopped in time."""
+    def request_stop(self) -> None:
+        """Ask the child to close gracefully (final commit); no wait."""
         with self._lock:
             self._stopping = True
-            process = self._process
+        self._send("stop")
+
+    def stop(self, timeout: float) -> bool:
+        """`request_stop`, then wait; kill it after `timeout`. True if it
+        stopped in time."""
+        self.request_stop()
+        process = self._process
         if process is None or process.poll() is not None:
             return True
-        self._send("stop")
         try:
             process.wait(timeout)
             return True

@@ -75,9 +75,10 @@ class TaskManager:
         shares: dict[str, QueryShare] | None = None,
         plain_query: str | None = None,
     ) -> None:
-        """`plain_query`: the name a plain topology's tasks are counted under
-        (busy time, latency), for the child process of a process-isolated
-        query (runtime.isolation); None: only named queries' tasks count."""
+        """`plain_query`: the name a plain topology's tasks' busy time and
+        latency are counted under, for the child process of a process-isolated
+        query (runtime.isolation); their scheduling stays a plain topology's.
+        None: only named queries' tasks are counted."""
         self._cond = threading.Condition(threading.Lock())
         self._plain_query = plain_query
         self._starvation_s = starvation_s
@@ -117,7 +118,7 @@ class TaskManager:
         with self._cond:
             self._tasks[task.id] = task
             self._last_served[task.id] = self._clock()
-            query = getattr(task, "query", None) or self._plain_query
+            query = getattr(task, "query", None)
             if query is not None:
                 self._query_of[task.id] = query
             self._failed.pop(task.id, None)
@@ -394,7 +395,7 @@ class TaskManager:
                 clock_now = self._clock()
                 task, next_due = self._pick(clock_now)
                 if task is not None:
-                    if task.id in self._query_of:
+                    if self._plain_query is not None or task.id in self._query_of:
                         self._taken_at[(task.id, thread_name)] = clock_now
                     if task.key_parallel:
                         self._sharers.setdefault(task.id, []).append(thread_name)
@@ -431,7 +432,7 @@ class TaskManager:
             if task.id in self._tasks:
                 self._last_served[task.id] = now
             taken = self._taken_at.pop((task.id, thread_name), None)
-            query = self._query_of.get(task.id)
+            query = self._query_of.get(task.id, self._plain_query)
             if taken is not None and query is not None:
                 self._ledger.charge(query, now - taken)
                 stamp = getattr(task, "last_record_timestamp", -1)

@@ -302,3 +302,22 @@ def test_kill_9_of_the_daemon_takes_its_child_along_and_a_restart_outputs_exactl
     finally:
         daemon.terminate()
         assert daemon.wait(60) == 0, (workdir / "daemon2.log").read_text()[-3000:]
+
+
+def test_a_child_that_cannot_start_fails_its_query_with_the_reason(
+    bootstrap: str, tmp_path: Path, io: dict[str, str]
+) -> None:
+    app = App(
+        load_topology(SOURCE, named=True),
+        config(bootstrap, tmp_path, unique_name("iso")),
+        source="tests.apps.no_such_module:queries",
+    )
+    app.start()
+    try:
+        status = side(app)
+        assert status.state == "FAILED" and status.pid is None
+        assert "cannot import 'tests.apps.no_such_module'" in (status.failure or "")
+        produce(bootstrap, io["main_input"], ((f"k{i}", f"m{i}") for i in range(50)))
+        assert len(consume_all(bootstrap, io["main_output"], expected=50)) == 50
+    finally:
+        assert app.close(60)
