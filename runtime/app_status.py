@@ -187,6 +187,8 @@ def with_polling_figures(
         partition_expansions=polling.expansion.expansions,
         tasks_created_by_expansion=polling.tasks.created_by_expansion,
         held_partitions=[f"{t}-{p}" for t, p in sorted(polling.tasks.held)],
+        stalled_partitions=[f"{t}-{p}" for t, p in sorted(polling.stall_watch.stalled)],
+        partition_stalls=polling.stall_watch.stalls_total,
         expansion_waiting_for=polling.expansion.waiting_for,
         placement=polling.runtime.figures() if polling.runtime is not None else None,
     )

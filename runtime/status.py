@@ -191,6 +191,11 @@ class AppStatus:
     tasks_created_by_expansion: int = 0
     held_partitions: list[str] = field(default_factory=list)
     expansion_waiting_for: str | None = None
+    # Input partitions the stall watch (runtime.polling.stall_watch) found not
+    # moving while not paused by the runtime and with records to fetch
+    # ("<topic>-<partition>"), and how many such stalls it found since start.
+    stalled_partitions: list[str] = field(default_factory=list)
+    partition_stalls: int = 0
     # Runtime-owned placement (task.assignment=runtime), None otherwise:
     # "placer" (this instance places), "plan_version", "applied", "leaving",
     # "owners" (task -> instance), "learners" (task -> instance and lag),

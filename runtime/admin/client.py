@@ -317,6 +317,15 @@ def format_status(status: Mapping[str, Any], now: float | None = None) -> str:
     held = status.get("held_partitions") or []
     if held:
         lines.append(("held", f"{len(held)} partitions not tasks yet: {', '.join(held[:8])}"))
+    stalled = status.get("stalled_partitions") or []
+    if stalled:
+        lines.append(
+            (
+                "stalled",
+                f"{len(stalled)} partitions not fetching while records wait "
+                f"(resumed by the watchdog): {', '.join(stalled[:8])}",
+            )
+        )
     if status.get("partition_expansions"):
         lines.append(
             (

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Protocol
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from runtime.logging import get_logger
 from runtime.polling.broker_health import Retrying
@@ -190,6 +190,7 @@ class ActiveTasks:
         Partitions that cannot be tasks yet are held instead (module docstring).
         """
         created = 0
+        registered: list[TopicPartition] = []
         for tp in self._hold_back(partitions):
             sub_id = self._layout.subtopology_of.get(tp.topic)
             if sub_id is None:
@@ -217,6 +218,14 @@ class ActiveTasks:
                     self._task_manager.add_task(task)
                     log.info("task_created", task_id=task_id)
             self._buffers.register(task.queues[tp.topic])
+            registered.append(TopicPartition(tp.topic, tp.partition))
+        if registered:
+            # A new input queue starts unpaused, so its partition must fetch:
+            # librdkafka keeps an application pause across unassign and assign
+            # (a partition paused for a full buffer or held, then revoked or
+            # lost, comes back paused). Resume works before the assignment
+            # takes effect too (the group's callbacks assign after they return).
+            self._resume(registered)
         return created
 
     def _hold_back(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
@@ -319,9 +328,10 @@ class ActiveTasks:
                 task.close()
             except Exception as exc:
                 log.warning("task_close_failed", task_id=task_id, error=str(exc))
-        self._buffers.clear()
+        paused = self._buffers.clear() + sorted(self.held)
         self.held.clear()
         self._to_pause.clear()
+        self._resume([TopicPartition(t, p) for t, p in paused])
 
     def rewind(self, task_id: str) -> bool:
         """Close a task and start it again from its committed offsets.
@@ -359,8 +369,26 @@ class ActiveTasks:
             # The restoration thread must let go of the stores first.
             self._restoration.remove_task(task.id).result(timeout=_RESTORATION_RELEASE_S)
         self._task_manager.remove_task(task.id)
-        for topic in task.queues:
-            self._buffers.unregister(topic, task.partition)
+        # The consumer's pause state follows the buffers': a partition paused
+        # for its full queue is resumed as the queue goes, whether it stays
+        # assigned (a rewind), is revoked or was lost (InputBuffers.unregister).
+        paused = [
+            TopicPartition(topic, task.partition)
+            for topic in task.queues
+            if self._buffers.unregister(topic, task.partition)
+        ]
+        self._resume(paused)
+
+    def _resume(self, partitions: list[TopicPartition]) -> None:
+        """Resume partitions in the consumer, if it is still open: tasks are
+        also let go after the consumer closed (`close_all_dirty` at shutdown),
+        when nothing fetches any more."""
+        if not partitions or self._consumer is None:
+            return
+        try:
+            self._consumer.resume(partitions)
+        except (RuntimeError, KafkaException) as exc:  # a closed consumer
+            log.debug("resume_skipped", error=str(exc))
 
     def _seek_to_committed(self, partitions: list[TopicPartition]) -> None:
         if not partitions:

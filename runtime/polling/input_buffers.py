@@ -35,15 +35,31 @@ class InputBuffers:
     def register(self, queue: InputQueue) -> None:
         self._queues[(queue.topic, queue.partition)] = queue
 
-    def unregister(self, topic: str, partition: int) -> None:
+    def unregister(self, topic: str, partition: int) -> bool:
+        """Forget a partition's queue; True if this class had paused it.
+
+        The caller must then resume the partition in the consumer: librdkafka
+        keeps an application pause across unassign and assign (measured on
+        Kafka 4.4), so a queue forgotten while paused would leave its partition
+        paused for good when it is assigned here again (issue 31: partitions
+        frozen after a lost membership).
+        """
         queue = self._queues.pop((topic, partition), None)
         if queue is not None and queue.paused:
             queue.paused = False
             self._paused = [q for q in self._paused if q is not queue]
+            return True
+        return False
 
-    def clear(self) -> None:
+    def clear(self) -> list[PartitionKey]:
+        """Forget every queue; returns the partitions this class had paused
+        (to resume in the consumer, see `unregister`)."""
+        paused = self.paused()
+        for queue in self._paused:
+            queue.paused = False
         self._queues.clear()
         self._paused.clear()
+        return paused
 
     def __contains__(self, key: PartitionKey) -> bool:
         return key in self._queues
@@ -59,6 +75,10 @@ class InputBuffers:
     @property
     def any_paused(self) -> bool:
         return bool(self._paused)
+
+    def is_paused(self, key: PartitionKey) -> bool:
+        queue = self._queues.get(key)
+        return queue is not None and queue.paused
 
     def paused(self) -> list[PartitionKey]:
         return [(q.topic, q.partition) for q in self._paused]

@@ -37,6 +37,10 @@ class LagTracker:
         self._committed: dict[PartitionKey, int] = {}
         # Replaced whole on each refresh.
         self.lag: dict[PartitionKey, int] = {}
+        # The consumer's position per partition (negative: nothing fetched
+        # yet) and the records beyond it: what the stall watch reads.
+        self.positions: dict[PartitionKey, int] = {}
+        self.fetchable: dict[PartitionKey, int] = {}
 
     def forget_committed(self) -> None:
         """After a rebalance: committed offsets learnt before may be stale."""
@@ -45,7 +49,7 @@ class LagTracker:
     def refresh(self) -> None:
         keys = self._buffers.partitions()
         if not keys:
-            self.lag = {}
+            self.lag, self.positions, self.fetchable = {}, {}, {}
             return
         try:
             positions = {
@@ -68,6 +72,7 @@ class LagTracker:
         if unknown:
             self._learn_committed(unknown)
         lag: dict[PartitionKey, int] = {}
+        fetchable: dict[PartitionKey, int] = {}
         for key in keys:
             try:
                 low, high = self._consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
@@ -79,7 +84,12 @@ class LagTracker:
             if done < 0:
                 done = max(low, 0)
             lag[key] = max(0, high - done)
+            position = positions.get(key, -1)
+            # Nothing fetched yet: all of the lag waits to be fetched.
+            fetchable[key] = max(0, high - position) if position >= 0 else lag[key]
         self.lag = lag
+        self.positions = {key: positions.get(key, -1) for key in keys}
+        self.fetchable = fetchable
 
     def _learn_committed(self, keys: list[PartitionKey]) -> None:
         try:

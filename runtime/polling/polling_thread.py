@@ -12,7 +12,8 @@ The work itself lives in helpers this thread owns, one idea each:
 `committer.Committer` (the commit protocol), `active_tasks.ActiveTasks` (task
 create/close/rewind), `placement.TaskPlacement` (status, standbys, shutdown
 requests), `expansion.PartitionExpansion` (partition increases),
-`lag.LagTracker` and `input_wait.InputWait` (how long to wait for input).
+`lag.LagTracker` and `input_wait.InputWait` (how long to wait for input),
+`stall_watch.StallWatch` (input partitions that stopped fetching).
 This class decides what happens when: on a failed transaction it rewinds
 every task; on any other failure it stops without committing.
 """
@@ -49,6 +50,7 @@ from runtime.polling.placement import TaskPlacement
 from runtime.polling.placer import PlacerSettings
 from runtime.polling.query_changes import QueryChanges
 from runtime.polling.runtime_assignment import RuntimeAssignment
+from runtime.polling.stall_watch import StallWatch
 from runtime.polling.startup import StartupProgress
 from runtime.polling.topics import TopicLayout
 from runtime.polling.transactions import TransactionFailed
@@ -209,6 +211,7 @@ class PollingThread(threading.Thread):
                 request_commit=self.request_commit,
             )
         self.lag_tracker = LagTracker(self._consumer, self._buffers, self._processed_offset)
+        self.stall_watch = StallWatch()
         self.expansion = PartitionExpansion(config, topology, layout, self.tasks, self.output)
         self.query_changes = QueryChanges(self)
 
@@ -300,6 +303,7 @@ class PollingThread(threading.Thread):
         if now - self._last_lag_refresh >= _LAG_REFRESH_S:
             self._last_lag_refresh = now
             self.lag_tracker.refresh()
+            self.watch_stalls()
         if not self.startup.done:
             self.observe_startup()
 
@@ -326,6 +330,23 @@ class PollingThread(threading.Thread):
         to_resume = self._buffers.to_resume()
         if to_resume:
             partitions = [TopicPartition(t, p) for t, p in to_resume]
+            self._consumer.resume(partitions)
+            fetch_resumed_now(self._consumer, partitions)
+
+    def watch_stalls(self) -> None:
+        """Report and resume input partitions that should fetch and do not
+        (runtime.polling.stall_watch)."""
+        lag = self.lag_tracker
+        stalled = self.stall_watch.observe(lag.positions, lag.fetchable, self._buffers.paused())
+        if stalled:
+            partitions = [TopicPartition(t, p) for t, p in stalled]
+            log.warning(
+                "partitions_stalled",
+                partitions=[f"{t}-{p}" for t, p in stalled],
+                seconds=self.stall_watch.after_s,
+                action="resumed in the consumer",
+                hint="not paused by the runtime, records to fetch, position unchanged",
+            )
             self._consumer.resume(partitions)
             fetch_resumed_now(self._consumer, partitions)
 

@@ -200,11 +200,12 @@ def test_rewind_seeks_to_the_committed_offset_and_recreates_the_task(
     tasks: ActiveTasks = parts["tasks"]
     tasks.create(tps(("words", 0), ("words", 1)))
     before = tasks.get("0_0")
+    parts["consumer"].resumed.clear()
     assert tasks.rewind("0_0")
     after = tasks.get("0_0")
     assert after is not None and after is not before and before is not None and before.closed
     assert parts["consumer"].seeks == [("words", 0, 41)]
-    assert parts["consumer"].resumed == [("words", 0)]
+    assert set(parts["consumer"].resumed) == {("words", 0)}
     assert tasks.rewind("9_9") is False
 
 
@@ -310,3 +311,57 @@ def test_a_join_task_waits_until_its_co_partitioned_partitions_are_both_here(
         assert task is not None and set(task.queues) == {"s", "t"}
     finally:
         tasks.close_all_dirty()
+
+
+def _fill(buffers: InputBuffers, topic: str, partition: int, count: int) -> list[Any]:
+    """Route `count` fake records into a partition's queue; returns partitions to pause."""
+
+    class Msg:
+        def error(self) -> None:
+            return None
+
+        def topic(self) -> str:
+            return topic
+
+        def partition(self) -> int:
+            return partition
+
+    _, to_pause = buffers.route([Msg() for _ in range(count)], lambda m: None)
+    return to_pause
+
+
+def test_a_task_let_go_while_its_queue_is_full_resumes_its_partition(
+    parts: dict[str, Any],
+) -> None:
+    """Issue 31: librdkafka keeps a pause across unassign/assign, so a queue
+    forgotten while paused must resume its partition in the consumer."""
+    tasks: ActiveTasks = parts["tasks"]
+    buffers: InputBuffers = parts["buffers"]
+    consumer = parts["consumer"]
+    tasks.create(tps(("words", 0), ("words", 1)))
+    assert _fill(buffers, "words", 0, 100) == [("words", 0)]
+    consumer.resumed.clear()
+    tasks.close(["0_0"])  # revoked or lost while paused
+    assert consumer.resumed == [("words", 0)]
+    assert buffers.paused() == []
+
+
+def test_every_created_task_resumes_its_partitions(parts: dict[str, Any]) -> None:
+    """A partition assigned again after a lost membership may still be paused
+    in librdkafka from before: creating its task resumes it."""
+    tasks: ActiveTasks = parts["tasks"]
+    consumer = parts["consumer"]
+    consumer.resumed.clear()
+    tasks.create(tps(("words", 0), ("clicks", 1)))
+    assert set(consumer.resumed) == {("words", 0), ("clicks", 1)}
+
+
+def test_close_all_dirty_resumes_what_the_buffers_paused(parts: dict[str, Any]) -> None:
+    tasks: ActiveTasks = parts["tasks"]
+    buffers: InputBuffers = parts["buffers"]
+    consumer = parts["consumer"]
+    tasks.create(tps(("words", 1)))
+    _fill(buffers, "words", 1, 150)
+    consumer.resumed.clear()
+    tasks.close_all_dirty()
+    assert consumer.resumed == [("words", 1)]
