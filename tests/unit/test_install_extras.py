@@ -89,3 +89,16 @@ def test_dev_installs_what_each_command_needs_and_never_less(tmp_path: Path) -> 
     assert re.search(r'^demo\)\n    ensure_venv ""$', script, flags=re.M)
     assert re.search(r"^test\)\n    ensure_venv dev$", script, flags=re.M)
     assert re.search(r"^bench\)\n    ensure_venv dev,bench$", script, flags=re.M)
+
+
+def test_dev_union_extras_survives_pipefail_with_nothing_to_install() -> None:
+    """Issue 32: on a fresh clone `./dev demo` needs no extras; `grep -v '^$'` on
+    empty input exited 1 and pipefail ended the script without a word."""
+    dev = (REPO / "dev").read_text()
+    start = dev.index("union_extras() {")
+    function = dev[start : dev.index("\n}\n", start) + 3]
+    script = f"set -euo pipefail\n{function}\necho \"[$(union_extras /nonexistent '')]\"\n"
+    script += "echo \"[$(union_extras /nonexistent 'dev,bench')]\"\n"
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[]", "[bench,dev]"]
