@@ -134,7 +134,13 @@ def run_demo(
     try:
         broker.start(60.0)
     except RuntimeError as exc:  # BrokerUnavailable included: no Java, no Maven
-        print(f"the broker did not start: {exc} (log: {log_path})", file=sys.stderr, flush=True)
+        other = "tansu" if kind == "kafka" else "kafka"
+        print(
+            f"the {kind} broker did not start: {exc} (log: {log_path}); "
+            f"try `streams-runtime demo --broker {other}`",
+            file=sys.stderr,
+            flush=True,
+        )
         log_file.close()
         shutil.rmtree(state_dir, ignore_errors=True)
         return 1

@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
+import os
 import shutil
 import socket
 import tempfile
@@ -40,6 +41,10 @@ from runtime.brokers.kafka_node import KafkaNode, NodeAddress, PortTaken
 __all__ = ["KafkaBroker", "broker_properties", "new_cluster_id"]
 
 _STOP_GRACE_S = 15.0
+# Readiness: past its deadline a start goes on while the nodes' logs grow (no
+# growth for this long ends it), up to this many times the deadline.
+_READY_PROGRESS_GRACE_S = 15.0
+_READY_CEILING_FACTOR = 4
 _AUTO_PORT_ATTEMPTS = 3
 
 
@@ -302,11 +307,22 @@ class KafkaNodes:
         }
         admin = AdminClient(probe_config)
         last_error = "no answer"
+        # A node that keeps writing its log (loading segments, electing, replaying
+        # the metadata log) is making progress: on a loaded machine that can take
+        # longer than `deadline` allows, so the wait goes on while the logs grow,
+        # up to a ceiling (issue 32: fixed 60 s waits failed after restarts).
+        ceiling = time.monotonic() + _READY_CEILING_FACTOR * max(1.0, deadline - time.monotonic())
+        logged = self._log_bytes(node_ids)
         while True:
             for node_id in node_ids:
                 self._nodes[node_id].check_alive()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                now_logged = self._log_bytes(node_ids)
+                if now_logged != logged and time.monotonic() < ceiling:
+                    logged = now_logged
+                    deadline = time.monotonic() + _READY_PROGRESS_GRACE_S
+                    continue
                 logs = "\n".join(
                     f"--- node {i} ({self._nodes[i].log_path}):\n{self._nodes[i].log_tail()}"
                     for i in sorted(node_ids)
@@ -327,6 +343,14 @@ class KafkaNodes:
             else:
                 return
             time.sleep(0.1)
+
+    def _log_bytes(self, node_ids: set[int]) -> int:
+        """How much the nodes have logged so far: a sign of progress while they start."""
+        total = 0
+        for node_id in node_ids:
+            with contextlib.suppress(OSError):  # not created yet
+                total += os.path.getsize(self._nodes[node_id].log_path)
+        return total
 
     def stop(self, grace: float = _STOP_GRACE_S) -> None:
         """Stop every node (SIGTERM, SIGKILL after ``grace`` s) and delete the data. Idempotent.

@@ -173,7 +173,12 @@ class KafkaCluster(KafkaNodes):
         wanted = None if topics is None else set(topics)
         admin = AdminClient(self._admin_config())
         deadline = time.monotonic() + timeout
+        # Catching up takes as long as there is to replicate: while fewer
+        # partitions lag than before, the wait goes on past `timeout` (up to
+        # four times it); it ends when they stop catching up.
+        ceiling = time.monotonic() + 4 * timeout
         lagging: list[str] = []
+        fewest: int | None = None
         while time.monotonic() < deadline:
             md = admin.list_topics(timeout=10)
             lagging = [
@@ -185,6 +190,9 @@ class KafkaCluster(KafkaNodes):
             ]
             if not lagging:
                 return
+            if fewest is not None and len(lagging) < fewest:
+                deadline = min(ceiling, max(deadline, time.monotonic() + timeout / 2))
+            fewest = len(lagging) if fewest is None else min(fewest, len(lagging))
             time.sleep(0.2)
         raise TimeoutError(f"replicas not in sync after {timeout} s: {lagging[:5]}")
 
