@@ -4,7 +4,9 @@ Runs on the main thread. `run` starts the app, then hands the main thread to
 the admin loop (`runtime.admin.daemon.run_daemon`): signals in gunicorn's shape
 (SIGTERM/SIGINT close the app gracefully, SIGTTIN adds a processing thread,
 SIGTTOU removes one), the admin socket and the metrics endpoint. Exit codes:
-0 clean shutdown, 1 the app failed, 2 bad input (config, topology, topics).
+0 clean shutdown (SIGTERM or SIGINT once the app started included), 1 the
+app failed, 2 bad input (config, topology, topics), 130/143 SIGINT/SIGTERM
+before the app started anything (`runtime.admin.signals`).
 `topics create` makes a topology's missing source and sink topics; `expand`
 grows an input topic and everything downstream of it (partition expansion).
 `admin` talks to a running daemon over its socket (`runtime.admin.client`).
@@ -18,15 +20,24 @@ import argparse
 import gc
 import importlib
 import os
-import signal
 import sys
+import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runtime.admin.signals import StartupSignals
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT
+
+
+# The factory call of `load_topology` in progress on this thread: a target
+# that runs the CLI again (`run runtime.cli:main`) is refused instead of
+# recursing until the stack runs out.
+_loading = threading.local()
 
 
 def load_topology(target: str, named: bool = False) -> Any:
@@ -35,27 +46,57 @@ def load_topology(target: str, named: bool = False) -> Any:
     ATTR may also be (or return) a mapping query name -> Topology (named
     queries): returned as it is with `named`, else composed into one Topology
     (`topics create` and `expand` see every query's topics).
+
+    What may be imported and called (issue 31): MODULE must not be the
+    standard library or the interpreter's own (`sys:exit`, `os:abort` and
+    `this:x`, which prints on import, are refused before any import), and a
+    callable ATTR is called only if it is a plain Python function taking no
+    arguments, defined outside the standard library (a function in
+    site-packages only if its module uses streams-runtime, as a topology
+    module does) - never a class, a builtin or C function, or another
+    callable. Raises ValueError saying what MODULE:ATTR must name. Runs on the
+    caller's thread (the CLI's main thread, the admin loop's executor for
+    `query.add`, a query child's main thread).
     """
     from collections.abc import Mapping
 
+    from runtime.config_values import is_control, show_value
     from runtime.topology.queries import compose
     from runtime.topology.topology import Topology
 
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"expected MODULE:ATTR, got {target!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+        raise ValueError(f"expected MODULE:ATTR, got {show_value(target)}")
+    if any(is_control(c) for c in target):
+        raise ValueError(f"MODULE:ATTR contains control characters: {show_value(target)}")
+    try:
+        cwd = os.getcwd()
+    except OSError:  # the working directory was removed: nothing to add
+        cwd = None
+    if cwd is not None and cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    _refuse_foreign_module(module_name)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"cannot import {module_name!r}: {exc}") from exc
+    except SystemExit as exc:  # the module's own code: not the process's exit status
+        raise ValueError(f"importing {module_name!r} called sys.exit({exc.code!r})") from None
     try:
         obj = getattr(module, attr)
     except AttributeError:
         raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
     if not isinstance(obj, Topology | Mapping) and callable(obj):
-        obj = obj()
+        _check_factory(obj, target)
+        if getattr(_loading, "active", False):
+            raise ValueError(f"{target} was loaded again while its own function ran")
+        _loading.active = True
+        try:
+            obj = obj()
+        except SystemExit as exc:
+            raise ValueError(f"{target}() called sys.exit({exc.code!r})") from None
+        finally:
+            _loading.active = False
     if isinstance(obj, Mapping) and obj and all(isinstance(t, Topology) for t in obj.values()):
         return dict(obj) if named else compose(obj)
     if not isinstance(obj, Topology):
@@ -64,6 +105,133 @@ def load_topology(target: str, named: bool = False) -> Any:
             "a mapping of query name -> Topology, or a function returning one"
         )
     return obj
+
+
+_WHAT_TARGET_NAMES = (
+    "MODULE:ATTR must name, in your own module, a Topology (builder.build()), a mapping of "
+    "query name -> Topology, or a plain function with no arguments returning one"
+)
+
+
+def _refuse_foreign_module(module_name: str) -> None:
+    """Refuse, before importing it, a MODULE of the standard library or the
+    interpreter: nothing there builds a topology, and importing or calling
+    its attributes can end the process (`sys:exit` exited 0 silently,
+    `os:abort` aborted) or print (`this`). Checked by where the module would
+    be loaded from, so a user's own `code.py` in the working directory is
+    still the user's; `sys.stdlib_module_names` decides when that cannot be
+    told."""
+    import importlib.util
+
+    top = module_name.split(".")[0]
+    if top in ("__main__", "builtins") or top in sys.builtin_module_names:
+        raise ValueError(f"{module_name!r} is the interpreter's own module: {_WHAT_TARGET_NAMES}")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        if top in sys.stdlib_module_names:
+            raise ValueError(f"{module_name!r} is a standard-library module: {_WHAT_TARGET_NAMES}")
+        return  # not found: the import below says so
+    if _stdlib_location(spec.origin, spec.submodule_search_locations):
+        raise ValueError(f"{module_name!r} is a standard-library module: {_WHAT_TARGET_NAMES}")
+
+
+def _stdlib_location(origin: str | None, locations: Any = None) -> bool:
+    """Whether a module loaded from `origin` (or, for a namespace package,
+    `locations`) is the standard library: built in, frozen, or a file under
+    the stdlib directories outside site-packages (which lives inside them in
+    some layouts, /usr/local/lib/python3.11/site-packages)."""
+    import sysconfig
+
+    if origin in ("built-in", "frozen"):
+        return True
+    paths = [origin] if origin else list(locations or ())
+    if not paths:
+        return False
+    roots = {
+        os.path.realpath(p)
+        for p in (sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib"))
+        if p
+    }
+    for path in paths:
+        real = os.path.realpath(path)
+        parts = real.split(os.sep)
+        if "site-packages" in parts or "dist-packages" in parts:
+            return False
+        if any(real.startswith(root + os.sep) for root in roots):
+            return True
+    return False
+
+
+def _site_packages(path: str | None) -> bool:
+    if not path:
+        return False
+    parts = os.path.realpath(path).split(os.sep)
+    return "site-packages" in parts or "dist-packages" in parts
+
+
+def _uses_runtime(module: Any) -> bool:
+    """Whether `module` is streams-runtime's or imports anything of it (a
+    topology module imports StreamsBuilder, serdes or the package)."""
+    import types
+
+    if module.__name__ == "runtime" or module.__name__.startswith("runtime."):
+        return True
+    for value in vars(module).values():
+        if isinstance(value, types.ModuleType):
+            name = value.__name__
+        elif isinstance(value, type | types.FunctionType):
+            name = str(value.__module__)
+        else:
+            continue
+        if name == "runtime" or name.startswith("runtime."):
+            return True
+    return False
+
+
+def _check_factory(obj: Any, target: str) -> None:
+    """Refuse calling `obj` unless it is a plain Python function with no
+    required arguments defined in a user's module (see `load_topology`)."""
+    import inspect
+    import types
+
+    if isinstance(obj, type):
+        raise ValueError(f"{target} is the class {obj.__qualname__}: {_WHAT_TARGET_NAMES}")
+    if not isinstance(obj, types.FunctionType):
+        raise ValueError(
+            f"{target} is a {type(obj).__name__} (a builtin, C function, method or other "
+            f"callable, which is never called): {_WHAT_TARGET_NAMES}"
+        )
+    defined_in = sys.modules.get(obj.__module__) if obj.__module__ else None
+    if defined_in is None:
+        raise ValueError(f"{target} is a function of no importable module: {_WHAT_TARGET_NAMES}")
+    spec = getattr(defined_in, "__spec__", None)
+    origin = getattr(spec, "origin", None) or getattr(defined_in, "__file__", None)
+    if _stdlib_location(origin) or obj.__module__.split(".")[0] in ("builtins", "__main__"):
+        raise ValueError(
+            f"{target} is {obj.__module__}.{obj.__qualname__}, a standard-library function: "
+            f"{_WHAT_TARGET_NAMES}"
+        )
+    if _site_packages(origin) and not _uses_runtime(defined_in):
+        raise ValueError(
+            f"{target} is {obj.__module__}.{obj.__qualname__}, an installed package's function "
+            f"that does not use streams-runtime: {_WHAT_TARGET_NAMES}"
+        )
+    try:
+        required = [
+            p.name
+            for p in inspect.signature(obj).parameters.values()
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        required = []
+    if required:
+        raise ValueError(
+            f"{target} takes arguments ({', '.join(required)}); it is called with none: "
+            f"{_WHAT_TARGET_NAMES}"
+        )
 
 
 def load_config_and_topology(
@@ -88,15 +256,49 @@ def load_config_and_topology(
     try:
         topology = load_topology(args.target, named=named)
     except Exception as exc:
-        print(f"streams-runtime: cannot load topology {args.target}: {exc}", file=sys.stderr)
+        # One line whatever the target or the user's exception says.
+        from runtime.config_values import one_line
+
+        print(
+            f"streams-runtime: cannot load topology {one_line(args.target)}: {one_line(str(exc))}",
+            file=sys.stderr,
+        )
         return EXIT_BAD_INPUT
     return config, topology
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runtime.admin.daemon import DaemonSetupError, preflight, run_daemon
+    # SIGTERM and SIGINT are handled before anything else is done: until the
+    # app starts they end the command with one line and 128 + the signal's
+    # number; from App.start() on they close the app gracefully, exit 0
+    # (runtime.admin.signals). Whatever the parent set (a shell's background
+    # job inherits SIGINT ignored).
+    from runtime.admin.signals import Interrupted, StartupSignals
+
+    signals = StartupSignals().install()
+    try:
+        return _run(args, signals)
+    except Interrupted as exc:
+        print(
+            f"streams-runtime: {exc.signal.name} during start-up; stopped before "
+            "the app started anything",
+            file=sys.stderr,
+        )
+        return exc.exit_code
+
+
+def _run(args: argparse.Namespace, signals: StartupSignals) -> int:
+    """`run` under `signals` (a StartupSignals), which may raise Interrupted
+    until `App.start()` is called, and during its wait for the cluster."""
+    from runtime.admin.daemon import (
+        DaemonSetupError,
+        preflight,
+        raise_open_files_limit,
+        run_daemon,
+    )
     from runtime.app import App
     from runtime.config import ConfigError
+    from runtime.polling.cluster import wait_for_cluster
     from runtime.polling.topics import TopicError
     from runtime.topology.errors import SerializationError
     from runtime.topology.queries import QueryError
@@ -105,21 +307,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     if isinstance(loaded, int):
         return loaded
     config, topology = loaded
-    # Once running, the daemon handles SIGINT itself whatever its parent set;
-    # start-up answers it too. A shell's background job inherits SIGINT
-    # ignored, and Python then installs no KeyboardInterrupt: Ctrl-C (or a
-    # supervisor's SIGINT) during a long wait for the cluster did nothing.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         preflight(config)
+        raise_open_files_limit()
         app = App(topology, config, source=args.target)
+        # From here a signal is recorded, and acted on by the daemon once
+        # start() returns (start() may be half-way through starting
+        # threads), except in the wait for the cluster: nothing started yet.
+        signals.defer(wait_for_cluster)
         app.start()
     except (ConfigError, TopicError, DaemonSetupError, SerializationError, QueryError) as exc:
         print(f"streams-runtime: {str(exc).replace('MODULE:ATTR', args.target)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:  # Ctrl-C while start-up waits for the cluster
-        print("streams-runtime: interrupted during start-up", file=sys.stderr)
-        return EXIT_INTERRUPTED
 
     # The daemon owns its process: what start-up made (modules, the topology,
     # the app) lives as long as the process, so the cyclic GC stops scanning
@@ -127,10 +326,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     # thread stopped: 24-35 ms per collection in the queries benchmark's
     # daemon (four in 60 s), none over 5 ms once frozen.
     gc.freeze()
-    code = run_daemon(app)
+    code = run_daemon(app, signals=signals)
     if code == EXIT_FAILED and app.failure is not None:
         # The last line a user sees says why (the log has the details).
         print(f"streams-runtime: the app failed: {_reason(app.failure)}", file=sys.stderr)
+    elif signals.first_shutdown is not None:
+        outcome = "shut down gracefully" if code == EXIT_OK else "the shutdown failed (see the log)"
+        print(f"streams-runtime: {signals.first_shutdown.name}: {outcome}", file=sys.stderr)
     return code
 
 
@@ -337,11 +539,13 @@ def _start_spark(args: argparse.Namespace, app_name: str) -> tuple[Any, bool]:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     from runtime.spark.kafka import KafkaSourceError
+    from runtime.spark.preflight import check_audit_topics
     from runtime.spark.session import JavaMissingError, SparkUnavailableError
 
     try:
+        check_audit_topics(args.bootstrap, args.input, args.output)  # seconds; Spark: a minute
         spark, created = _start_spark(args, "streams-runtime audit")
-    except (JavaMissingError, SparkUnavailableError, ValueError) as exc:
+    except (JavaMissingError, KafkaSourceError, SparkUnavailableError, ValueError) as exc:
         print(f"streams-runtime audit: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
@@ -387,10 +591,12 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     config, topology = loaded
     try:
         from runtime.spark.plan import check_nodes
+        from runtime.spark.preflight import check_backfill_topics
 
         check_nodes(topology)  # unsupported steps fail before Spark starts
+        check_backfill_topics(topology, config, args.target)  # and so do missing topics
         spark, created = _start_spark(args, f"streams-runtime backfill {config.application_id}")
-    except (BackfillError, JavaMissingError, SparkUnavailableError, ValueError) as exc:
+    except (BackfillError, JavaMissingError, SparkUnavailableError, TopicError, ValueError) as exc:
         print(f"streams-runtime backfill: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:

@@ -12,6 +12,8 @@ import ipaddress
 import math
 import os
 import re
+import reprlib
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,6 +51,16 @@ MAX_INT_DIGITS = len(str(JAVA_LONG_MAX))  # 19: no key takes more, checked befor
 MAX_STR_CHARS = 4096  # no string key needs more (PATH_MAX on Linux)
 UNIX_SOCKET_PATH_MAX = 107  # sun_path is 108 bytes, NUL included
 
+MAX_CONFIG_FILE_BYTES = 4 * 1024 * 1024
+"""The largest `--config` file read. A real one is a few kilobytes; without a
+bound, `--config /dev/zero` (or a multi-gigabyte mistake) grew memory until the
+machine gave out instead of failing (issue 31)."""
+
+MAX_CONFIG_NESTING = 32
+"""The deepest nesting of tables and arrays a `--config` file may have. Dotted
+keys are a few levels deep (`[consumer.ssl]`: 2); tomllib parses nesting by
+recursion, and 600 levels of `[[[...]]]` ended in a RecursionError traceback."""
+
 
 class Invalid(Exception):
     """A value failed validation; the caller adds the key (internal)."""
@@ -58,16 +70,48 @@ class Invalid(Exception):
         self.reason = reason
 
 
+# Containers are shown a few levels deep: repr() of a list nested 2,000 deep
+# (a TOML array, an App dict) raises RecursionError, and one of a million
+# items is unreadable.
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel = 3
+_SHORT_REPR.maxstring = 40
+_SHORT_REPR.maxother = 40
+
+
 def show_value(value: Any, limit: int = 80) -> str:
-    """A short repr for error messages: a config value may be megabytes long."""
+    """A short, one-line repr for error messages: a config value may be
+    megabytes long, nested thousands deep, or an object whose repr raises."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
         # repr() of a huge int raises beyond 4300 digits; it is unreadable long before.
         digits = int(value.bit_length() * math.log10(2)) + 1
         return f"an integer of about {digits} digits"
     if isinstance(value, str) and len(value) > limit:
         return f"{repr(value[:limit])[:limit]}... ({len(value)} characters)"
-    text = repr(value)
+    try:
+        if isinstance(value, list | tuple | dict | set | frozenset):
+            text = _SHORT_REPR.repr(value)
+        else:
+            text = repr(value)
+    except Exception:  # a user object's __repr__ (an App dict takes anything)
+        text = f"<{type(value).__name__} object>"
+    text = one_line(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def is_control(char: str) -> bool:
+    """C0/C1 controls (newline, escape, NEL ...) and the Unicode line and
+    paragraph separators: characters that break a message or a name onto
+    another line or change how a terminal shows what follows."""
+    return unicodedata.category(char) in ("Cc", "Zl", "Zp")
+
+
+def one_line(text: str) -> str:
+    """`text` with control characters escaped as Python writes them (`\\n`):
+    an error message is one line whatever value or path it quotes."""
+    if not any(is_control(c) for c in text):
+        return text
+    return "".join(c.encode("unicode_escape").decode("ascii") if is_control(c) else c for c in text)
 
 
 def close_match(text: str, choices: Sequence[str]) -> str | None:
@@ -159,11 +203,15 @@ def check_name(value: str) -> None:
 
 
 def check_no_controls(value: str) -> None:
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+    """No control characters (`is_control`): names and paths end up in log
+    lines, error messages, topic names and file names, where a newline or an
+    escape sequence forges or hides output."""
+    if any(is_control(c) for c in value):
         raise Invalid(f"contains control characters: {show_value(value)}")
 
 
 def check_socket_path(value: str) -> None:
+    check_no_controls(value)
     try:
         length = len(os.fsencode(os.path.abspath(value)))
     except (UnicodeError, ValueError) as exc:
@@ -176,6 +224,7 @@ def check_socket_path(value: str) -> None:
 
 
 def check_path(value: str) -> None:
+    check_no_controls(value)
     try:
         os.fsencode(value)
     except UnicodeError as exc:

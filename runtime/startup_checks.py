@@ -1,11 +1,15 @@
-"""Start-up checks of the config that need the machine: state.dir, client
-properties, and the remote state bucket.
+"""Start-up checks of the config that need the machine: state.dir, the admin
+socket's directory, client properties, and the remote state bucket.
 
 `StreamsConfig` validates each value on its own, without touching the file
 system or librdkafka. What only the machine can answer is checked here, before
 anything starts (`App.start` calls `check_startup` first): whether `state.dir`
-can be created and written, and whether librdkafka takes the pass-through
-properties (`consumer.*`, `producer.*`, `restore.consumer.*`, `admin.*`).
+can be created and written, whether the directory of `admin.socket` exists
+and takes a new file (the daemon binds the socket only after the group join,
+so before this check a missing directory stopped a daemon that had already
+joined, issue 31), and whether librdkafka takes the pass-through properties
+(`consumer.*`, `producer.*`, `restore.consumer.*`, `admin.*`, and the
+unprefixed security properties given to all four).
 Each failure is a `ConfigError` naming the key, so `streams-runtime run` exits 2
 with a message instead of failing after the group join. With `state.remote.url`
 set, the bucket must answer a HEAD request (and boto3 must be installed): a
@@ -40,7 +44,13 @@ from runtime.polling.clients import (
     restore_consumer_config,
 )
 
-__all__ = ["check_client_properties", "check_remote_state", "check_startup", "check_state_dir"]
+__all__ = [
+    "check_admin_socket_dir",
+    "check_client_properties",
+    "check_remote_state",
+    "check_startup",
+    "check_state_dir",
+]
 
 # librdkafka names the property in quotes or backticks: `No such configuration
 # property: "foo"`, `Invalid value for configuration property "x"`, "`acks`
@@ -60,6 +70,8 @@ def check_startup(config: StreamsConfig, *, uses_state_dir: bool) -> None:
     """
     if uses_state_dir:
         check_state_dir(config.state_dir)
+    if config.admin_socket is not None:
+        check_admin_socket_dir(config.admin_socket)
     check_client_properties(config)
     if config.state_remote_url:
         check_remote_state(config)
@@ -98,6 +110,35 @@ def check_state_dir(path: str) -> None:
         ) from None
 
 
+def check_admin_socket_dir(path: str) -> None:
+    """The directory `admin.socket` goes in exists, is a directory and takes
+    a new file (the socket is bound there, under a temporary name first, and
+    renamed into place). Nothing is created: a socket directory such as
+    /run/streams-runtime is made by whoever runs the daemon, with the
+    permissions they choose. Raises `ConfigError` naming `admin.socket`."""
+    directory = os.path.dirname(os.path.abspath(path))
+    shown = show_value(directory)
+    if not os.path.exists(directory):
+        raise ConfigError(
+            "admin.socket",
+            f"the directory {shown} does not exist: create it, or choose another path",
+        )
+    if not os.path.isdir(directory):
+        raise ConfigError("admin.socket", f"{shown} is not a directory")
+    # A real entry, as bind() makes one: os.access() says yes to root on a
+    # read-only file system or /proc.
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".admin-socket-check-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(
+            "admin.socket",
+            f"cannot create the socket in {shown}: {exc.strerror or exc}; choose another "
+            "path, or fix the directory's permissions",
+        ) from None
+
+
 def check_client_properties(config: StreamsConfig) -> None:
     """Build each client librdkafka-side, offline; a bad property raises `ConfigError`."""
     clients: list[tuple[str, Mapping[str, Any], Callable[[dict[str, Any]], Any]]] = [
@@ -121,7 +162,20 @@ def check_client_properties(config: StreamsConfig) -> None:
         settings["producer."].setdefault("transaction.timeout.ms", 10000)
         settings["producer."]["transactional.id"] = f"{config.application_id}-check"
     for prefix, overrides, build in clients:
-        _check_client(prefix, overrides, {**settings[prefix], **_OFFLINE}, build)
+        try:
+            _check_client(prefix, overrides, {**settings[prefix], **_OFFLINE}, build)
+        except ConfigError as exc:
+            raise _as_given(exc, prefix, config.raw) from None
+
+
+def _as_given(exc: ConfigError, prefix: str, raw: Mapping[str, Any]) -> ConfigError:
+    """The error naming the key as the user wrote it: an unprefixed security
+    property (`ssl.ca.location`) reaches every client as if prefixed, but the
+    message must name what is in the user's file."""
+    prop = exc.key.removeprefix(prefix)
+    if exc.key.startswith(prefix) and exc.key not in raw and prop in raw:
+        return ConfigError(prop, exc.reason)
+    return exc
 
 
 def _check_client(

@@ -11,4 +11,7 @@ on the loop's executor threads (named `admin_N`), never on the loop itself.
   command's table output (any thread; one connection per call).
 - `daemon`: signal handling (gunicorn's shape: handlers only enqueue), the
   admin socket and the metrics endpoint, the exit code.
+- `signals`: SIGTERM/SIGINT of `run` outside the admin loop (start-up, and
+  after the loop): an exit with 128 + the signal's number before the app
+  started anything, else recorded for the loop (main thread only).
 """

@@ -16,15 +16,32 @@ one thread, logging every decision (`autoscale_decision`) with its reason.
 
 `run_daemon(app)` returns when the app reaches NOT_RUNNING (exit code 0) or
 ERROR (1), or when a graceful shutdown did not finish within
-`shutdown.timeout.ms` (1). Threads: `run_daemon` must be called on the main
-thread (signal handlers); `Daemon.request_shutdown` may be called from any.
+`shutdown.timeout.ms` (1). So SIGTERM and SIGINT once running exit 0 (a
+graceful close with its final commit). Signals from before the loop existed
+(`runtime.admin.signals.StartupSignals`: recorded while `App.start()` ran)
+are acted on as the loop starts, as if they had just arrived; when the loop
+ends, the handlers it replaced are put back (uvloop would leave the default
+ones: a late SIGTERM killing the process with no line, a late SIGINT a
+KeyboardInterrupt traceback).
+
+File descriptors (issue 31): `raise_open_files_limit` raises the soft
+RLIMIT_NOFILE to the hard limit before the app starts, and the metrics
+endpoint's connection cap is lowered (logged) if it and the admin socket's
+would together exceed a quarter of it (`_FD_SHARE`), so that the app's own
+files (RocksDB, checkpoints, Kafka sockets) always have room.
+
+Threads: `run_daemon` and `raise_open_files_limit` must be called on the main
+thread (signal handlers, before the app's threads start);
+`Daemon.request_shutdown` may be called from any.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
+import resource
 import signal
 import socket
 import threading
@@ -43,9 +60,10 @@ from runtime.admin.server import (
     AdminSocketError,
     check_socket_path,
 )
+from runtime.admin.signals import SHUTDOWN_SIGNALS, StartupSignals
 from runtime.config import StreamsConfig
 from runtime.logging import get_logger
-from runtime.metrics import MetricsServer
+from runtime.metrics import MetricsLimits, MetricsServer
 from runtime.status import AppStatus
 
 __all__ = [
@@ -58,6 +76,7 @@ __all__ = [
     "Daemon",
     "DaemonSetupError",
     "preflight",
+    "raise_open_files_limit",
     "run_daemon",
 ]
 
@@ -72,6 +91,10 @@ _SHUTDOWN = "shutdown"  # the admin command, queued like a signal
 _FINISHED = "finished"  # the app reached NOT_RUNNING or ERROR
 _WAKE = "wake"  # re-check the exit code (set by a task)
 _CLOSE_TASK = "close"  # the name of the graceful-shutdown task
+# The endpoints' clients (metrics and admin socket) may hold at most this
+# share of the open-files limit; the rest stays with the app's own files.
+_FD_SHARE = 4
+_NR_OPEN_FALLBACK = 1 << 20  # Linux's default fs.nr_open
 
 
 class DaemonSetupError(RuntimeError):
@@ -112,13 +135,51 @@ def preflight(config: StreamsConfig) -> None:
             ) from None
 
 
-def run_daemon(app: Any, *, install_signals: bool = True) -> int:
+def raise_open_files_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; the soft limit in force.
+
+    Main thread, before the app opens anything. Why: a Linux soft limit is
+    often 1024 while the hard one is far higher (systemd's 524288); RocksDB's
+    files, the Kafka clients' sockets, checkpoints and the endpoints' clients
+    all draw on it, and whichever meets EMFILE first fails (issue 31: a
+    checkpoint write). Nothing in the process uses select() (FD_SETSIZE 1024),
+    so a higher limit is safe. A limit that cannot be raised is kept, logged.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:  # Linux takes at most fs.nr_open
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                target = int(f.read())
+        except (OSError, ValueError):
+            target = _NR_OPEN_FALLBACK
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError) as exc:
+            log.warning("open_files_limit_not_raised", soft=soft, hard=hard, error=str(exc))
+            return soft
+        log.info("open_files_limit_raised", soft=target, was=soft, hard=hard)
+        return target
+    return soft
+
+
+def _open_files_limit() -> int:
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return _NR_OPEN_FALLBACK if soft == resource.RLIM_INFINITY else soft
+
+
+def run_daemon(
+    app: Any, *, install_signals: bool = True, signals: StartupSignals | None = None
+) -> int:
     """Run the admin loop (uvloop) until the app stops; the process exit code.
 
     `app` must be started. With `install_signals` (the default) this must run on
-    the main thread.
+    the main thread. `signals`: what handled the signals until now (its
+    recorded signals are acted on at once, and its handlers are put back at
+    the end).
     """
-    daemon = Daemon(app)
+    daemon = Daemon(app, signals)
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             return runner.run(daemon.run(install_signals=install_signals))
@@ -131,8 +192,9 @@ def run_daemon(app: Any, *, install_signals: bool = True) -> int:
 class Daemon:
     """The admin loop's state. Loop thread only, but `request_shutdown` (any thread)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, signals: StartupSignals | None = None) -> None:
         self.app = app
+        self._signals = signals
         config: StreamsConfig = app.config
         self.config = config
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="admin")
@@ -154,9 +216,16 @@ class Daemon:
         self._loop = loop
         self._events = asyncio.Queue()
         loop.set_default_executor(self.executor)
+        previous: dict[signal.Signals, Any] = {}
         if install_signals:
             for sig in SIGNALS:
-                loop.add_signal_handler(sig, self._events.put_nowait, sig.name)
+                previous[sig] = signal.getsignal(sig)
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            if self._signals is not None:
+                # Signals from start-up (App.start() was running), in order,
+                # as if they arrived now: a SIGTERM there closes the app.
+                for sig in self._signals.take():
+                    self._on_signal(sig)
         threading.Thread(target=self._watch_app, name="admin-watch", daemon=True).start()
         try:
             try:
@@ -175,6 +244,11 @@ class Daemon:
             if install_signals:
                 for sig in SIGNALS:
                     loop.remove_signal_handler(sig)
+                    # uvloop leaves SIG_DFL (SIGINT: KeyboardInterrupt)
+                    # behind; a signal in the microseconds between these two
+                    # calls still meets it. None: not set from Python.
+                    if previous.get(sig) is not None:
+                        signal.signal(sig, previous[sig])
             await self._stop_servers()
             for task in list(self._tasks):
                 task.cancel()
@@ -192,6 +266,13 @@ class Daemon:
                 else None
             ),
         }
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        """A signal arrived (loop thread): queue it as an event."""
+        if sig in SHUTDOWN_SIGNALS and self._signals is not None:
+            self._signals.shutdown_requested(sig)
+        assert self._events is not None
+        self._events.put_nowait(sig.name)
 
     def request_shutdown(self) -> None:
         """Start a graceful shutdown, as SIGTERM does. Any thread; does not wait."""
@@ -348,7 +429,12 @@ class Daemon:
                 raise DaemonSetupError(str(exc)) from None
             self.admin = admin
         if config.metrics_port is not None:
-            metrics = MetricsServer(self.app, config.metrics_host, config.metrics_port)
+            metrics = MetricsServer(
+                self.app,
+                config.metrics_host,
+                config.metrics_port,
+                limits=self._metrics_limits(),
+            )
             try:
                 await metrics.start()
             except OSError as exc:
@@ -356,6 +442,27 @@ class Daemon:
                     f"cannot listen on metrics {config.metrics_host}:{config.metrics_port}: {exc}"
                 ) from None
             self.metrics = metrics
+
+    def _metrics_limits(self) -> MetricsLimits:
+        """`metrics.*` limits, the connection cap lowered if need be so that
+        the endpoints' clients hold at most 1/`_FD_SHARE` of the open-files
+        limit (what the admin socket may hold counts against it)."""
+        config = self.config
+        limits = MetricsLimits.from_config(config)
+        open_files = _open_files_limit()
+        admin = config.admin_socket_max_connections if config.admin_socket is not None else 0
+        allowed = max(1, open_files // _FD_SHARE - admin)
+        if limits.max_connections <= allowed:
+            return limits
+        log.warning(
+            "metrics_max_connections_lowered",
+            configured=limits.max_connections,
+            max_connections=allowed,
+            open_files_limit=open_files,
+            admin_socket_max_connections=admin,
+            reason=f"the endpoints' clients may hold 1/{_FD_SHARE} of the open-files limit",
+        )
+        return dataclasses.replace(limits, max_connections=allowed)
 
     async def _stop_servers(self) -> None:
         if self.admin is not None:

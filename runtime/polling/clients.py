@@ -3,7 +3,12 @@
 One consumer and one producer per process, created here from the validated
 config and used only by the polling thread. User overrides (`consumer.*`,
 `producer.*`) win over our defaults except for the few settings the runtime's
-correctness depends on, which are forced and documented.
+correctness depends on, which are forced and documented. A user setting that
+contradicts one of those is refused when the config is built
+(`runtime.config`, issue 31: `consumer.isolation.level=read_uncommitted`
+under exactly_once_v2 over-counted); forcing them here as well keeps each
+builder correct on its own. Any thread may call the builders (they read the
+immutable config only).
 """
 
 from __future__ import annotations
@@ -38,6 +43,15 @@ DEFAULT_SESSION_TIMEOUT_MS = 10_000
 # Settings the commit protocol relies on: offsets are committed explicitly by
 # the polling thread, never automatically.
 _FORCED_CONSUMER = {"enable.auto.commit": False, "enable.auto.offset.store": False}
+
+# Under exactly_once_v2 both consumers read only committed transactions: the
+# main consumer must not process the output of an aborted attempt, the
+# restore consumer must not restore its changelog writes.
+_FORCED_EXACTLY_ONCE_CONSUMER = {"isolation.level": "read_committed"}
+
+# The restoration thread learns that a changelog partition is restored from
+# the end-of-partition event (runtime.state.restoration).
+_FORCED_RESTORE_CONSUMER = {"enable.partition.eof": True}
 
 
 def assignment_strategy(topology: Topology) -> str:
@@ -100,6 +114,8 @@ def consumer_config(
     if str(settings.get("group.protocol", "classic")).lower() == "consumer":
         _use_consumer_group_protocol(settings, assignment_strategy)
     settings.update(_FORCED_CONSUMER)
+    if config.exactly_once:
+        settings.update(_FORCED_EXACTLY_ONCE_CONSUMER)
     settings.update(callbacks)
     return settings
 
@@ -172,6 +188,9 @@ def restore_consumer_config(config: StreamsConfig) -> dict[str, Any]:
     }
     settings.update(config.restore_consumer_overrides)
     settings.update(_FORCED_CONSUMER)
+    settings.update(_FORCED_RESTORE_CONSUMER)
+    if config.exactly_once:
+        settings.update(_FORCED_EXACTLY_ONCE_CONSUMER)
     return settings
 
 

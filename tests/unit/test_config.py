@@ -181,6 +181,7 @@ BAD_VALUES = [
     ("processing.threads", -1),
     ("processing.guarantee", "exactly_once"),
     ("processing.guarantee", 1),
+    ("allow.unsafe.producer.settings", "perhaps"),
     ("commit.interval.ms", -1),
     ("buffered.records.per.partition", 0),
     ("task.timeslice.ms", 0),
@@ -222,6 +223,8 @@ BAD_VALUES = [
     ("admin.socket.max.connections", 0),
     ("admin.socket.max.buffered.bytes", 1023),
     ("admin.socket.idle.timeout.ms", 0),
+    ("metrics.max.connections", 0),
+    ("metrics.idle.timeout.ms", 0),
     ("static.partitioner", "json:dumps"),
     ("partition.check.interval.ms", 99),
     ("state.remote.url", "http://bucket/prefix"),
@@ -383,7 +386,7 @@ def test_as_display_dict() -> None:
             "default.key.serde": "JSON",
             "default.value.serde": f"{__name__}:UPPER",
             "consumer.session.timeout.ms": 6000,
-            "producer.sasl.password": "hunter2",
+            "sasl.password": "hunter2",  # unprefixed: every client gets it
         }
     )
     shown = c.as_display_dict()
@@ -600,6 +603,8 @@ INT_RANGES = {
     "admin.socket.max.buffered.bytes": lambda n: 1024 <= n <= INT,
     "admin.socket.idle.timeout.ms": lambda n: 1 <= n <= LONG,
     "metrics.port": lambda n: 0 <= n <= 65535,
+    "metrics.max.connections": lambda n: 1 <= n <= 4096,
+    "metrics.idle.timeout.ms": lambda n: 1 <= n <= LONG,
     "processing.threads.min": lambda n: 0 <= n <= 64,
     "processing.threads.max": lambda n: 1 <= n <= 64,
     "partition.check.interval.ms": lambda n: 100 <= n <= LONG,
@@ -610,7 +615,7 @@ INT_RANGES = {
 # Durations the runtime waits for: accepted up to Kafka's "infinite", stored clamped.
 CLAMPED = {
     "commit.interval.ms", "task.timeslice.ms", "poll.ms", "shutdown.timeout.ms",
-    "admin.socket.idle.timeout.ms", "partition.check.interval.ms",
+    "admin.socket.idle.timeout.ms", "partition.check.interval.ms", "metrics.idle.timeout.ms",
     "processing.retry.backoff.ms", "processing.retry.backoff.max.ms",
 }  # fmt: skip
 

@@ -264,7 +264,7 @@ def test_state_dir_must_be_creatable_and_writable(tmp_path: Path) -> None:
         ("consumer.no.such.property", "1"),
         ("consumer.session.timeout.ms", "abc"),
         ("consumer.max.poll.interval.ms", "10"),  # below session.timeout.ms: a combination
-        ("producer.acks", "1"),  # the runtime's idempotent producer needs acks=all
+        ("producer.acks", "2"),  # the runtime's idempotent producer needs acks=all
         ("producer.compression.type", "zip"),
         ("restore.consumer.fetch.max.bytes", "-1"),
         ("admin.socket.timeout.ms", "soon"),

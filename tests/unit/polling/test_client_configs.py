@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
 from confluent_kafka import Consumer
 
-from runtime.config import StreamsConfig
+from runtime.config import ConfigError, StreamsConfig
 from runtime.polling.clients import consumer_config
 
 
@@ -15,7 +18,11 @@ def config(**extra: object) -> StreamsConfig:
 
 
 def test_offsets_are_never_committed_automatically_whatever_the_user_says() -> None:
-    settings = consumer_config(config(**{"consumer.enable.auto.commit": True}), "range", {})
+    # The config refuses it (issue 31); the builder forces it all the same.
+    with pytest.raises(ConfigError, match="consumer.enable.auto.commit"):
+        config(**{"consumer.enable.auto.commit": True})
+    unchecked = replace(config(), consumer_overrides={"enable.auto.commit": True})
+    settings = consumer_config(unchecked, "range", {})
     assert settings["enable.auto.commit"] is False
     assert settings["enable.auto.offset.store"] is False
 
