@@ -9,7 +9,9 @@ timestamps; `sources` chooses between them and reads exact offset ranges with
 either. Also here: the output audit (`audit`) and the backfill of DSL
 topologies over a topic's history (`backfill`, with the worker-side graph
 runner in `graph`). `session` starts Spark (Java check, connector, small local
-defaults) and prints progress.
+defaults, the JVM's stderr without its incubator-module notice) and prints
+progress; `preflight` checks, before the commands start Spark, that their
+topics exist.
 
 Threads: everything runs on the driver's calling thread or inside Spark's
 Python worker processes; nothing here touches the daemon's threads or clients.

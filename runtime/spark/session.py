@@ -18,11 +18,20 @@ topology modules and the functions inside them import there as here.
 console progress bar shows too when stderr is a terminal (it is switched off
 otherwise, where its carriage returns would garble logs).
 
+The JVM's `WARNING: Using incubator modules: jdk.incubator.vector` at every
+start is left out of stderr (`_JvmNoticeFilter`): Spark's launcher always
+passes `--add-modules=jdk.incubator.vector` (the Vector API, for MLlib's
+vectorized BLAS; nothing the project runs uses it), the JVM announces every
+incubator module it resolves, and no JVM or Spark option turns either off.
+So the JVM starts with its stderr on a pipe, and a thread copies what comes
+through to the real stderr without that one line.
+
 Called from the main thread of the driver process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -30,8 +39,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -87,6 +97,135 @@ def _quiet_log4j2_file() -> str:
             out.write(_QUIET_LOG4J2)
         os.replace(partial, path)  # atomic: a concurrent start reads all or nothing
     return path
+
+
+# What the JVM prints (System.err, at module-system boot) when Spark's launcher
+# adds the Vector API module. Only this exact line is dropped: a user's own
+# `--add-modules` of other incubator modules is still announced.
+JVM_VECTOR_NOTICE = b"WARNING: Using incubator modules: jdk.incubator.vector"
+
+
+class _JvmNoticeFilter:
+    """Bytes as the JVM wrote them, minus the line `JVM_VECTOR_NOTICE`.
+
+    The notice is printed once, as a whole line at the start of a line (the
+    JVM's first output); once dropped, everything else passes untouched. Until
+    then, bytes are held back only while they could still be that line, so
+    partial lines (Spark's `\r`-redrawn progress bar) pass at once. Pure: the
+    copying thread feeds it (`_copy_without_notice`).
+    """
+
+    def __init__(self, notice: bytes = JVM_VECTOR_NOTICE) -> None:
+        self._lines = (notice + b"\n", notice + b"\r\n")
+        self._held = b""
+        self._line_start = True
+        self.dropped = False
+
+    def feed(self, data: bytes) -> bytes:
+        """What to write now of `data` (and of what was held back)."""
+        if self.dropped:
+            return data
+        data, self._held = self._held + data, b""
+        out = bytearray()
+        while data and not self.dropped:
+            newline = data.find(b"\n")
+            if not self._line_start:  # the rest of a line already passed on
+                if newline < 0:
+                    out += data
+                    return bytes(out)
+                out += data[: newline + 1]
+                data, self._line_start = data[newline + 1 :], True
+            elif newline < 0:  # a partial line: hold it only if it may be the notice
+                if any(line.startswith(data) for line in self._lines):
+                    self._held = data
+                    return bytes(out)
+                out += data
+                self._line_start = False
+                return bytes(out)
+            else:
+                line, data = data[: newline + 1], data[newline + 1 :]
+                if line in self._lines:
+                    self.dropped = True
+                else:
+                    out += line
+        return bytes(out + data)
+
+    def flush(self) -> bytes:
+        """What is held back, at the end of the stream."""
+        held, self._held = self._held, b""
+        return held
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _copy_without_notice(source: int, target: int) -> None:
+    """Copy `source` to `target` until every writer closed it, through
+    `_JvmNoticeFilter`; closes both. A thread of its own: the JVM writes to
+    its stderr for as long as it lives."""
+    notice = _JvmNoticeFilter()
+    try:
+        while data := os.read(source, 65536):
+            _write_all(target, notice.feed(data))
+        _write_all(target, notice.flush())
+    except OSError:
+        pass  # the real stderr is gone (closed, or its reader went away)
+    finally:
+        os.close(source)
+        os.close(target)
+
+
+@contextlib.contextmanager
+def _jvm_stderr_without_notice() -> Iterator[None]:
+    """Within: a JVM started (PySpark's gateway) gets a pipe for stderr, whose
+    copy to the real stderr leaves out `JVM_VECTOR_NOTICE`.
+
+    Why the process's fd 2 and not PySpark's `launch_gateway(popen_kwargs=)`:
+    the builder starts the gateway itself (no way to pass Popen arguments,
+    short of building the SparkContext and its gateway by hand through
+    PySpark's private attributes). While inside, the process's own writes to
+    stderr take the same pipe and arrive unchanged; fd 2 is restored on the
+    way out, and the JVM (and the processes it starts) keep the pipe: the
+    copying thread lives as long as the JVM and ends at its end of file (at
+    once when no JVM was started: a session made before). POSIX only;
+    elsewhere, or when fd 2 is not open, nothing changes.
+    """
+    real: int | None = None
+    if os.name == "posix":
+        with contextlib.suppress(OSError, AttributeError, ValueError):  # no stderr to filter
+            sys.stderr.flush()
+            real = os.dup(2)
+    if real is None:
+        yield
+        return
+    read_end, write_end = os.pipe()  # both not inheritable; fd 2 below is
+    copier = threading.Thread(
+        target=_copy_without_notice,
+        args=(read_end, os.dup(real)),
+        name="spark-jvm-stderr",
+        daemon=True,  # never holds the interpreter's exit for a JVM still running
+    )
+    copier.start()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    failed = False
+    try:
+        yield
+    except Exception:  # not KeyboardInterrupt: Ctrl-C is not kept waiting
+        failed = True
+        raise
+    finally:
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            sys.stderr.flush()
+        os.dup2(real, 2)
+        os.close(real)
+        if failed:
+            # A JVM that failed to start has exited: let its last words (now in
+            # the pipe) reach stderr before the caller's own message does.
+            copier.join(timeout=2)
 
 
 class JavaMissingError(RuntimeError):
@@ -221,7 +360,8 @@ def spark_session(
     saved = {name: os.environ.get(name) for name in worker_env}
     os.environ.update(worker_env)
     try:
-        spark = builder.getOrCreate()
+        with _jvm_stderr_without_notice():
+            spark = builder.getOrCreate()
     finally:
         for name, old in saved.items():
             if old is None:
