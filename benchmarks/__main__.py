@@ -11,6 +11,7 @@ import importlib
 import signal
 import sys
 
+from benchmarks import interrupt
 from benchmarks.workloads import WORKLOADS
 
 
@@ -34,9 +35,17 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     args = parser.parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C, so the session's broker is stopped on the way out.
+    # SIGTERM unwinds like Ctrl-C, so the session's broker is stopped on the way out;
+    # Ctrl-C ends the whole invocation once, cleanly (benchmarks/interrupt.py).
     signal.signal(signal.SIGTERM, _raise_system_exit)
-    return int(modules[args.workload].main(args))
+    interrupt.install()
+    try:
+        return int(modules[args.workload].main(args))
+    except KeyboardInterrupt:
+        # A workload without partial results of its own: its clean-up ran on the
+        # way out (children, broker); say so instead of a traceback.
+        print("[bench] interrupted", file=sys.stderr, flush=True)
+        return interrupt.EXIT_INTERRUPTED
 
 
 def _raise_system_exit(signum: int, _frame: object) -> None:

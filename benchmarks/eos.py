@@ -31,6 +31,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks.outputs import add_output_arguments, output_dir
 from benchmarks.report import choose, rerender
 
 NAME = "eos"
@@ -83,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="extra config for every model (repeatable)",
     )
     parser.add_argument("--quick", action="store_true", help="small backlogs, 1 repeat")
-    parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    add_output_arguments(parser)
     parser.add_argument("--tag", default="", help="suffix of the result files")
     parser.add_argument(
         "--quiet-wait",
@@ -122,6 +123,7 @@ def main(args: argparse.Namespace) -> int:
         return rerender(args.report, summarize, write)
 
     from benchmarks.compare.main import BASE_CONFIG, Suite, argv_echo, parse_pairs, run_suite
+    from benchmarks.compare.report import exit_code
     from benchmarks.workloads.stateless import parse_settings
 
     workloads = choose(args.workloads, WORKLOADS, "workload")
@@ -148,7 +150,7 @@ def main(args: argparse.Namespace) -> int:
         restore_records=0,
         echo_delay_ms=0.0,
         config=config,
-        out_dir=args.out,
+        out_dir=output_dir(args),
         quiet_wait=args.quiet_wait,
         redo_noisy=args.redo_noisy,
         report=_Report(),
@@ -158,7 +160,7 @@ def main(args: argparse.Namespace) -> int:
         tag=NAME,
     )
     result: dict[str, Any] = run_suite(suite)
-    return 1 if any("error" in r and not r.get("discarded") for r in result["runs"]) else 0
+    return exit_code(result)
 
 
 class _Report:
@@ -228,6 +230,8 @@ def _fmt(x: float | None, digits: int = 0) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
+    from benchmarks.compare.report import status_lines
+
     m = result["machine"]
     rows = result.get("summary") or summarize(result)
     threads = result["threads"][0] if result.get("threads") else "?"
@@ -244,6 +248,7 @@ def markdown(result: dict[str, Any]) -> str:
         "Throughput: the backlog from `go` to its last output record read by a "
         "read_committed consumer; latency: the feed phase after the backlog.",
         "",
+        *status_lines(result),
         "| workload | commit.interval.ms | at_least_once rec/s | exactly_once_v2 rec/s "
         "| eos/alos | paired eos/alos | p99 ms alos / eos | CPU s per M alos / eos |",
         "|---|---|---|---|---|---|---|---|",

@@ -38,6 +38,8 @@ import time
 import uuid
 from typing import Any
 
+from benchmarks.outputs import add_output_arguments, output_dir
+
 NAME = "expand"
 OLD_KEYS = [f"k{i}" for i in range(64)]
 NEW_KEYS = [f"p{p}/n{i}" for p in range(4, 8) for i in range(4)]
@@ -57,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--window-s", type=float, default=10.0, help="gap windows before and after (default 10)"
     )
     parser.add_argument("--quick", action="store_true", help="1 repeat: a smoke run")
-    parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    add_output_arguments(parser)
     parser.add_argument("--tag", default="", help="suffix of the result files")
 
 
@@ -73,10 +75,14 @@ class _Feeder(threading.Thread):
     def __init__(self, bootstrap: str, topic: str, partitioner: Any, rate: float) -> None:
         from confluent_kafka import Producer
 
+        from benchmarks.harness import client_config
+
         super().__init__(name="expand-feeder", daemon=True)
         self.topic, self.partitioner, self.rate = topic, partitioner, rate
         self.producer = Producer(
-            {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
+            client_config(
+                {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
+            )
         )
         self.keys = list(OLD_KEYS)
         self.sent = 0
@@ -237,6 +243,9 @@ def one_expansion(session: Any, state_root: str, args: argparse.Namespace) -> di
 
 def main(args: argparse.Namespace) -> int:
     from benchmarks.harness import BenchSession, machine_info
+
+    # benchmarks/results/local/ unless --update-results or --out (benchmarks/outputs.py).
+    args.out = output_dir(args)
 
     repeats = 1 if args.quick else args.repeats
     name = f"{NAME}-{args.tag}" if args.tag else NAME

@@ -19,6 +19,7 @@ import uuid
 
 from confluent_kafka import Producer
 
+from benchmarks.harness import client_config
 from runtime import FirstSeenPartitioner
 from runtime.collector.claims import ClaimBook, encode_claim
 
@@ -63,7 +64,7 @@ def open_rate(bootstrap: str, count: int) -> tuple[float, float]:
     writer = FirstSeenPartitioner()
     writer.open(app, {"bootstrap.servers": bootstrap}, 1)
     writer.close()
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    producer = Producer(client_config({"bootstrap.servers": bootstrap, "linger.ms": 20}))
     for i in range(count):
         key, value = encode_claim(f"user-{i}".encode(), i % 8, 8)
         while True:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import logging
 import os
 import platform
 import statistics
@@ -38,6 +39,77 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# -- librdkafka's log lines of the harness's own clients -----------------------------
+#
+# Without a `logger` in its config, librdkafka writes `%3|...|FAIL|...` and
+# `%4|...|GETPID|...` straight to stderr: in the middle of a benchmark's table,
+# for transient conditions (a coordinator still loading, a connection to a
+# broker that was just stopped) that the clients retry and report through
+# their results anyway. The harness's clients (loaders, readers, feeders,
+# admin) pass `client_config(...)`, whose logger writes those lines to
+# `librdkafka.log` in the session's log folder (`BenchSession` points it
+# there), and, before a session set one, through the runtime's structured
+# logger (warnings and errors stay visible, one readable line each). The
+# children's clients are the runtime's (its own logger) or the raw loop's
+# (`raw_loop.py` uses the runtime's logger too); their stderr goes to their
+# run's log file.
+
+
+class _LibrdkafkaLines(logging.Handler):
+    """To the session's ``librdkafka.log`` when set, else to the runtime's logger."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.file: logging.Handler | None = None
+        self._fallback: logging.Logger | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.file is not None:
+            self.file.handle(record)
+            return
+        if self._fallback is None:
+            try:
+                from runtime.logging import librdkafka_logger
+
+                self._fallback = librdkafka_logger()
+            except ImportError:  # a half-edited runtime must not stop the harness
+                self._fallback = logging.getLogger("benchmarks.librdkafka.stderr")
+                self._fallback.addHandler(logging.StreamHandler())
+                self._fallback.propagate = False
+        self._fallback.handle(record)
+
+
+_LIBRDKAFKA_LINES = _LibrdkafkaLines()
+_LIBRDKAFKA_LOGGER = logging.getLogger("benchmarks.librdkafka")
+_LIBRDKAFKA_LOGGER.setLevel(logging.DEBUG)
+_LIBRDKAFKA_LOGGER.propagate = False
+_LIBRDKAFKA_LOGGER.addHandler(_LIBRDKAFKA_LINES)
+
+
+def client_config(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` for a harness client, with librdkafka's lines routed (see above).
+
+    (confluent-kafka hands a client's log lines to the logger when that client
+    is polled; an admin client that is never polled drops them at close.)
+    """
+    return {**settings, "logger": _LIBRDKAFKA_LOGGER}
+
+
+def log_librdkafka_to(log_dir: str | None) -> None:
+    """Send the harness clients' librdkafka lines to ``<log_dir>/librdkafka.log`` (None: back
+    to the runtime's logger)."""
+    previous = _LIBRDKAFKA_LINES.file
+    if log_dir is None:
+        _LIBRDKAFKA_LINES.file = None
+    else:
+        os.makedirs(log_dir, exist_ok=True)
+        handler = logging.FileHandler(os.path.join(log_dir, "librdkafka.log"))
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        _LIBRDKAFKA_LINES.file = handler
+    if previous is not None:
+        previous.close()
+
 
 # -- the broker -------------------------------------------------------------------
 
@@ -162,13 +234,20 @@ def wait_for_quiet(
 
 
 class BenchSession:
-    """One broker (``kind``: kafka or tansu) plus an admin client for a benchmark session."""
+    """One broker (``kind``: kafka or tansu) plus an admin client for a benchmark session.
 
-    def __init__(self, log_dir: str | None = None, kind: str = "kafka") -> None:
-        self.broker: Any = None
+    ``external``: a broker that is already running (a test session's,
+    ``runtime.brokers.Broker``): used as is and left running at the end.
+    """
+
+    def __init__(
+        self, log_dir: str | None = None, kind: str = "kafka", external: Any = None
+    ) -> None:
+        self.broker: Any = external
         self.admin: AdminClient | None = None
         self.kind = kind
         self._log_dir = log_dir
+        self._external = external is not None
 
     def __enter__(self) -> BenchSession:
         log_path = None
@@ -177,13 +256,21 @@ class BenchSession:
             log_path = os.path.join(self._log_dir, "broker.log")
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(log_path)
-        self.broker = start_broker(self.kind, log_path)
-        self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        log_librdkafka_to(self._log_dir)
+        if not self._external:
+            self.broker = start_broker(self.kind, log_path)
+        self.admin = AdminClient(client_config({"bootstrap.servers": self.bootstrap}))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.broker is not None:
-            self.broker.stop()
+        # The admin client goes first: one outliving its broker retries its
+        # connection until it is collected.
+        self.admin = None
+        try:
+            if self.broker is not None and not self._external:
+                self.broker.stop()
+        finally:
+            log_librdkafka_to(None)
 
     @property
     def bootstrap(self) -> str:
@@ -247,15 +334,17 @@ def load_records(
     partitioned as Kafka's Java client does (murmur2), like the runtime's sinks.
     """
     producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "linger.ms": 50,
-            "batch.num.messages": 10000,
-            "queue.buffering.max.messages": 1_000_000,
-            "queue.buffering.max.kbytes": 1_048_576,
-            "partitioner": "murmur2_random",
-            "enable.idempotence": True,
-        }
+        client_config(
+            {
+                "bootstrap.servers": bootstrap,
+                "linger.ms": 50,
+                "batch.num.messages": 10000,
+                "queue.buffering.max.messages": 1_000_000,
+                "queue.buffering.max.kbytes": 1_048_576,
+                "partitioner": "murmur2_random",
+                "enable.idempotence": True,
+            }
+        )
     )
     errors: list[str] = []
 
@@ -319,13 +408,15 @@ def count_records(
     has reached it (or the timeout passes). ``sample_every`` keeps every n-th value.
     """
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"bench-count-{os.getpid()}-{time.monotonic_ns()}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "enable.partition.eof": True,
-        }
+        client_config(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-count-{os.getpid()}-{time.monotonic_ns()}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "enable.partition.eof": True,
+            }
+        )
     )
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]

@@ -121,6 +121,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from benchmarks.outputs import add_output_arguments, output_dir
 from benchmarks.report import pyplot
 
 NAME = "queries"
@@ -276,7 +277,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "daemons on the other, as with a broker on its own machine; shared: all on all",
     )
     parser.add_argument("--quick", action="store_true", help="5 s windows: a smoke run")
-    parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    add_output_arguments(parser)
     parser.add_argument("--tag", default="", help="suffix of the result files")
 
 
@@ -377,18 +378,22 @@ class Probe:
     def __init__(self, bootstrap: str, source: str, out: str, interval_s: float) -> None:
         from confluent_kafka import Consumer
 
+        from benchmarks.harness import client_config
+
         self.bootstrap, self.source, self.out, self.interval_s = bootstrap, source, out, interval_s
         self.samples: list[tuple[float, float]] = []  # (send time, latency s)
         self.sent: list[float] = []
         self._stop = threading.Event()
         self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"probe-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False,
-                "fetch.wait.max.ms": 5,
-                "isolation.level": "read_committed",
-            }
+            client_config(
+                {
+                    "bootstrap.servers": bootstrap,
+                    "group.id": f"probe-{uuid.uuid4().hex[:8]}",
+                    "enable.auto.commit": False,
+                    "fetch.wait.max.ms": 5,
+                    "isolation.level": "read_committed",
+                }
+            )
         )
         self._threads = [
             threading.Thread(target=self._write, name="probe-writer", daemon=True),
@@ -408,7 +413,9 @@ class Probe:
     def _write(self) -> None:
         from confluent_kafka import Producer
 
-        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0})
+        from benchmarks.harness import client_config
+
+        producer = Producer(client_config({"bootstrap.servers": self.bootstrap, "linger.ms": 0}))
         next_at = time.monotonic()
         while not self._stop.is_set():
             now = time.time()
@@ -443,7 +450,9 @@ class Probe:
 def _produce_backlog(bootstrap: str, topic: str, count: int) -> None:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    from benchmarks.harness import client_config
+
+    producer = Producer(client_config({"bootstrap.servers": bootstrap, "linger.ms": 20}))
     for i in range(count):
         while True:
             try:
@@ -694,6 +703,9 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 
 def main(args: argparse.Namespace) -> int:
     from benchmarks.harness import BenchSession, machine_info
+
+    # benchmarks/results/local/ unless --update-results or --out (benchmarks/outputs.py).
+    args.out = output_dir(args)
     from benchmarks.report import choose
 
     cases = choose(args.cases, CASES, "case")

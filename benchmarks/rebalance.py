@@ -28,6 +28,8 @@ import time
 import uuid
 from typing import Any
 
+from benchmarks.outputs import add_output_arguments, output_dir
+
 NAME = "rebalance"
 PROTOCOLS = ("classic", "consumer")
 PARTITIONS = 8
@@ -43,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="default classic,consumer")
     parser.add_argument("--feed-rate", type=float, default=500.0, help="input records/s")
     parser.add_argument("--quick", action="store_true", help="2 repeats: a smoke run")
-    parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    add_output_arguments(parser)
     parser.add_argument("--tag", default="", help="suffix of the result files")
 
 
@@ -134,6 +136,9 @@ def one_join(session: Any, protocol: str, state_root: str, feed_rate: float) -> 
 
 def main(args: argparse.Namespace) -> int:
     from benchmarks.harness import BenchSession, machine_info
+
+    # benchmarks/results/local/ unless --update-results or --out (benchmarks/outputs.py).
+    args.out = output_dir(args)
 
     protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
     repeats = 2 if args.quick else args.repeats

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.outputs import add_output_arguments, output_dir
 from runtime import App, StreamsBuilder, serdes
 
 NAME = "remote-state"
@@ -56,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval-ms", type=int, default=2000, help="snapshot interval of the rate runs"
     )
-    parser.add_argument("--out", default="benchmarks/results", help="output directory")
+    add_output_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="smoke run (small sizes)")
 
 
@@ -299,6 +300,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    # benchmarks/results/local/ unless --update-results or --out (benchmarks/outputs.py).
+    args.out = output_dir(args)
     if args.quick:
         args.keys, args.tail, args.rate_records, args.rate_repeats = 20_000, 1_000, 20_000, 1
     session = Session()

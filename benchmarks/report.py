@@ -150,6 +150,10 @@ def markdown(result: dict[str, Any]) -> str:
         "",
     ]
     runtime_rows = [r for r in result["summary"] if r["model"] == "runtime"]
+    withheld = _no_verdict(result)
+    if withheld:
+        lines.append(f"**No verdict: {withheld}.**")
+        runtime_rows = []
     for row in runtime_rows:
         verdict = "meets" if (row.get("ratio_to_raw") or 0) >= result["target_ratio"] else "misses"
         lines.append(
@@ -218,6 +222,25 @@ def markdown(result: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _no_verdict(result: dict[str, Any]) -> str | None:
+    """Why the report gives no verdict: a failed run (on either side: a ratio against a
+    raw loop that failed is no ratio), or an interrupted session. None: it may."""
+    reasons = []
+    partial = result.get("partial")
+    if partial:
+        reasons.append(
+            f"the session was {partial.get('reason', 'interrupted')} during "
+            f"{partial.get('during', '?')}, after {partial.get('runs_done', 0)} run(s)"
+        )
+    failed = [r for r in result["runs"] if not r.get("discarded") and "error" in r]
+    if failed:
+        sides = sorted(
+            {"raw loop (reference)" if r["model"] == "raw" else "runtime" for r in failed}
+        )
+        reasons.append(f"{len(failed)} run(s) failed ({', '.join(sides)}; listed below)")
+    return "; ".join(reasons) if reasons else None
 
 
 def pyplot() -> Any:

@@ -58,6 +58,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from benchmarks.outputs import add_output_arguments, output_dir
 from benchmarks.report import pyplot
 
 NAME = "scale"
@@ -80,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--modes", default=",".join(MODES), help="task.assignment modes to run (runtime,group)"
     )
     parser.add_argument("--quick", action="store_true", help="smoke run (20,000 records)")
-    parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    add_output_arguments(parser)
     parser.add_argument("--tag", default="", help="suffix of the result files")
 
 
@@ -385,6 +386,9 @@ def rate_series(stamps: dict[int, list[float]], lo: float, hi: float) -> dict[st
 
 def main(args: argparse.Namespace) -> int:
     from benchmarks.harness import BenchSession, machine_info
+
+    # benchmarks/results/local/ unless --update-results or --out (benchmarks/outputs.py).
+    args.out = output_dir(args)
 
     if args.quick:
         args.records, args.hold_s = min(args.records, 20_000), min(args.hold_s, 5.0)

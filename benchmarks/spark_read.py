@@ -44,6 +44,8 @@ import sys
 import time
 from typing import Any
 
+from benchmarks.outputs import LOCAL_RESULTS, add_output_arguments, output_dir
+
 NAME = "spark-read"
 FORMATS = ("kafka", "streams-kafka")
 
@@ -62,7 +64,9 @@ def _records(records: int, value_bytes: int) -> tuple[list[bytes], list[bytes]]:
 def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    from benchmarks.harness import client_config
+
+    admin = AdminClient(client_config({"bootstrap.servers": bootstrap}))
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -76,7 +80,9 @@ def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
 def _delete_topic(bootstrap: str, topic: str) -> None:
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until the result
+    from benchmarks.harness import client_config
+
+    admin = AdminClient(client_config({"bootstrap.servers": bootstrap}))  # alive until the result
     admin.delete_topics([topic])[topic].result(30)
 
 
@@ -137,9 +143,10 @@ def plain_write(bootstrap: str, topic: str, keys: list[bytes], values: list[byte
     """Every record with one producer (the project's settings); timed to the last ack."""
     from confluent_kafka import Producer
 
+    from benchmarks.harness import client_config
     from runtime.spark.kafka import producer_settings
 
-    producer = Producer(producer_settings(bootstrap))
+    producer = Producer(client_config(producer_settings(bootstrap)))
     produce, poll = producer.produce, producer.poll
     started = time.monotonic()
     for i in range(len(keys)):
@@ -160,15 +167,19 @@ def plain_read(bootstrap: str, topic: str) -> dict[str, Any]:
     """Every record of `topic` with one plain consumer: count, value bytes, seconds."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+    from benchmarks.harness import client_config
+
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"bench-plain-{time.time_ns()}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-            "fetch.wait.max.ms": 100,
-        }
+        client_config(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-plain-{time.time_ns()}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "isolation.level": "read_committed",
+                "fetch.wait.max.ms": 100,
+            }
+        )
     )
     md = consumer.list_topics(topic, timeout=30)
     parts = sorted(md.topics[topic].partitions)
@@ -326,7 +337,7 @@ def spark_read(
     repeats: int = 2,
     bootstrap: str | None = None,
     masters: tuple[str, ...] = ("local[1]", "local[2]"),
-    out_dir: str = "benchmarks/results",
+    out_dir: str = LOCAL_RESULTS,
     broker_kind: str = "kafka",
 ) -> dict[str, Any]:
     """Run the workload (see the module docstring); returns and writes the results."""
@@ -491,10 +502,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--masters", default="local[1],local[2]", help="comma-separated Spark masters"
     )
-    parser.add_argument("--out", default="benchmarks/results")
+    add_output_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
+    # benchmarks/results/local/ unless --update-results or --out (benchmarks/outputs.py).
+    args.out = output_dir(args)
     result = spark_read(
         records=args.records,
         partitions=args.partitions,

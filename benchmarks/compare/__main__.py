@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 
+from benchmarks import interrupt
 from benchmarks.compare.main import add_arguments, main
 
 
@@ -21,4 +22,5 @@ if __name__ == "__main__":
     )
     add_arguments(parser)
     signal.signal(signal.SIGTERM, _raise_system_exit)
+    interrupt.install()
     sys.exit(main(parser.parse_args()))

@@ -88,10 +88,18 @@ def _gated_restoration_class() -> Any:
 
 # Models that are `runtime.App` (keypar: with num.threads.per.task > 1).
 RUNTIME_MODELS = ("runtime", "keypar")
+# The raw consume-transform-produce loop (benchmarks/raw_loop.py), one thread.
+RAW_MODEL = "raw"
 
 
 class _Model:
-    """The models behind one small interface."""
+    """The models behind one small interface.
+
+    Each model's own status type stays behind it: ``runtime.App.status()`` is a
+    typed ``AppStatus``, ``BaselineApp.status()`` and ``RawLoop.status()`` are
+    plain dicts. (Reading ``.tasks`` of every model's status here is what broke
+    every baseline run once key-parallel figures were added, issue 32.)
+    """
 
     def __init__(self, spec: dict[str, Any], topology: Any, config: dict[str, Any]) -> None:
         self.kind = spec["model"]
@@ -100,7 +108,22 @@ class _Model:
         self.gate_restore = bool(spec.get("gate_restore"))
         self.expected_tasks = {f"0_{p}" for p in range(self.partitions)}
         self._gated_cls: Any = None
-        if self.kind in RUNTIME_MODELS:
+        # runtime.App, BaselineApp or RawLoop: each branch below uses its own API.
+        self.app: Any
+        if self.kind == RAW_MODEL:
+            from benchmarks.raw_loop import RawLoop, operation_for
+
+            if self.gate_restore:
+                raise ValueError("the raw loop has no state to restore")
+            self.app = RawLoop(
+                spec["bootstrap"],
+                spec["input_topic"],
+                spec["output_topic"],
+                self.partitions,
+                operation_for(spec["topology"]),
+                float(config.get("commit.interval.ms", 1000)) / 1000.0,
+            )
+        elif self.kind in RUNTIME_MODELS:
             from runtime import App
 
             if self.gate_restore:
@@ -108,7 +131,7 @@ class _Model:
 
                 self._gated_cls = _gated_restoration_class()
                 runtime.app.RestorationThread = self._gated_cls  # type: ignore[attr-defined]
-            self.app: Any = App(topology, config)
+            self.app = App(topology, config)
             self.app.pause()
         else:
             from benchmarks.baseline import BaselineApp
@@ -120,6 +143,8 @@ class _Model:
 
     def on_restored(self, hook: Any) -> None:
         """``hook(task_id)`` the moment a restored task becomes processable."""
+        if self.kind == RAW_MODEL:
+            return
         if self.kind in RUNTIME_MODELS:
             if self._gated_cls is not None:
                 self._gated_cls.on_restored = hook
@@ -130,7 +155,9 @@ class _Model:
         self.app.start()
 
     def release(self) -> None:
-        if self.kind in RUNTIME_MODELS:
+        if self.kind == RAW_MODEL:
+            self.app.release()
+        elif self.kind in RUNTIME_MODELS:
             if self._gated_cls is not None:
                 for restoration in self._gated_cls.instances:
                     restoration.open_gate()
@@ -139,6 +166,8 @@ class _Model:
             self.app.release()
 
     def failure(self) -> str | None:
+        if self.kind == RAW_MODEL:
+            return repr(self.app.failure) if self.app.failure is not None else None
         if self.kind in RUNTIME_MODELS:
             failure = self.app.failure
             if failure is None and str(self.app.state) in ("ERROR", "NOT_RUNNING"):
@@ -148,16 +177,22 @@ class _Model:
         return repr(failure) if failure is not None else None
 
     def task_states(self) -> dict[str, str]:
+        if self.kind == RAW_MODEL:
+            return {}
         if self.kind in RUNTIME_MODELS:
             return {t.id: t.state for t in self.app.status().tasks}
         return dict(self.app.task_states())
 
     def task_processed(self) -> dict[str, int]:
+        if self.kind == RAW_MODEL:
+            return {}
         if self.kind in RUNTIME_MODELS:
             return {t.id: t.processed for t in self.app.status().tasks}
         return dict(self.app.task_processed())
 
     def processed(self) -> int:
+        if self.kind == RAW_MODEL:
+            return int(self.app.processed)
         if self.kind in RUNTIME_MODELS:
             # progress(), not status(): polled every 20-50 ms during the run.
             return self.app.progress().processed
@@ -165,6 +200,9 @@ class _Model:
 
     def signature(self) -> tuple[Any, ...] | None:
         """What must stay unchanged for ``settle_s`` before the run may go; None: not ready."""
+        if self.kind == RAW_MODEL:
+            # assign()-ed to every partition: no group, nothing to settle but the fetch.
+            return ("assigned",) if self.app.assigned else None
         states = self.task_states()
         if set(states) != self.expected_tasks:
             return None
@@ -184,12 +222,17 @@ class _Model:
         return tuple(sorted(tuple(sorted(a)) for a in assignment)) + tuple(sorted(states.items()))
 
     def status(self) -> dict[str, Any]:
-        status = dict(self.app.status())
+        """The model's final status for the run's record (JSON-friendly, per-task detail
+        left out)."""
+        if self.kind not in RUNTIME_MODELS:
+            return dict(self.app.status())
+        snapshot = self.app.status()
+        status = dict(snapshot)
         # Key-parallel tasks' figures (parallelism, CPU-bound or not, probes)
         # explain a keypar run's throughput; other tasks' are left out.
         status["key_parallel_tasks"] = [
             {k: v for k, v in dataclasses.asdict(t).items() if k not in ("partitions", "restore")}
-            for t in self.app.status().tasks
+            for t in snapshot.tasks
             if t.key_parallel
         ]
         status.pop("tasks", None)

@@ -20,15 +20,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks.outputs import add_output_arguments, output_dir
 from benchmarks.report import choose, rerender
 
 NAME = "compare"
 ALL_WORKLOADS = ("stateless", "stateful", "io", "skew", "restore")
 MODELS = ("runtime", "baseline")
-# Also runnable: workload io1 (the io topology, every record on partition 0)
-# and model keypar (the runtime with num.threads.per.task, --threads-per-task).
+# Also runnable: workload io1 (the io topology, every record on partition 0),
+# model keypar (the runtime with num.threads.per.task, --threads-per-task) and
+# model raw (the raw consume-transform-produce loop, benchmarks/raw_loop.py:
+# stateless and stateful only, one thread, so it runs at the lowest thread
+# count only).
 EXTRA_WORKLOADS = ("io1",)
-EXTRA_MODELS = ("keypar",)
+EXTRA_MODELS = ("keypar", "raw")
 
 # Same for both models; everything else is the runtime's defaults.
 # - commit.interval.ms=1000: as the stateless benchmark (the default is 30 s).
@@ -60,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--models",
         default=",".join(MODELS),
         help="default runtime,baseline; keypar = the runtime in key-parallel mode "
-        "(num.threads.per.task, see --threads-per-task)",
+        "(num.threads.per.task, see --threads-per-task); raw = the raw consume-then-produce "
+        "loop (stateless and stateful only, at the lowest thread count)",
     )
     parser.add_argument(
         "--threads-per-task",
@@ -124,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="small sizes, 1 repeat, threads 1,4: a smoke run of a few minutes",
     )
-    parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    add_output_arguments(parser)
     parser.add_argument("--tag", default="", help="suffix of the result files")
     parser.add_argument(
         "--quiet-wait",
@@ -166,7 +171,7 @@ def main(args: argparse.Namespace) -> int:
 
     workloads = choose(args.workloads, WORKLOADS, "workload")
     threads = [int(t) for t in args.threads.split(",") if t.strip()]
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    models = choose(args.models, MODELS + EXTRA_MODELS, "model")
     records = parse_pairs(args.records, int)
     rates = parse_pairs(args.feed_rate, float)
     repeats = args.repeats
@@ -197,16 +202,33 @@ def main(args: argparse.Namespace) -> int:
         restore_records=restore_records,
         echo_delay_ms=args.echo_delay_ms,
         config={**BASE_CONFIG, **parse_settings(args.settings)},
-        out_dir=args.out,
+        out_dir=output_dir(args),
         quiet_wait=args.quiet_wait,
         redo_noisy=args.redo_noisy,
         broker=args.broker,
         baseline_restore=args.baseline_restore,
         report=report,
         threads_per_task=args.threads_per_task,
+        runs_model=lowest_threads_only(RAW_MODELS, threads),
     )
-    result = run_suite(suite)
-    return 1 if any("error" in r and not r.get("discarded") for r in result["runs"]) else 0
+    return report.exit_code(run_suite(suite))
+
+
+# Models that run one thread whatever the thread count: run at the lowest only.
+RAW_MODELS = ("raw",)
+
+
+def lowest_threads_only(
+    single: tuple[str, ...], threads: list[int]
+) -> Callable[[str, str, int], bool]:
+    """``Suite.runs_model``: the models in ``single`` run at the lowest thread count only
+    (a one-thread model's figure is the same at every count; ratios at the others use it)."""
+    lowest = min(threads) if threads else 1
+
+    def runs(model: str, _workload: str, n_threads: int) -> bool:
+        return model not in single or n_threads == lowest
+
+    return runs
 
 
 @dataclass
@@ -217,7 +239,10 @@ class Suite:
     a workload at a thread count (a single-threaded peer runs at 1 only);
     ``launch`` is ``RunSettings.launch`` (how a model's child is started);
     ``report`` is a module with ``summarize(result)`` and ``write(out_dir, name,
-    result)``; ``extra`` goes into the result as is.
+    result)``; ``extra`` goes into the result as is. ``external_broker``: a
+    running broker (``runtime.brokers.Broker``, e.g. a test session's) used
+    for every workload instead of starting one each (``broker`` then only
+    names it); ``print_report``: print the markdown at the end.
     """
 
     name: str
@@ -244,6 +269,8 @@ class Suite:
     extra: dict[str, Any] = field(default_factory=dict)
     tag: str = NAME
     threads_per_task: int = 0
+    external_broker: Any = None
+    print_report: bool = True
 
 
 def run_suite(suite: Suite) -> dict[str, Any]:
@@ -254,10 +281,15 @@ def run_suite(suite: Suite) -> dict[str, Any]:
     from one thread count (and round) to the next, so no model always runs
     first or right after another. Returns the result (also written to
     ``<out_dir>/<name>.json`` etc.).
+
+    Ctrl-C (``benchmarks.interrupt``) ends the whole session: the running
+    child is stopped by its run's clean-up, the broker by the session's, and
+    the results of the runs that finished are written with ``partial`` set
+    (the reports then give no verdict, the exit code is 130).
     """
-    from benchmarks.compare.session import RunSettings, latency_floor, run_one
-    from benchmarks.compare.workloads import WORKLOADS, generate
-    from benchmarks.harness import BenchSession, machine_info
+    from benchmarks import interrupt
+    from benchmarks.compare.report import failure_lines
+    from benchmarks.harness import machine_info
 
     name = suite.name
     out_dir = suite.out_dir
@@ -288,105 +320,149 @@ def run_suite(suite: Suite) -> dict[str, Any]:
         f"{suite.models}, repeats {suite.repeats}, broker {suite.broker}",
         flush=True,
     )
+    # What was running when an interrupt came (for the partial results' note).
+    doing = {"what": ""}
     try:
         for wl_name in suite.workloads:
-            wl = WORKLOADS[wl_name]
-            backlog_n = int(suite.records.get(wl_name, wl.records))
-            rate = float(suite.rates.get(wl_name, wl.feed_rate))
-            feed_seconds = suite.feed_seconds if not wl.restore else 0.0
-            restore_records = suite.restore_records
-            backlog = generate(wl, 0, backlog_n, suite.partitions)
-            per_partition = [0] * suite.partitions
-            for _k, _v, p in backlog:
-                per_partition[p] += 1
-            result["workloads"][wl_name] = {
-                "title": wl.title,
-                "description": wl.description,
-                "backlog": backlog_n,
-                "backlog_per_partition": per_partition,
-                "feed_rate": rate,
-                "feed_seconds": feed_seconds,
-                "restore_records": restore_records if wl.restore else None,
-                "output_check": wl.output,
-            }
-            wl_started = time.monotonic()
-            print(
-                f"[{tag}] {wl_name}: {wl.title}; backlog {backlog_n} "
-                f"(per partition {per_partition})"
-                + (f", restore {restore_records}" if wl.restore else ""),
-                flush=True,
-            )
-            echo_proc = None
-            with BenchSession(log_dir, suite.broker) as session:
-                echo = None
-                if wl.echo:
-                    echo_proc, echo = start_echo(suite.echo_delay_ms)
-                try:
-                    settings = RunSettings(
-                        workload=wl,
-                        partitions=suite.partitions,
-                        backlog=backlog,
-                        feed_rate=rate,
-                        feed_seconds=feed_seconds,
-                        restore_records=restore_records,
-                        config=suite.config,
-                        log_dir=log_dir,
-                        session_id=session_id,
-                        quiet_wait=suite.quiet_wait,
-                        echo=echo,
-                        echo_pid=echo_proc.pid if echo_proc else None,
-                        restore_mode=suite.baseline_restore,
-                        launch=suite.launch,
-                        threads_per_task=suite.threads_per_task,
-                    )
-                    for repeat in range(1, suite.repeats + 1):
-                        for k, n_threads in enumerate(suite.threads):
-                            taking_part = [
-                                m for m in suite.models if suite.runs_model(m, wl_name, n_threads)
-                            ]
-                            if not taking_part:
-                                continue
-                            shift = (repeat - 1 + k) % len(taking_part)
-                            order = taking_part[shift:] + taking_part[:shift]
-                            for model in order:
-                                for redo in range(suite.redo_noisy + 1):
-                                    run = run_one(session, settings, model, n_threads, repeat)
-                                    run["redo"] = redo
-                                    result["runs"].append(run)
-                                    again = (
-                                        run.get("noisy")
-                                        and "error" not in run
-                                        and redo < suite.redo_noisy
-                                    )
-                                    if again:
-                                        run["discarded"] = "noisy: other processes were busy"
-                                    print_run(run)
-                                    if not again:
-                                        break
-                    if suite.feed_seconds > 0:
-                        floor = latency_floor(
-                            session, wl, suite.partitions, rate, suite.feed_seconds
-                        )
-                        result["workloads"][wl_name]["latency_floor"] = floor
-                        print(
-                            f"  latency floor (feeder -> broker -> reader, no model): "
-                            f"p50 {floor['p50_ms']:.1f} ms, p99 {floor['p99_ms']:.1f} ms",
-                            flush=True,
-                        )
-                finally:
-                    if echo_proc is not None:
-                        echo_proc.terminate()
-                        echo_proc.wait(10)
-                    # Destroy the session's admin client before its broker stops
-                    # (else librdkafka logs reconnect attempts until exit).
-                    session.admin = None
-            result["workloads"][wl_name]["session_s"] = time.monotonic() - wl_started
+            doing["what"] = f"{wl_name} (starting its broker)"
+            _run_workload(suite, result, wl_name, session_id, log_dir, doing)
             _write(suite, result, started)
+    except KeyboardInterrupt:
+        interrupt.mark()
+        result["partial"] = {
+            "reason": "interrupted (SIGINT)",
+            "during": doing["what"],
+            "runs_done": sum(1 for r in result["runs"] if not r.get("discarded")),
+        }
+        print(f"\n[{tag}] interrupted during {doing['what']}: stopping", flush=True)
     finally:
+        # Whatever a run's own clean-up did not get to (its child), before the
+        # results are written and the process exits.
+        interrupt.stop_children()
         _write(suite, result, started)
-    with open(os.path.join(out_dir, f"{name}.md")) as f:
-        print(f.read(), flush=True)
+    if suite.print_report:
+        with open(os.path.join(out_dir, f"{name}.md")) as f:
+            print(f.read(), flush=True)
+    if result.get("partial"):
+        print(
+            f"[{tag}] PARTIAL: interrupted; results of the {result['partial']['runs_done']} "
+            f"finished run(s) written to {os.path.join(out_dir, name)}.*, no verdict",
+            flush=True,
+        )
+    failures = failure_lines(result)
+    if failures:
+        print(f"[{tag}] FAILED, no verdict:", flush=True)
+        for line in failures:
+            print(f"  {line}", flush=True)
     return result
+
+
+def _run_workload(
+    suite: Suite,
+    result: dict[str, Any],
+    wl_name: str,
+    session_id: str,
+    log_dir: str,
+    doing: dict[str, str],
+) -> None:
+    """One workload of ``run_suite``: its broker, its runs, its latency floor."""
+    from benchmarks import interrupt
+    from benchmarks.compare.session import RunSettings, latency_floor, run_one
+    from benchmarks.compare.workloads import WORKLOADS, generate
+    from benchmarks.harness import BenchSession
+
+    tag = suite.tag
+    wl = WORKLOADS[wl_name]
+    backlog_n = int(suite.records.get(wl_name, wl.records))
+    rate = float(suite.rates.get(wl_name, wl.feed_rate))
+    feed_seconds = suite.feed_seconds if not wl.restore else 0.0
+    restore_records = suite.restore_records
+    backlog = generate(wl, 0, backlog_n, suite.partitions)
+    per_partition = [0] * suite.partitions
+    for _k, _v, p in backlog:
+        per_partition[p] += 1
+    result["workloads"][wl_name] = {
+        "title": wl.title,
+        "description": wl.description,
+        "backlog": backlog_n,
+        "backlog_per_partition": per_partition,
+        "feed_rate": rate,
+        "feed_seconds": feed_seconds,
+        "restore_records": restore_records if wl.restore else None,
+        "output_check": wl.output,
+    }
+    wl_started = time.monotonic()
+    print(
+        f"[{tag}] {wl_name}: {wl.title}; backlog {backlog_n} "
+        f"(per partition {per_partition})" + (f", restore {restore_records}" if wl.restore else ""),
+        flush=True,
+    )
+    echo_proc = None
+    with BenchSession(log_dir, suite.broker, external=suite.external_broker) as session:
+        echo = None
+        if wl.echo:
+            echo_proc, echo = start_echo(suite.echo_delay_ms)
+        try:
+            settings = RunSettings(
+                workload=wl,
+                partitions=suite.partitions,
+                backlog=backlog,
+                feed_rate=rate,
+                feed_seconds=feed_seconds,
+                restore_records=restore_records,
+                config=suite.config,
+                log_dir=log_dir,
+                session_id=session_id,
+                quiet_wait=suite.quiet_wait,
+                echo=echo,
+                echo_pid=echo_proc.pid if echo_proc else None,
+                restore_mode=suite.baseline_restore,
+                launch=suite.launch,
+                threads_per_task=suite.threads_per_task,
+            )
+            for repeat in range(1, suite.repeats + 1):
+                for k, n_threads in enumerate(suite.threads):
+                    taking_part = [
+                        m for m in suite.models if suite.runs_model(m, wl_name, n_threads)
+                    ]
+                    if not taking_part:
+                        continue
+                    shift = (repeat - 1 + k) % len(taking_part)
+                    order = taking_part[shift:] + taking_part[:shift]
+                    for model in order:
+                        for redo in range(suite.redo_noisy + 1):
+                            doing["what"] = f"{wl_name} {model} t={n_threads} r{repeat}"
+                            run = run_one(session, settings, model, n_threads, repeat)
+                            run["redo"] = redo
+                            if interrupt.interrupted():
+                                # The run ended because of the interrupt (its
+                                # child got the same Ctrl-C): not a result.
+                                run["discarded"] = "interrupted"
+                                result["runs"].append(run)
+                                raise KeyboardInterrupt
+                            result["runs"].append(run)
+                            again = (
+                                run.get("noisy") and "error" not in run and redo < suite.redo_noisy
+                            )
+                            if again:
+                                run["discarded"] = "noisy: other processes were busy"
+                            print_run(run)
+                            if not again:
+                                break
+            if suite.feed_seconds > 0:
+                doing["what"] = f"{wl_name} latency floor"
+                floor = latency_floor(session, wl, suite.partitions, rate, suite.feed_seconds)
+                result["workloads"][wl_name]["latency_floor"] = floor
+                print(
+                    f"  latency floor (feeder -> broker -> reader, no model): "
+                    f"p50 {floor['p50_ms']:.1f} ms, p99 {floor['p99_ms']:.1f} ms",
+                    flush=True,
+                )
+        finally:
+            if echo_proc is not None:
+                echo_proc.terminate()
+                echo_proc.wait(10)
+    result["workloads"][wl_name]["session_s"] = time.monotonic() - wl_started
 
 
 def argv_echo(args: argparse.Namespace, subcommand: str) -> list[str]:
@@ -422,17 +498,22 @@ def start_echo(delay_ms: float) -> tuple[Any, tuple[str, int]]:
 
 
 def print_run(run: dict[str, Any]) -> None:
-    """One line per run on stdout (the session's progress)."""
+    """One line per run on stdout (the session's progress); a failed run's why on the next."""
     head = f"  {run['workload']:<9} {run['model']:<11} t={run['threads']} r{run['repeat']}"
     if run.get("discarded"):
-        head += " (discarded: noisy)"
+        head += f" (discarded: {str(run['discarded']).split(':')[0]})"
+    error = str(run.get("error", "")).strip()
+    why = error.splitlines()[0][:300] if error else ""
+    log = f"\n      log: {run['log']}" if run.get("log") else ""
     if "records_per_s" not in run:
-        print(f"{head} FAILED: {str(run.get('error', ''))[:3000]}", flush=True)
+        print(f"{head} FAILED: {why}{log}", flush=True)
         return
     lat = run.get("latency") or {}
     extra = ""
     if run["workload"] == "restore":
         extra = f" restore {run.get('restore_s', float('nan')):.2f}s"
+    if lat:
+        extra += f" p50 {lat.get('p50_ms', float('nan')):.0f}ms p99 {lat.get('p99_ms', float('nan')):.0f}ms"
     print(
         f"{head} {run['records_per_s']:>9,.0f} rec/s ({run['seconds']:.2f}s"
         + (
@@ -442,10 +523,9 @@ def print_run(run: dict[str, Any]) -> None:
         )
         + ") "
         f"cpu {run.get('cpu_s', float('nan')):.2f}s rss {run.get('peak_rss_mb', float('nan')):.0f}MB "
-        f"conns {run.get('connections_at_ready')}/{run.get('connections_max')} "
-        f"p50 {lat.get('p50_ms', float('nan')):.0f}ms p99 {lat.get('p99_ms', float('nan')):.0f}ms "
-        f"join {run.get('join_s', float('nan')):.1f}s{extra} "
-        f"{'ok' if run.get('correct') else 'WRONG: ' + str(run.get('error', ''))[:200]}"
-        f"{' NOISY' if run.get('noisy') else ''}",
+        f"conns {run.get('connections_at_ready')}/{run.get('connections_max')}{extra} "
+        f"join {run.get('join_s', float('nan')):.1f}s "
+        + ("ok" if run.get("correct") and not error else f"FAILED: {why}{log}")
+        + (" NOISY" if run.get("noisy") else ""),
         flush=True,
     )

@@ -59,6 +59,88 @@ def counted(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in runs if not r.get("discarded") and r.get("correct") and "error" not in r]
 
 
+# The measured side of every suite; every other model is a reference it is compared with.
+MEASURED_MODELS = ("runtime", "keypar")
+
+
+def failed_runs(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Runs that count against the session: not discarded, and failed or incomplete."""
+    return [
+        r
+        for r in result.get("runs", [])
+        if not r.get("discarded") and ("error" in r or not r.get("correct"))
+    ]
+
+
+def failure_lines(result: dict[str, Any]) -> list[str]:
+    """One line per failed run: which side (the runtime, or the reference it is compared
+    with), where, and the first line of why."""
+    lines = []
+    for run in failed_runs(result):
+        model = run.get("model", "?")
+        side = "measured side" if model in MEASURED_MODELS else "reference side"
+        error = str(run.get("error") or "output incomplete").strip()
+        first = error.splitlines()[0] if error else "?"
+        lines.append(
+            f"{model} ({side}) failed: {run.get('workload', '?')} t={run.get('threads', '?')} "
+            f"r{run.get('repeat', '?')}: {first[:300]}"
+        )
+    return lines
+
+
+def no_verdict_reason(result: dict[str, Any]) -> str | None:
+    """Why the session gives no verdict (None: it may give them).
+
+    A ratio against a side that failed is no measurement: the median of the
+    runs that did finish (or none at all) once read "met everywhere" while
+    every baseline run had failed (issue 32). Any failed run, on either side,
+    or an interrupted session withholds every verdict.
+    """
+    partial = result.get("partial")
+    failed = failed_runs(result)
+    reasons = []
+    if partial:
+        reasons.append(f"the session was interrupted ({partial.get('reason', 'partial')})")
+    if failed:
+        models = sorted({str(r.get("model")) for r in failed})
+        reasons.append(f"{len(failed)} run(s) failed ({', '.join(models)}; listed above)")
+    return "; ".join(reasons) if reasons else None
+
+
+def exit_code(result: dict[str, Any]) -> int:
+    """130 for an interrupted session, 1 if any counted run failed, else 0."""
+    from benchmarks.interrupt import EXIT_INTERRUPTED
+
+    if result.get("partial"):
+        return EXIT_INTERRUPTED
+    return 1 if failed_runs(result) else 0
+
+
+def status_lines(result: dict[str, Any]) -> list[str]:
+    """The markdown block at the top of a report that failed or was interrupted: what
+    happened, before any figure (empty when all went well)."""
+    lines: list[str] = []
+    partial = result.get("partial")
+    if partial:
+        lines += [
+            "**PARTIAL RESULTS: "
+            + str(partial.get("reason", "interrupted"))
+            + f" during {partial.get('during') or 'the set-up'}, after "
+            f"{partial.get('runs_done', 0)} run(s).** The figures below are those of the "
+            "runs that finished; no verdict.",
+            "",
+        ]
+    failures = failure_lines(result)
+    if failures:
+        lines += [
+            "**FAILED: no verdict.** A ratio needs both sides; these runs failed:",
+            "",
+            *(f"- {line}" for line in failures),
+            "",
+        ]
+    return lines
+
+
 def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for run in result["runs"]:
@@ -177,6 +259,10 @@ def markdown(result: dict[str, Any]) -> str:
         "peak RSS MB rt / bl | p99 ms rt / bl |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    status = status_lines(result)
+    if status:
+        at = lines.index("## Summary at equal thread count")
+        lines[at:at] = status
     for wl_name in result["workloads"]:
         for n in result["threads"]:
             rt = by_key.get((wl_name, "runtime", n))
@@ -207,7 +293,7 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(
                 f"Backlog {wl['backlog']:,} records (per partition "
                 f"{wl['backlog_per_partition']}); latency phase {wl['feed_rate']:,.0f} "
-                f"records/s for {wl['feed_seconds']:.0f} s."
+                f"records/s for {wl['feed_seconds']:g} s."
             )
         floor = wl.get("latency_floor")
         if floor:
@@ -305,6 +391,9 @@ def _key_parallel(result: dict[str, Any], by_key: dict[tuple[str, str, int], Any
 
 
 def _verdicts(result: dict[str, Any], by_key: dict[tuple[str, str, int], Any]) -> list[str]:
+    withheld = no_verdict_reason(result)
+    if withheld:
+        return [f"- No verdict: {withheld}."]
     out = []
     threads = result["threads"]
 
@@ -314,17 +403,22 @@ def _verdicts(result: dict[str, Any], by_key: dict[tuple[str, str, int], Any]) -
             return None
         return _ratio_of(rt["records_per_s"], bl["records_per_s"])
 
-    misses = []
+    misses, compared = [], 0
     for wl in result["workloads"]:
         for n in threads:
             r = ratio(wl, n)
+            if r is not None:
+                compared += 1
             if r is not None and r < 0.97:
                 misses.append(f"{wl} t={n} ({r:.2f}x)")
-    out.append(
-        "- Throughput, runtime >= baseline at equal threads on every workload (>= 0.97x counted "
-        "as matching): "
-        + ("met everywhere." if not misses else "missed at " + ", ".join(misses) + ".")
-    )
+    if compared:
+        out.append(
+            "- Throughput, runtime >= baseline at equal threads on every workload (>= 0.97x "
+            "counted as matching): "
+            + ("met everywhere." if not misses else "missed at " + ", ".join(misses) + ".")
+        )
+    else:
+        out.append("- Throughput, runtime >= baseline: no verdict (no thread count ran both).")
     conn = []
     for n in threads:
         rts = [

@@ -22,10 +22,10 @@ plots from a result file. See ``benchmarks/peers/README.md``.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 from typing import Any
 
+from benchmarks.outputs import add_output_arguments, output_dir
 from benchmarks.report import choose, rerender
 
 NAME = "peers"
@@ -132,7 +132,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="small sizes, 1 repeat, threads 1,2: a smoke run of a few minutes",
     )
-    parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    add_output_arguments(parser)
     parser.add_argument("--tag", default="", help="suffix of the result files")
     parser.add_argument(
         "--quiet-wait",
@@ -165,6 +165,7 @@ def main(args: argparse.Namespace) -> int:
         return rerender(args.report, report.summarize, report.write)
 
     from benchmarks.compare.main import BASE_CONFIG, Suite, argv_echo, parse_pairs, run_suite
+    from benchmarks.compare.report import exit_code
     from benchmarks.peers import build
     from benchmarks.peers.models import MODELS, Launcher, runs
     from benchmarks.workloads.stateless import parse_settings
@@ -213,7 +214,7 @@ def main(args: argparse.Namespace) -> int:
         restore_records=0,
         echo_delay_ms=args.echo_delay_ms,
         config={**BASE_CONFIG, **parse_settings(args.settings)},
-        out_dir=args.out,
+        out_dir=output_dir(args),
         quiet_wait=args.quiet_wait,
         redo_noisy=args.redo_noisy,
         report=report,
@@ -230,4 +231,4 @@ def main(args: argparse.Namespace) -> int:
         tag=NAME,
     )
     result: dict[str, Any] = run_suite(suite)
-    return 1 if any("error" in r and not r.get("discarded") for r in result["runs"]) else 0
+    return exit_code(result)

@@ -19,7 +19,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from benchmarks.compare.report import _med, _range, _ratio, _ratio_of, summarize
+from benchmarks.compare.report import (
+    _med,
+    _range,
+    _ratio,
+    _ratio_of,
+    no_verdict_reason,
+    status_lines,
+    summarize,
+)
 from benchmarks.report import pyplot, write_files
 
 __all__ = ["headline", "markdown", "plot", "ratios", "summarize", "write"]
@@ -137,6 +145,7 @@ def markdown(result: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v:,}" for k, v in (result.get("jvm_warmup") or {}).items())
         + ".",
         "",
+        *status_lines(result),
         "## Summary",
         "",
         "records/s: medians, measured by a separate consumer of the output topic: from the "
@@ -228,6 +237,9 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def _verdicts(result: dict[str, Any], by_key: dict[tuple[str, str, int], Any]) -> list[str]:
+    withheld = no_verdict_reason(result)
+    if withheld:
+        return [f"- No verdict: {withheld}."]
     out = []
     threads = result["threads"]
     for wl in ("stateless", "stateful"):

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 WORKLOADS = {
     "stateless": "benchmarks.workloads.stateless",
+    # Every headline ratio (runtime vs baseline and vs the raw loop, stateless and
+    # stateful, 1 and 2 threads) at reduced size in a few minutes (benchmarks/quick.py).
+    "quick": "benchmarks.quick",
     # The runtime against the thread-per-client baseline, five workloads
     # (benchmarks/compare/; its runs use their own child entry point).
     "compare": "benchmarks.compare.main",

@@ -26,7 +26,7 @@ import time
 import uuid
 from typing import Any
 
-from benchmarks import report
+from benchmarks import interrupt, report
 from benchmarks.child import OtherLoad, cpu_seconds, usage, usage_since
 from benchmarks.harness import (
     BenchSession,
@@ -38,6 +38,7 @@ from benchmarks.harness import (
     summarize,
     wait_for_quiet,
 )
+from benchmarks.outputs import add_output_arguments, output_dir
 from runtime.topology.serdes import JSON as _JSON
 
 NAME = "stateless"
@@ -256,11 +257,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads", default="1,2", help="comma-separated processing.threads values (default 1,2)"
     )
-    parser.add_argument(
-        "--out",
-        default=os.path.join("benchmarks", "results"),
-        help="directory for results (default benchmarks/results)",
-    )
+    add_output_arguments(parser)
     parser.add_argument(
         "--tag",
         default="",
@@ -321,7 +318,7 @@ def main(args: argparse.Namespace) -> int:
     threads = [int(t) for t in str(args.threads).split(",") if t.strip()]
     extra_config = parse_settings(args.settings)
     records, partitions = args.records, args.partitions
-    out_dir = args.out
+    out_dir = output_dir(args)
     result_name = f"{NAME}-{args.tag}" if args.tag else NAME
     log_dir = os.path.join(out_dir, "logs", result_name)
     os.makedirs(log_dir, exist_ok=True)
@@ -335,66 +332,86 @@ def main(args: argparse.Namespace) -> int:
         f"threads {threads}",
         flush=True,
     )
-    with BenchSession(log_dir, args.broker) as session:
-        input_topic = f"bench-{NAME}-in-{session_id}"
-        session.create_topic(input_topic, partitions)
-        load_s = load_records(session.bootstrap, input_topic, records, make_record)
-        loaded = count_records(session.bootstrap, input_topic, partitions, expected=records)
-        if loaded.total != records:
-            raise RuntimeError(f"input topic holds {loaded.total} records, expected {records}")
-        sizes = [len(make_record(i)[1]) for i in range(0, records, max(1, records // 1000))]
-        print(
-            f"[{NAME}] loaded {records} records into {input_topic} in {load_s:.1f} s "
-            f"(mean value {sum(sizes) / len(sizes):.0f} B; per partition "
-            f"{sorted(loaded.per_partition.values())})",
-            flush=True,
-        )
-
-        models = [("raw", 1)] + [("runtime", t) for t in ([] if args.skip_runtime else threads)]
-        for repeat in range(1, args.repeats + 1):
-            for model, n_threads in models:
-                for redo in range(args.redo_noisy + 1):
-                    run = _one_run(
-                        session,
-                        model,
-                        n_threads,
-                        repeat,
-                        input_topic,
-                        partitions,
-                        records,
-                        deadline_s,
-                        log_dir,
-                        session_id,
-                        args,
-                        redo,
-                    )
-                    runs.append(run)
-                    if run.get("noisy") and "error" not in run and redo < args.redo_noisy:
-                        run["discarded"] = "noisy: other processes were busy; run again"
-                        _print_run(run)
-                        continue
-                    if "error" in run:
-                        errors.append(run["error"])
-                    _print_run(run)
-                    break
-
-        profile_info = None
-        if args.profile and not args.skip_runtime:
-            from benchmarks import profile
-
-            profile_info = profile.profile_runtime_run(
-                session,
-                input_topic,
-                partitions,
-                records,
-                threads[0],
-                deadline_s,
-                out_dir,
-                session_id,
-                mode=args.profile_mode,
-                extra_config=extra_config,
-                name=result_name,
+    # Set as the session goes; what an interrupt leaves is written as partial results.
+    sizes: list[int] = []
+    load_s = float("nan")
+    profile_info = None
+    partial: dict[str, Any] | None = None
+    try:
+        with BenchSession(log_dir, args.broker) as session:
+            input_topic = f"bench-{NAME}-in-{session_id}"
+            session.create_topic(input_topic, partitions)
+            load_s = load_records(session.bootstrap, input_topic, records, make_record)
+            loaded = count_records(session.bootstrap, input_topic, partitions, expected=records)
+            if loaded.total != records:
+                raise RuntimeError(f"input topic holds {loaded.total} records, expected {records}")
+            sizes = [len(make_record(i)[1]) for i in range(0, records, max(1, records // 1000))]
+            print(
+                f"[{NAME}] loaded {records} records into {input_topic} in {load_s:.1f} s "
+                f"(mean value {sum(sizes) / len(sizes):.0f} B; per partition "
+                f"{sorted(loaded.per_partition.values())})",
+                flush=True,
             )
+
+            models = [("raw", 1)] + [("runtime", t) for t in ([] if args.skip_runtime else threads)]
+            for repeat in range(1, args.repeats + 1):
+                for model, n_threads in models:
+                    for redo in range(args.redo_noisy + 1):
+                        run = _one_run(
+                            session,
+                            model,
+                            n_threads,
+                            repeat,
+                            input_topic,
+                            partitions,
+                            records,
+                            deadline_s,
+                            log_dir,
+                            session_id,
+                            args,
+                            redo,
+                        )
+                        if interrupt.interrupted():
+                            # Ended by the same Ctrl-C (the child got it too): not a result.
+                            run["discarded"] = "interrupted"
+                            runs.append(run)
+                            raise KeyboardInterrupt
+                        runs.append(run)
+                        if run.get("noisy") and "error" not in run and redo < args.redo_noisy:
+                            run["discarded"] = "noisy: other processes were busy; run again"
+                            _print_run(run)
+                            continue
+                        if "error" in run:
+                            errors.append(run["error"])
+                        _print_run(run)
+                        break
+
+            profile_info = None
+            if args.profile and not args.skip_runtime:
+                from benchmarks import profile
+
+                profile_info = profile.profile_runtime_run(
+                    session,
+                    input_topic,
+                    partitions,
+                    records,
+                    threads[0],
+                    deadline_s,
+                    out_dir,
+                    session_id,
+                    mode=args.profile_mode,
+                    extra_config=extra_config,
+                    name=result_name,
+                )
+    except KeyboardInterrupt:
+        # Ctrl-C (benchmarks/interrupt.py): the running child was killed by
+        # subprocess.run and the broker stopped on the way out of the session.
+        interrupt.mark()
+        partial = {
+            "reason": "interrupted (SIGINT)",
+            "during": "the runs" if sizes else "the set-up",
+            "runs_done": sum(1 for r in runs if not r.get("discarded")),
+        }
 
     result = {
         "workload": NAME,
@@ -408,18 +425,22 @@ def main(args: argparse.Namespace) -> int:
         "target_ratio": TARGET_RATIO,
         "ratio_basis": "runtime records/s from first processed record / raw loop records/s "
         "(first consume call to flush complete)",
-        "value_bytes_mean": sum(sizes) / len(sizes),
+        "value_bytes_mean": sum(sizes) / len(sizes) if sizes else float("nan"),
         "input_load_s": load_s,
         "machine": machine_info(args.broker),
         "runs": runs,
         "summary": summarize_runs(runs),
         "errors": errors,
         "profile": profile_info,
+        "partial": partial,
     }
     paths = report.write(out_dir, result_name, result)
     print(f"[{NAME}] wrote {', '.join(paths)}", flush=True)
     with open(os.path.join(out_dir, f"{result_name}.md")) as f:
         print(f.read(), flush=True)
+    if partial:
+        print(f"[{NAME}] PARTIAL: interrupted; no verdict", flush=True)
+        return interrupt.EXIT_INTERRUPTED
     return 1 if errors else 0
 
 
