@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 
 from benchmarks.harness import client_config
 from runtime import FirstSeenPartitioner
-from runtime.collector.claims import ClaimBook, encode_claim
+from runtime.partitioning.claims import ClaimBook, encode_claim
 
 
 def memory_per_key(count: int) -> float:

@@ -115,13 +115,13 @@ def log_librdkafka_to(log_dir: str | None) -> None:
 
 
 def _devbroker_class() -> Any:
-    """``runtime.devbroker.DevBroker``; loaded from its file if the package will not import.
+    """``runtime.brokers.devbroker.DevBroker``; loaded from its file if the package will not import.
 
     The dev broker module depends on nothing else in ``runtime``, so a half-finished
     runtime package (an import error elsewhere) does not stop the raw baseline.
     """
     try:
-        from runtime.devbroker import DevBroker
+        from runtime.brokers.devbroker import DevBroker
 
         return DevBroker
     except ImportError:

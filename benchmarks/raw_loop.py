@@ -6,7 +6,7 @@ value (for the stateless workload: ``json.loads`` -> add a field -> ``json.dumps
 Timed from the first ``consume`` call to the end of ``flush()``.
 
 For a like-for-like comparison the clients use the runtime's own client defaults
-(``runtime/polling/clients.py``): an idempotent producer with ``linger.ms=5`` and
+(``runtime/kafka/clients.py``): an idempotent producer with ``linger.ms=5`` and
 the Java (murmur2) key partitioner, and a consumer with the same fetch settings.
 The consumer is ``assign()``-ed to every input partition rather than subscribed:
 the raw loop pays no consumer-group join, which the runtime must (its join time
@@ -58,7 +58,7 @@ def consumer_config(bootstrap: str, group_id: str) -> dict[str, Any]:
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
         "enable.partition.eof": False,
-        # As the runtime's consumer (runtime/polling/clients.py).
+        # As the runtime's consumer (runtime/kafka/clients.py).
         "queued.max.messages.kbytes": 32768,
         "fetch.wait.max.ms": 100,
         "logger": _librdkafka_logger(),
@@ -66,7 +66,7 @@ def consumer_config(bootstrap: str, group_id: str) -> dict[str, Any]:
 
 
 def producer_config(bootstrap: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The raw loop's producer: as the runtime's (runtime/polling/clients.py)."""
+    """The raw loop's producer: as the runtime's (runtime/kafka/clients.py)."""
     return {
         "bootstrap.servers": bootstrap,
         "enable.idempotence": True,

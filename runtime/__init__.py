@@ -13,11 +13,11 @@ from runtime.app import (
     ExceptionHandlerResponse,
     IllegalStateError,
 )
-from runtime.collector.first_seen import FirstSeenPartitioner
-from runtime.collector.static_partitioner import VirtualPartitioner
 from runtime.config import ConfigError, StreamsConfig, load_config
-from runtime.polling.topics import TopicError
-from runtime.processing.queries import StoreUnavailableError
+from runtime.kafka.topics import TopicError
+from runtime.partitioning.first_seen import FirstSeenPartitioner
+from runtime.partitioning.static import VirtualPartitioner
+from runtime.processing.store_queries import StoreUnavailableError
 from runtime.topology import (
     BranchedKStream,
     KGroupedStream,
@@ -36,7 +36,7 @@ from runtime.topology import (
     Windowed,
     serdes,
 )
-from runtime.topology.queries import QueryError
+from runtime.topology.named_queries import QueryError
 
 __all__ = [
     "REPLACE_THREAD",

@@ -17,7 +17,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from runtime import named_queries
+from runtime import query_control
 from runtime.app_status import (
     query_statuses,
     remote_state_figures,
@@ -27,38 +27,38 @@ from runtime.app_status import (
     with_polling_figures,
 )
 from runtime.collector.collector import RecordCollector
-from runtime.collector.static_partitioner import open_static_partitioner
 from runtime.config import ConfigError, StreamsConfig, clamp_wait_s
 from runtime.isolation.offsets import carry_back_from_children
 from runtime.isolation.plan import PROCESS, isolation_of
 from runtime.isolation.queries import IsolatedQueries
+from runtime.kafka.clients import admin_config, restore_consumer_config
+from runtime.kafka.cluster import StartupAdmin
+from runtime.kafka.serde_check import check_serdes_on_samples
+from runtime.kafka.startup_checks import check_startup
+from runtime.kafka.topics import TopicError, TopicLayout, create_user_topics, resolve_topics
 from runtime.logging import get_logger
-from runtime.named_queries import NamedQueries, reset_query
-from runtime.polling.clients import admin_config, restore_consumer_config
-from runtime.polling.cluster import StartupAdmin
-from runtime.polling.expansion_marker import finish_interrupted_callbacks
+from runtime.partitioning.expansion_marker import finish_interrupted_callbacks
+from runtime.partitioning.static import open_static_partitioner
+from runtime.placement.records import ShutdownRequest, status_topic_name
 from runtime.polling.polling_thread import PollingThread, PollingThreadHooks
 from runtime.polling.query_changes import QueryChange
-from runtime.polling.serde_check import check_serdes_on_samples
-from runtime.polling.topics import TopicError, TopicLayout, create_user_topics, resolve_topics
 from runtime.processing.errors import ErrorPolicy, TaskFailedError
 from runtime.processing.key_lanes import key_parallel_settings
 from runtime.processing.os_scheduling import idle_class_unavailable
-from runtime.processing.queries import StoreQuery, StoreUnavailableError
 from runtime.processing.query_shares import QueryShare, switch_interval_s
+from runtime.processing.store_queries import StoreQuery, StoreUnavailableError
 from runtime.processing.task import StreamTask, TaskSettings
 from runtime.processing.task_manager import TaskManager
 from runtime.processing.threads import ProcessingThreadPool
-from runtime.startup_checks import check_startup
+from runtime.query_control import NamedQueries, reset_query
 from runtime.state.cache import CacheBudget
 from runtime.state.cleanup import CleanupThread
-from runtime.state.placement import ShutdownRequest, status_topic_name
 from runtime.state.remote.capture import SnapshotCapture
 from runtime.state.remote.manager import RemoteState
 from runtime.state.remote.settings import RemoteSettings
 from runtime.state.restoration import RestorationThread
 from runtime.status import AppStatus, Progress, QueryStatus
-from runtime.topology.queries import (
+from runtime.topology.named_queries import (
     QueryError,
     query_subtopologies,
     with_query,
@@ -146,7 +146,7 @@ class App:
         isolated_query: str | None = None,
     ) -> None:
         """`topology`: one Topology, or a mapping query name -> Topology (named
-        queries, see runtime.topology.queries: each has its own tasks,
+        queries, see runtime.topology.named_queries: each has its own tasks,
         internal topics, scheduling share, failure and figures).
 
         `source`: 'module:attr' the topology (mapping) was loaded from; a
@@ -226,10 +226,10 @@ class App:
         """Check topics, start the polling thread and `processing.threads` threads.
 
         Raises ConfigError (`state.dir` not writable, a client property
-        librdkafka refuses; see `runtime.startup_checks`), TopicError (the
+        librdkafka refuses; see `runtime.kafka.startup_checks`), TopicError (the
         cluster cannot be reached, missing topics, co-partitioning) and
         SerializationError (a sink's serde refuses what the topology makes of
-        the newest input record; `runtime.polling.serde_check`) before any
+        the newest input record; `runtime.kafka.serde_check`) before any
         thread starts; the app then stays CREATED.
         """
         with self._lock:
@@ -295,7 +295,7 @@ class App:
                         reason="static.partitioner is set: it partitions every sink",
                     )
             # An expansion callback whose runner stopped before recording it
-            # done runs again here (runtime.polling.expansion_marker).
+            # done runs again here (runtime.partitioning.expansion_marker).
             finish_interrupted_callbacks(
                 admin,
                 config.application_id,
@@ -714,7 +714,7 @@ class App:
                 f"and this app started with {polling.assignment_strategy}: start the app "
                 "with the query in its mapping instead"
             )
-        defaults = named_queries.share_from_config(self.config, name)
+        defaults = query_control.share_from_config(self.config, name)
         share = QueryShare(
             priority=defaults.priority if priority is None else priority,
             weight=defaults.weight if weight is None else weight,
@@ -837,7 +837,7 @@ class App:
             self._isolated.pause(name)
         else:
             self._task_manager.pause_query(name)
-        self._named.set_state(name, named_queries.PAUSED)
+        self._named.set_state(name, query_control.PAUSED)
         log.info("query_paused", query=name)
 
     def resume_query(self, name: str) -> None:
@@ -850,7 +850,7 @@ class App:
             log.info("query_resumed", query=name, state=self._named.state(name))
             return
         self._task_manager.resume_query(name)
-        self._named.set_state(name, named_queries.RUNNING)
+        self._named.set_state(name, query_control.RUNNING)
         log.info("query_resumed", query=name)
 
     def _check_named(self, what: str) -> None:
@@ -994,7 +994,7 @@ class App:
             f"task {failure.task_id} failed in {failure.stage}: {type(cause).__name__}: {cause}"
         )
         self._task_manager.pause_query(query)
-        self._named.set_state(query, named_queries.FAILED, reason)
+        self._named.set_state(query, query_control.FAILED, reason)
         polling.rewind_task(failure.task_id)
         log.error(
             "query_failed",

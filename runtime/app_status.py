@@ -15,13 +15,13 @@ from typing import Any
 
 from runtime.isolation.queries import merge_figures
 from runtime.isolation.supervisor import ChildFigures
-from runtime.named_queries import NamedQueries
+from runtime.kafka.topics import TopicLayout
 from runtime.polling.polling_thread import PollingThread
-from runtime.polling.topics import TopicLayout
 from runtime.processing.key_parallel import key_parallel_figures
 from runtime.processing.task import StreamTask
 from runtime.processing.task_manager import TaskManager
 from runtime.processing.threads import ProcessingThread
+from runtime.query_control import NamedQueries
 from runtime.state.remote.capture import SnapshotCapture
 from runtime.state.restoration import RestorationThread
 from runtime.status import AppStatus, QueryStatus, RestoreProgress, TaskStatus, ThreadStatus

@@ -61,7 +61,7 @@ def load_topology(target: str, named: bool = False) -> Any:
     from collections.abc import Mapping
 
     from runtime.config_values import is_control, show_value
-    from runtime.topology.queries import compose
+    from runtime.topology.named_queries import compose
     from runtime.topology.topology import Topology
 
     module_name, sep, attr = target.partition(":")
@@ -298,10 +298,10 @@ def _run(args: argparse.Namespace, signals: StartupSignals) -> int:
     )
     from runtime.app import App
     from runtime.config import ConfigError
-    from runtime.polling.cluster import wait_for_cluster
-    from runtime.polling.topics import TopicError
+    from runtime.kafka.cluster import wait_for_cluster
+    from runtime.kafka.topics import TopicError
     from runtime.topology.errors import SerializationError
-    from runtime.topology.queries import QueryError
+    from runtime.topology.named_queries import QueryError
 
     loaded = load_config_and_topology(args, named=True)
     if isinstance(loaded, int):
@@ -357,9 +357,9 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
     # Imported after logging is set up: module loggers keep the level they
     # were first used with, and the created topics are printed below.
     from runtime.config import ConfigError
-    from runtime.polling.cluster import StartupAdmin
-    from runtime.polling.topics import TopicError, create_user_topics
-    from runtime.startup_checks import check_client_properties
+    from runtime.kafka.cluster import StartupAdmin
+    from runtime.kafka.startup_checks import check_client_properties
+    from runtime.kafka.topics import TopicError, create_user_topics
 
     partitions = args.partitions or config.topics_create_partitions
     replication = (
@@ -394,11 +394,11 @@ def cmd_expand(args: argparse.Namespace) -> int:
     if isinstance(loaded, int):
         return loaded
     config, topology = loaded
+    from runtime.commands.expand import expand_topic
     from runtime.config import ConfigError
-    from runtime.polling.cluster import StartupAdmin
-    from runtime.polling.expand_command import expand_topic
-    from runtime.polling.topics import TopicError
-    from runtime.startup_checks import check_client_properties
+    from runtime.kafka.cluster import StartupAdmin
+    from runtime.kafka.startup_checks import check_client_properties
+    from runtime.kafka.topics import TopicError
 
     if config.static_partitioner is None and not args.force:
         print(
@@ -432,8 +432,8 @@ def cmd_expand(args: argparse.Namespace) -> int:
 
 def cmd_scale_down(args: argparse.Namespace) -> int:
     """Ask `--fraction` of the instances to hand their tasks over and leave."""
+    from runtime.commands.scale_down import ScaleDownError, request_scale_down
     from runtime.config import ConfigError, load_config
-    from runtime.polling.scale_down_command import ScaleDownError, request_scale_down
 
     try:
         config = load_config(args.config, args.set or ())
@@ -581,7 +581,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    from runtime.polling.topics import TopicError
+    from runtime.kafka.topics import TopicError
     from runtime.spark.plan import BackfillError
     from runtime.spark.session import JavaMissingError, Progress, SparkUnavailableError
 

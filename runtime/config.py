@@ -10,7 +10,7 @@ validation and a one-line doc (rendered by `config_table_markdown`). Adding a ke
 is adding one field. Defaults may be functions of the keys declared above them.
 The checks of single values (hosts, ports, paths, wait limits) live in
 `runtime.config_values`; what needs the machine (state.dir, librdkafka) is
-checked at start-up by `runtime.startup_checks`.
+checked at start-up by `runtime.kafka.startup_checks`.
 """
 
 from __future__ import annotations
@@ -26,10 +26,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
-from runtime.collector.static_partitioner import (
-    check_static_partitioner,
-    static_partitioner_from_name,
-)
 from runtime.config_values import (
     JAVA_INT_MAX,
     JAVA_LONG_MAX,
@@ -55,6 +51,10 @@ from runtime.config_values import (
     show_value,
 )
 from runtime.config_values import Invalid as _Invalid
+from runtime.partitioning.static import (
+    check_static_partitioner,
+    static_partitioner_from_name,
+)
 from runtime.topology.serdes import BUILTIN, Serde, serde_from_name
 
 __all__ = [
@@ -728,7 +728,7 @@ def _passthrough_value_problem(prop: str, value: Any) -> str | None:
     """Why a client property value cannot reach librdkafka, or None if it can.
 
     Only the type is checked here; whether librdkafka takes the value is checked
-    at start-up by building the clients (`runtime.startup_checks`).
+    at start-up by building the clients (`runtime.kafka.startup_checks`).
     """
     if isinstance(value, bool):
         return None

@@ -826,7 +826,7 @@ def _key_parallel_families(status: AppStatus) -> Iterator[Any]:
 
 
 def _query_families(status: AppStatus) -> Iterator[Any]:
-    """Per named query families, label `query` (runtime.named_queries)."""
+    """Per named query families, label `query` (runtime.query_control)."""
     state = _gauge("streams_query_state", labels=["query", "state"])
     tasks = _gauge("streams_query_tasks", labels=["query"])
     processed = CounterMetricFamily(

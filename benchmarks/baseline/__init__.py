@@ -22,7 +22,7 @@ Same code as the runtime wherever the threading model does not differ: the
 topology (``Topology``/``Subtopology``), ``StreamTask`` built exactly as the
 polling thread builds it (``StreamTask(subtopology, partition, topics,
 TaskSettings(...))``), the state stores, checkpoints, client configs
-(``runtime.polling.clients``), topic resolution (``resolve_topics``) and
+(``runtime.kafka.clients``), topic resolution (``resolve_topics``) and
 ``StreamsConfig``. Differences that belong to the model: partitions are placed
 by the consumer group (N members) instead of one member; the cache budget
 (``cache.max.bytes``) is split evenly over the threads, as Kafka Streams splits

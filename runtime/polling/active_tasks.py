@@ -34,12 +34,12 @@ from typing import Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
+from runtime.collector.output import OutputChannel
+from runtime.kafka.broker_health import Retrying
+from runtime.kafka.clients import committed_offsets
+from runtime.kafka.topics import TopicLayout
 from runtime.logging import get_logger
-from runtime.polling.broker_health import Retrying
-from runtime.polling.clients import committed_offsets
 from runtime.polling.input_buffers import InputBuffers
-from runtime.polling.output import OutputChannel
-from runtime.polling.topics import TopicLayout
 from runtime.processing.key_parallel import make_task
 from runtime.processing.task import StreamTask, TaskSettings
 from runtime.topology.topology import Subtopology, Topology

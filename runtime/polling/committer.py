@@ -54,9 +54,9 @@ from typing import Any, Protocol
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 
+from runtime.collector.output import OutputChannel
+from runtime.collector.transactions import TransactionFailed
 from runtime.logging import get_logger
-from runtime.polling.output import OutputChannel
-from runtime.polling.transactions import TransactionFailed
 from runtime.processing.task import CommitBatch
 
 log = get_logger("runtime.commit")

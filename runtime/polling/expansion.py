@@ -50,14 +50,14 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
+from runtime.collector.output import OutputChannel
 from runtime.config import StreamsConfig
+from runtime.kafka.clients import admin_config
+from runtime.kafka.topics import TopicLayout
 from runtime.logging import get_logger
+from runtime.partitioning.expansion_marker import mark_done, marker_topic, run_callback
+from runtime.partitioning.expansion_plan import plan_expansion
 from runtime.polling.active_tasks import ActiveTasks
-from runtime.polling.clients import admin_config
-from runtime.polling.expansion_marker import mark_done, marker_topic, run_callback
-from runtime.polling.expansion_plan import plan_expansion
-from runtime.polling.output import OutputChannel
-from runtime.polling.topics import TopicLayout
 from runtime.topology.topology import Topology
 
 log = get_logger("runtime.expansion")

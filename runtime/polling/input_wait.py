@@ -24,8 +24,8 @@ from confluent_kafka import Consumer, Message
 
 from runtime.collector.collector import RecordCollector
 from runtime.config import StreamsConfig
+from runtime.kafka.clients import consume_until
 from runtime.logging import get_logger
-from runtime.polling.clients import consume_until
 from runtime.polling.input_buffers import InputBuffers
 from runtime.processing.query_shares import input_refill
 from runtime.processing.task_manager import TaskManager

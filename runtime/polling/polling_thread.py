@@ -28,36 +28,36 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from runtime.collector.collector import RecordCollector
+from runtime.collector.output import OutputChannel
+from runtime.collector.transactions import TransactionFailed
 from runtime.config import StreamsConfig
-from runtime.logging import get_logger
-from runtime.polling.active_tasks import ActiveTasks
-from runtime.polling.broker_health import BrokerHealth
-from runtime.polling.clients import (
+from runtime.kafka.broker_health import BrokerHealth
+from runtime.kafka.clients import (
     admin_config,
     assignment_strategy,
     consumer_config,
     fetch_resumed_now,
     log_consume_error,
 )
+from runtime.kafka.consumer_release import close_in_background
+from runtime.kafka.topics import TopicLayout
+from runtime.logging import get_logger
+from runtime.placement.placer import PlacerSettings
+from runtime.placement.records import ShutdownRequest
+from runtime.placement.runtime_assignment import RuntimeAssignment
+from runtime.polling.active_tasks import ActiveTasks
 from runtime.polling.committer import CommitResult, Committer
-from runtime.polling.consumer_release import close_in_background
 from runtime.polling.expansion import PartitionExpansion
 from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.input_wait import InputWait
 from runtime.polling.lag import LagTracker
-from runtime.polling.output import OutputChannel
-from runtime.polling.placement import TaskPlacement
-from runtime.polling.placer import PlacerSettings
 from runtime.polling.query_changes import QueryChanges
-from runtime.polling.runtime_assignment import RuntimeAssignment
 from runtime.polling.stall_watch import StallWatch
 from runtime.polling.startup import StartupProgress
-from runtime.polling.topics import TopicLayout
-from runtime.polling.transactions import TransactionFailed
+from runtime.polling.status_and_standbys import TaskPlacement
 from runtime.processing.errors import TaskFailedError
 from runtime.processing.task import TaskSettings
 from runtime.processing.task_manager import TaskManager
-from runtime.state.placement import ShutdownRequest
 from runtime.state.restoration import RestorationThread
 from runtime.topology.topology import Topology
 
@@ -142,7 +142,7 @@ class PollingThread(threading.Thread):
 
         runtime_placed = config.task_assignment == "runtime"
         # Runtime-owned placement joins the group on the one-partition status
-        # topic only, with cooperative-sticky (runtime.polling.runtime_assignment).
+        # topic only, with cooperative-sticky (runtime.placement.runtime_assignment).
         self.assignment_strategy = (
             "cooperative-sticky" if runtime_placed else assignment_strategy(topology)
         )
@@ -582,7 +582,7 @@ class PollingThread(threading.Thread):
         Closing a consumer whose JoinGroup is in flight waits for the
         coordinator's answer: usually well under a second, but a rebalance
         waiting for a pending member's session made one close during start-up
-        on a loaded machine take over 60 s (runtime.polling.consumer_release).
+        on a loaded machine take over 60 s (runtime.kafka.consumer_release).
         Nothing was assigned, so nothing is lost: the consumer is closed on a
         background thread and this thread never touches it again.
         """

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException, TopicPartition
 
+from runtime.kafka.topics import TopicLayout
 from runtime.logging import get_logger
-from runtime.polling.topics import TopicLayout
 from runtime.topology.topology import Subtopology, Topology
 
 if TYPE_CHECKING:

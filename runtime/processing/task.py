@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 from confluent_kafka import Message
 
 from runtime.collector.collector import OutputRecord
-from runtime.collector.partitioner import default_partition
 from runtime.logging import get_logger
+from runtime.partitioning.default import default_partition
 from runtime.processing.errors import (
     DEAD_LETTER_QUEUE,
     LOG_AND_CONTINUE,

@@ -28,7 +28,7 @@ records only contends, and turns the task's cheap chunks into key lanes).
 Commits and interactive queries still need it alone: they wait until no
 thread holds a share, and a waiting query stops new shares.
 
-Named queries (`task.query`, runtime.topology.queries): the query goes
+Named queries (`task.query`, runtime.topology.named_queries): the query goes
 first, then the rules above inside it. `QueryLedger` (runtime.processing.
 query_shares) orders the queries with work: higher `priority` first, then the
 least busy time per `weight`; `max_threads` caps a query's holders. A paused

@@ -59,8 +59,8 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicP
 from confluent_kafka.admin import AdminClient
 
 from runtime.config import StreamsConfig
-from runtime.polling.clients import admin_config
-from runtime.polling.topics import TopicError, resolve_topics
+from runtime.kafka.clients import admin_config
+from runtime.kafka.topics import TopicError, resolve_topics
 from runtime.spark import kafka as k
 from runtime.spark.graph import (
     INPUT_SCHEMA,

@@ -42,7 +42,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from runtime.collector.partitioner import default_partition
+from runtime.partitioning.default import default_partition
 from runtime.processing.errors import (
     DEAD_LETTER_QUEUE,
     LOG_AND_CONTINUE,

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.config import StreamsConfig
-from runtime.polling.topics import TopicLayout
+from runtime.kafka.topics import TopicLayout
 from runtime.state.changelog import changelog_topic_name
 from runtime.topology.graph import NodeDef, NodeKind
 from runtime.topology.nodes import (

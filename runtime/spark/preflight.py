@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
+from runtime.kafka.clients import admin_config
+from runtime.kafka.topics import TopicError
 from runtime.logging import librdkafka_logger
-from runtime.polling.clients import admin_config
-from runtime.polling.topics import TopicError
 from runtime.spark.kafka import KafkaSourceError
 
 if TYPE_CHECKING:

@@ -38,8 +38,7 @@ from typing import Any, Protocol
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from runtime.logging import get_logger
-from runtime.state.builders import LayeredStore
-from runtime.state.placement import (
+from runtime.placement.records import (
     PLAN_KEY,
     SCALE_DOWN_KEY,
     SHUTDOWN_REQUEST_KEY,
@@ -47,6 +46,7 @@ from runtime.state.placement import (
     PlacementPlan,
     ShutdownRequest,
 )
+from runtime.state.builders import LayeredStore
 from runtime.state.remote.capture import UploadJob, snapshot_stores
 from runtime.state.remote.download import SnapshotDownload, SnapshotUnusable
 from runtime.state.remote.manager import RemoteState

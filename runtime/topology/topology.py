@@ -126,7 +126,7 @@ class Subtopology:
         local_id: int | None = None,
     ) -> None:
         self.id = id
-        # Several named queries in one app (runtime.topology.queries): the
+        # Several named queries in one app (runtime.topology.named_queries): the
         # query this subtopology belongs to and its number inside that query.
         self.query = query
         self.local_id = id if local_id is None else local_id
@@ -307,7 +307,7 @@ class Topology:
     @classmethod
     def of_subtopologies(cls, subtopologies: Iterable[Subtopology]) -> Topology:
         """A topology made of given subtopologies (their ids unique): how
-        `runtime.topology.queries.compose` joins named queries into one."""
+        `runtime.topology.named_queries.compose` joins named queries into one."""
         topology = cls.__new__(cls)
         topology._set(tuple(sorted(subtopologies, key=lambda s: s.id)))
         return topology

@@ -16,7 +16,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from runtime.polling.clients import consume_available, consume_until, fetch_resumed_now
+from runtime.kafka.clients import consume_available, consume_until, fetch_resumed_now
 from tests.kafka_helpers import create_topic, produce, unique_name
 
 pytestmark = pytest.mark.integration

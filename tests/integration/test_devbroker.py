@@ -8,7 +8,7 @@ import time
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
-from runtime.devbroker import DevBroker
+from runtime.brokers.devbroker import DevBroker
 from tests.kafka_helpers import (
     committed_offsets,
     consume_all,

@@ -4,7 +4,7 @@ The input partition's leader, the transaction coordinator of the daemon's
 transactional.id and then its group coordinator are SIGKILLed mid-run and
 restarted (when one node held both coordinator roles, librdkafka's
 send_offsets_to_transaction hung for minutes: see
-runtime/polling/transactions.py); a producer feeds input throughout. A read_committed reader must see every input sequence number once
+runtime/collector/transactions.py); a producer feeds input throughout. A read_committed reader must see every input sequence number once
 and the counts must be the true counts. Kafka only (the `kafka_cluster` fixture
 skips on a Tansu run).
 """

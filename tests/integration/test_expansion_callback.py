@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from runtime import App, VirtualPartitioner
-from runtime.polling.expansion_marker import done_topic, marker_topic
+from runtime.partitioning.expansion_marker import done_topic, marker_topic
 from tests.apps import expansion_app
 from tests.kafka_helpers import create_topic, unique_name, wait_until
 

@@ -24,7 +24,7 @@ import structlog
 from confluent_kafka.admin import AdminClient
 
 from runtime import App, StoreUnavailableError, StreamsBuilder, Topology, serdes
-from runtime.devbroker import free_port
+from runtime.brokers.devbroker import free_port
 from runtime.logging import configure_logging
 from tests.harness import REPO, Daemon, clean_env
 from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
@@ -143,7 +143,7 @@ def test_close_during_startup_does_not_wait_for_a_held_join(
     yet: nothing to commit, so closing waits for neither. (Its consumer is
     closed in the background: on a loaded machine one destruction of an
     unjoined handle on the polling thread took over 60 s;
-    runtime.polling.consumer_release. This test does not reproduce that
+    runtime.kafka.consumer_release. This test does not reproduce that
     stall, which was seen about once in 12 closes under CPU hogs.)"""
     source, sink = unique_name("fh-in"), unique_name("fh-out")
     create_topic(bootstrap, source, 2)

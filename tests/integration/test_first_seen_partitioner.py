@@ -30,8 +30,8 @@ from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from runtime import App, AppState, FirstSeenPartitioner, StreamsBuilder, Topology, serdes
-from runtime.collector.partitioner import default_partition
-from runtime.polling.expansion_marker import done_topic, marker_topic
+from runtime.partitioning.default import default_partition
+from runtime.partitioning.expansion_marker import done_topic, marker_topic
 from tests.apps.expansion_app import fold
 from tests.kafka_helpers import Msg, consume_all, create_topic, unique_name, wait_until
 
@@ -408,8 +408,8 @@ def test_the_producer_learns_a_partition_added_since_it_last_looked(bootstrap: s
     its metadata at produce() (`_UNKNOWN_PARTITION`); the output channel asks
     the cluster once and produces it."""
     from runtime.collector.collector import RecordCollector
+    from runtime.collector.output import OutputChannel
     from runtime.config import StreamsConfig
-    from runtime.polling.output import OutputChannel
 
     topic = unique_name("fs-unseen")
     create_topic(bootstrap, topic, 4)

@@ -77,7 +77,7 @@ def test_map_filter_split_flat_map_over_four_partitions(bootstrap: str, tmp_path
     assert sorted(ints(got_odds)) == sorted(expected_odds)
     # map() re-keys: each output sits in the partition its new key hashes to
     # (murmur2, as the Java client), so a Java consumer finds it where expected.
-    from runtime.collector.partitioner import partition_python
+    from runtime.partitioning.default import partition_python
 
     for m in got_evens + got_odds:
         assert m.partition == partition_python(m.key, 4)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from runtime import App, AppState, StreamsBuilder, serdes
-from runtime.polling.production import HEADER_SINK_TOPIC, HEADER_TRUNCATED
+from runtime.collector.production_errors import HEADER_SINK_TOPIC, HEADER_TRUNCATED
 from tests.kafka_helpers import (
     broker_filters_aborted_transactions,
     committed_offsets,

@@ -20,8 +20,8 @@ from confluent_kafka import Producer
 
 from runtime import App, Processor, Record, StreamsBuilder, TimeWindows, Topology, serdes
 from runtime.cli import main
-from runtime.collector.partitioner import default_partition
 from runtime.config import StreamsConfig
+from runtime.partitioning.default import default_partition
 from runtime.spark import BackfillError, run_backfill, spark_session
 from runtime.spark.session import JavaMissingError, check_java
 from runtime.spark.sources import STREAMS_KAFKA
@@ -453,7 +453,7 @@ def test_tables_joins_and_chained_aggregations_are_refused_by_name() -> None:
     )
     topology = builder.build()
     config = StreamsConfig.from_dict({"application.id": "x", "bootstrap.servers": "unused:1"})
-    from runtime.polling.topics import TopicLayout
+    from runtime.kafka.topics import TopicLayout
 
     layout = TopicLayout(
         sources={0: ["words"]}, partitions={"words": 2}, subtopology_of={"words": 0}, changelogs={}
@@ -463,7 +463,7 @@ def test_tables_joins_and_chained_aggregations_are_refused_by_name() -> None:
 
 
 def test_the_plan_of_a_word_count() -> None:
-    from runtime.polling.topics import TopicLayout
+    from runtime.kafka.topics import TopicLayout
     from runtime.spark.plan import plan_backfill
 
     topology = word_count("lines", "counts")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from runtime.collector.partitioner import default_partition
+from runtime.partitioning.default import default_partition
 from runtime.spark import FORMAT, spark_session
 from runtime.spark.kafka import KafkaSourceError, offsets_to_json, watermarks
 from tests.kafka_helpers import consume_all, create_topic, produce, unique_name

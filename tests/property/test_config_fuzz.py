@@ -27,7 +27,7 @@ from runtime.config import (
     StreamsConfig,
     load_config,
 )
-from runtime.startup_checks import check_client_properties
+from runtime.kafka.startup_checks import check_client_properties
 from runtime.topology.serdes import Serde
 
 BASE = {"application.id": "fuzz", "bootstrap.servers": "127.0.0.1:9092"}

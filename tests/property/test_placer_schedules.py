@@ -1,4 +1,4 @@
-"""The placer (runtime.polling.placer) under random schedules.
+"""The placer (runtime.placement.placer) under random schedules.
 
 A small simulation plays the protocol of docs/architecture.md ("Runtime-owned
 task placement"): the placer computes plans from the statuses it has seen;
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.polling.placer import Member, PlacerSettings, next_plan, subtopology_of
-from runtime.state.placement import PlacementPlan
+from runtime.placement.placer import Member, PlacerSettings, next_plan, subtopology_of
+from runtime.placement.records import PlacementPlan
 
 TASKS = {**{f"0_{p}": False for p in range(4)}, **{f"1_{p}": True for p in range(6)}}
 FAR = 10**9

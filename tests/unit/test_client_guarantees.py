@@ -16,8 +16,8 @@ import pytest
 from runtime import cli
 from runtime.app import App
 from runtime.config import ConfigError, StreamsConfig
-from runtime.polling.clients import consumer_config, restore_consumer_config
-from runtime.startup_checks import check_client_properties
+from runtime.kafka.clients import consumer_config, restore_consumer_config
+from runtime.kafka.startup_checks import check_client_properties
 from runtime.topology.builder import StreamsBuilder
 
 REQUIRED = {"application.id": "app", "bootstrap.servers": "127.0.0.1:1"}

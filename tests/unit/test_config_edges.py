@@ -26,7 +26,7 @@ import pytest
 from runtime import cli
 from runtime.config import ConfigError, StreamsConfig, load_config
 from runtime.config_values import MAX_CONFIG_FILE_BYTES
-from runtime.startup_checks import check_admin_socket_dir, check_startup
+from runtime.kafka.startup_checks import check_admin_socket_dir, check_startup
 
 REPO = Path(__file__).resolve().parents[2]
 REQUIRED = {"application.id": "app", "bootstrap.servers": "127.0.0.1:1"}

@@ -23,7 +23,7 @@ from runtime.config import (
     StreamsConfig,
     clamp_wait_s,
 )
-from runtime.startup_checks import check_client_properties, check_startup, check_state_dir
+from runtime.kafka.startup_checks import check_client_properties, check_startup, check_state_dir
 from runtime.topology import serdes
 from runtime.topology.builder import StreamsBuilder
 

@@ -2,7 +2,7 @@
 spread over every partition after an expansion; racing deciders agree.
 
 No Kafka here: the log is modelled (the claim rules of
-`runtime.collector.claims`) or in memory; `tests/integration/
+`runtime.partitioning.claims`) or in memory; `tests/integration/
 test_first_seen_partitioner.py` runs it on Apache Kafka.
 """
 
@@ -19,11 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime import FirstSeenPartitioner, StreamsBuilder, VirtualPartitioner, serdes
-from runtime.collector.claims import ClaimBook, ClaimError, decode_claim, encode_claim
-from runtime.collector.first_seen import LocalClaimLog
-from runtime.collector.partitioner import default_partition
-from runtime.collector.static_partitioner import open_static_partitioner
 from runtime.config import StreamsConfig
+from runtime.partitioning.claims import ClaimBook, ClaimError, decode_claim, encode_claim
+from runtime.partitioning.default import default_partition
+from runtime.partitioning.first_seen import LocalClaimLog
+from runtime.partitioning.static import open_static_partitioner
 from runtime.topology.testing import RecordingTaskContext
 
 KEYS = [f"key-{i}".encode() for i in range(6)]

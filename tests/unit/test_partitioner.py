@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.collector.partitioner import (
+from runtime.partitioning.default import (
     _hash_partition,
     default_partition,
     murmur2_python,

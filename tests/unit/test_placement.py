@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.state.placement import (
+from runtime.placement.records import (
     InstanceStatus,
     live_instances,
     standby_owners,

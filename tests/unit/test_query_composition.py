@@ -8,11 +8,11 @@ import pytest
 from runtime import App, StreamsBuilder, serdes
 from runtime.admin.server import ProtocolError, parse_request
 from runtime.config import ConfigError, StreamsConfig, config_table_markdown
-from runtime.polling.expansion_plan import changelog_topics
+from runtime.partitioning.expansion_plan import changelog_topics
 from runtime.processing.query_shares import QueryShare
 from runtime.processing.task_manager import TaskManager
 from runtime.status import AppStatus, QueryStatus
-from runtime.topology.queries import QueryError, compose, with_query, without_query
+from runtime.topology.named_queries import QueryError, compose, with_query, without_query
 from runtime.topology.topology import Topology
 from tests.fakes.tasks import FakeTask
 

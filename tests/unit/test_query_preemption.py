@@ -24,7 +24,7 @@ from runtime.processing.query_shares import QueryShare, preemptions
 from runtime.processing.task import StreamTask, TaskSettings
 from runtime.processing.task_manager import TaskManager
 from runtime.processing.threads import ProcessingThreadPool
-from runtime.topology.queries import compose
+from runtime.topology.named_queries import compose
 from tests.fakes.tasks import FakeTask
 from tests.kafka_helpers import wait_until
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from runtime import SerializationError, StreamsBuilder, Topology, serdes
-from runtime.processing.queries import StoreQuery, StoreUnavailableError
+from runtime.processing.store_queries import StoreQuery, StoreUnavailableError
 from runtime.processing.task_manager import TaskManager
 from runtime.topology.dry_run import Sample, dry_run
 from runtime.topology.record import Record

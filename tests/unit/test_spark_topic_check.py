@@ -12,7 +12,7 @@ import pytest
 
 from runtime import StreamsBuilder
 from runtime.config import StreamsConfig
-from runtime.polling.topics import TopicError
+from runtime.kafka.topics import TopicError
 from runtime.spark import preflight
 from runtime.spark.kafka import KafkaSourceError
 

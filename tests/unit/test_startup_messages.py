@@ -14,8 +14,8 @@ import structlog
 from confluent_kafka import Producer
 
 from runtime.admin.client import format_status, format_threads
+from runtime.brokers.devbroker import free_port
 from runtime.demo import thread_view
-from runtime.devbroker import free_port
 from runtime.logging import configure_logging, librdkafka_level, librdkafka_logger
 from runtime.polling.startup import StartupProgress
 from runtime.status import AppStatus, ThreadStatus

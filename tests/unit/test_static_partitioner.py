@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime import StreamsBuilder, VirtualPartitioner, serdes
-from runtime.collector.partitioner import default_partition
-from runtime.collector.static_partitioner import static_partitioner_from_name
 from runtime.config import ConfigError, StreamsConfig
+from runtime.partitioning.default import default_partition
+from runtime.partitioning.static import static_partitioner_from_name
 from runtime.topology.testing import RecordingTaskContext
 
 keys = st.binary(max_size=32) | st.text(max_size=16) | st.integers(-(2**63), 2**63 - 1)

@@ -10,9 +10,9 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from runtime import StreamsBuilder, serdes
+from runtime.kafka.topics import TopicLayout
 from runtime.polling.active_tasks import ActiveTasks
 from runtime.polling.input_buffers import InputBuffers
-from runtime.polling.topics import TopicLayout
 from runtime.processing.errors import ErrorPolicy
 from runtime.processing.task import StreamTask, TaskSettings
 from runtime.state.cache import CacheBudget

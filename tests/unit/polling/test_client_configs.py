@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import Consumer
 
 from runtime.config import ConfigError, StreamsConfig
-from runtime.polling.clients import consumer_config
+from runtime.kafka.clients import consumer_config
 
 
 def config(**extra: object) -> StreamsConfig:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from runtime.polling.broker_health import Retrying
-from runtime.polling.clients import committed_offsets
+from runtime.kafka.broker_health import Retrying
+from runtime.kafka.clients import committed_offsets
 
 TIMED_OUT = KafkaError(KafkaError._TIMED_OUT, "Timed out")
 NOT_COORDINATOR = KafkaError(KafkaError.NOT_COORDINATOR, "moved", retriable=True)

@@ -10,9 +10,9 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runtime.collector.production_errors import ProductionFailed
+from runtime.collector.transactions import TransactionFailed
 from runtime.polling.committer import Committer
-from runtime.polling.production import ProductionFailed
-from runtime.polling.transactions import TransactionFailed
 from runtime.processing.task import CommitBatch
 
 

@@ -11,9 +11,9 @@ from confluent_kafka import KafkaError, KafkaException
 
 from runtime import VirtualPartitioner
 from runtime.config import StreamsConfig
+from runtime.kafka.topics import TopicLayout
+from runtime.partitioning.expansion_marker import done_topic, marker_topic
 from runtime.polling.expansion import PartitionExpansion, PartitionsChangedError
-from runtime.polling.expansion_marker import done_topic, marker_topic
-from runtime.polling.topics import TopicLayout
 from tests.apps import expansion_app
 
 APP = "app"
@@ -196,7 +196,7 @@ def test_admin_status_says_what_an_expansion_waits_for() -> None:
 
 
 def test_start_up_names_expand_when_an_internal_topic_is_behind() -> None:
-    from runtime.polling.topics import TopicError, resolve_topics
+    from runtime.kafka.topics import TopicError, resolve_topics
 
     counts = {"in": 8, "out": 8, REPARTITION: 4, CHANGELOG: 4}
     metadata = SimpleNamespace(

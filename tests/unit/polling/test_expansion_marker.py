@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime import VirtualPartitioner
-from runtime.polling.expansion_marker import (
+from runtime.partitioning.expansion_marker import (
     done_topic,
     finish_interrupted_callbacks,
     marker_topic,

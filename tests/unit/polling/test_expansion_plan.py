@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime import StreamsBuilder, serdes
-from runtime.polling.expansion_plan import downstream_user_topics, plan_expansion
+from runtime.partitioning.expansion_plan import downstream_user_topics, plan_expansion
 
 APP = "app"
 S, J = serdes.STRING, serdes.JSON

@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from runtime.collector.collector import OutputRecord
-from runtime.polling.production import (
+from runtime.collector.production_errors import (
     HEADER_SINK_TOPIC,
     HEADER_TRUNCATED,
     OutputErrors,

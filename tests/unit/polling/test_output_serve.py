@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.polling import output as output_module
-from runtime.polling.output import OutputChannel
+from runtime.collector import output as output_module
+from runtime.collector.output import OutputChannel
 
 
 class FakeProducer:

@@ -1,5 +1,5 @@
-"""The placer's decisions in named situations (runtime.polling.placer), and the
-records it exchanges (runtime.state.placement). Random schedules are in
+"""The placer's decisions in named situations (runtime.placement.placer), and the
+records it exchanges (runtime.placement.records). Random schedules are in
 tests/property/test_placer_schedules.py."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import ConfigError, StreamsConfig
-from runtime.polling.placer import Member, PlacerSettings, may_take, next_plan
-from runtime.state.placement import InstanceStatus, PlacementPlan
+from runtime.placement.placer import Member, PlacerSettings, may_take, next_plan
+from runtime.placement.records import InstanceStatus, PlacementPlan
 
 STATELESS = {"0_0": False, "0_1": False}
 STATEFUL = {"1_0": True, "1_1": True}
@@ -113,7 +113,7 @@ def test_config_keys() -> None:
 
 
 def test_scale_down_request_is_checked_before_anything_is_written() -> None:
-    from runtime.polling.scale_down_command import ScaleDownError, request_scale_down
+    from runtime.commands.scale_down import ScaleDownError, request_scale_down
 
     base = {"application.id": "x", "bootstrap.servers": "h:9092"}
     runtime_placed = StreamsConfig.from_dict({**base, "task.assignment": "runtime"})

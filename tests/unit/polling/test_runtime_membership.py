@@ -17,10 +17,10 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from runtime.polling import runtime_assignment
-from runtime.polling.placer import PlacerSettings
-from runtime.polling.runtime_assignment import RuntimeAssignment
-from runtime.state.placement import PlacementPlan
+from runtime.placement import runtime_assignment
+from runtime.placement.placer import PlacerSettings
+from runtime.placement.records import PlacementPlan
+from runtime.placement.runtime_assignment import RuntimeAssignment
 
 STATUS = "app-status"
 

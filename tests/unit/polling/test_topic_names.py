@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from runtime import StreamsBuilder, serdes
-from runtime.polling.topics import TopicError, resolve_topics
+from runtime.kafka.topics import TopicError, resolve_topics
 
 
 class FakeAdmin:

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from runtime.polling.broker_health import Retrying
-from runtime.polling.output import OutputChannel
-from runtime.polling.transactions import (
+from runtime.collector.output import OutputChannel
+from runtime.collector.transactions import (
     TransactionFailed,
     Transactions,
     breaks_producer,
     call_with_deadline,
 )
+from runtime.kafka.broker_health import Retrying
 
 FENCED = KafkaError(KafkaError._FENCED, "fenced by newer producer instance", fatal=True)
 

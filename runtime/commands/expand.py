@@ -22,8 +22,12 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from runtime.polling.expansion_plan import changelog_topics, downstream_user_topics, plan_expansion
-from runtime.polling.topics import TopicError, user_topics
+from runtime.kafka.topics import TopicError, user_topics
+from runtime.partitioning.expansion_plan import (
+    changelog_topics,
+    downstream_user_topics,
+    plan_expansion,
+)
 from runtime.topology.topology import Topology
 
 __all__ = ["ExpandedTopic", "expand_topic"]

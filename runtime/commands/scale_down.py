@@ -15,8 +15,8 @@ import time
 from confluent_kafka import Producer
 
 from runtime.config import StreamsConfig
-from runtime.polling.clients import producer_config
-from runtime.state.placement import SCALE_DOWN_KEY, status_topic_name
+from runtime.kafka.clients import producer_config
+from runtime.placement.records import SCALE_DOWN_KEY, status_topic_name
 
 
 class ScaleDownError(RuntimeError):

@@ -1,7 +1,7 @@
 """The app's named queries: their settings, states and per-query figures.
 
 `App({"orders": t1, "audit": t2}, config)` runs several queries on one set of
-clients and threads (runtime.topology.queries composes them). This module
+clients and threads (runtime.topology.named_queries composes them). This module
 keeps what the app knows per query: the scheduling share from the
 `query.<name>.*` keys (runtime.processing.query_shares), whether it runs, is
 paused or failed (and why), and the figures `App.status()` reports per query.
@@ -24,12 +24,12 @@ from confluent_kafka.admin import AdminClient
 
 from runtime.config import ConfigError, StreamsConfig
 from runtime.isolation.plan import PROCESS, child_application_id, isolation_of
+from runtime.kafka.clients import admin_config
 from runtime.logging import get_logger
-from runtime.polling.clients import admin_config
-from runtime.polling.expansion_plan import changelog_topics
+from runtime.partitioning.expansion_plan import changelog_topics
 from runtime.processing.query_shares import QueryShare
 from runtime.status import QueryStatus
-from runtime.topology.queries import check_query_name, compose
+from runtime.topology.named_queries import check_query_name, compose
 from runtime.topology.topology import Subtopology, Topology
 
 log = get_logger("runtime.queries")

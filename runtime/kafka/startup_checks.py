@@ -17,7 +17,7 @@ wrong bucket, wrong credentials or an unreachable endpoint stop start-up here
 rather than every snapshot failing later.
 
 The clients are built from the same functions the runtime uses
-(`runtime.polling.clients`) with `bootstrap.servers` emptied, so librdkafka
+(`runtime.kafka.clients`) with `bootstrap.servers` emptied, so librdkafka
 checks every property (and combinations, e.g. `acks` with idempotence) without
 contacting any broker; each is closed at once. Called by whichever thread
 starts the app, usually the main thread.
@@ -37,7 +37,7 @@ from confluent_kafka.admin import AdminClient
 
 from runtime.config import ConfigError, StreamsConfig
 from runtime.config_values import show_value
-from runtime.polling.clients import (
+from runtime.kafka.clients import (
     admin_config,
     consumer_config,
     producer_config,

@@ -1,7 +1,7 @@
 """Runtime-owned task placement (`task.assignment=runtime`): the polling thread's part.
 
 The protocol is in docs/architecture.md ("Runtime-owned task placement"); the
-decision itself is `runtime.polling.placer` (pure). This class:
+decision itself is `runtime.placement.placer` (pure). This class:
 
 - joins the group on the one-partition status topic only; whoever owns its
   partition 0 is the placer (`on_assign`/`on_revoke`/`on_lost`, called from
@@ -43,16 +43,16 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from runtime.collector.output import OutputChannel
+from runtime.collector.transactions import TransactionFailed
+from runtime.kafka.topics import TopicLayout
 from runtime.logging import get_logger
+from runtime.placement.placer import Member, PlacerSettings, next_plan
+from runtime.placement.records import PLAN_KEY, PlacementPlan
 from runtime.polling.active_tasks import ActiveTasks
 from runtime.polling.committer import Committer
-from runtime.polling.output import OutputChannel
-from runtime.polling.placement import TaskPlacement
-from runtime.polling.placer import Member, PlacerSettings, next_plan
-from runtime.polling.topics import TopicLayout
-from runtime.polling.transactions import TransactionFailed
+from runtime.polling.status_and_standbys import TaskPlacement
 from runtime.processing.task import task_id_of
-from runtime.state.placement import PLAN_KEY, PlacementPlan
 from runtime.state.restoration import RestorationThread
 
 log = get_logger("runtime.placement")

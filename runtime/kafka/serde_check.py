@@ -23,9 +23,9 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from runtime.config import StreamsConfig
+from runtime.kafka.clients import restore_consumer_config
+from runtime.kafka.topics import TopicLayout
 from runtime.logging import get_logger
-from runtime.polling.clients import restore_consumer_config
-from runtime.polling.topics import TopicLayout
 from runtime.topology.dry_run import Sample, dry_run
 from runtime.topology.errors import SerializationError
 from runtime.topology.topology import Topology

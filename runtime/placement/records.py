@@ -12,7 +12,7 @@ instance joins or leaves, only the tasks that ranked it change hands.
 The same topic carries the records of runtime-owned placement
 (`task.assignment=runtime`): the placer's `PlacementPlan` and `scale-down`
 requests, and the status fields the placer reads; the decision itself is
-`runtime.polling.placer`. Pure functions and records; any thread may call.
+`runtime.placement.placer`. Pure functions and records; any thread may call.
 """
 
 from __future__ import annotations

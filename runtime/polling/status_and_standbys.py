@@ -3,10 +3,10 @@
 Every instance publishes its status (its active tasks and standbys) on the
 compacted `<application.id>-status` topic, which every instance's restoration
 thread reads. From those statuses each instance decides by itself which
-standbys it keeps (rendezvous hashing, `runtime.state.placement`), and the
+standbys it keeps (rendezvous hashing, `runtime.placement.records`), and the
 restoration thread keeps them warm. The same topic carries
 SHUTDOWN_APPLICATION requests to every instance. Runtime-owned placement
-(`task.assignment=runtime`, `runtime.polling.runtime_assignment`) adds its
+(`task.assignment=runtime`, `runtime.placement.runtime_assignment`) adds its
 fields to the status and its learners to the standbys kept here.
 
 Used by the polling thread only (it owns the producer that publishes).
@@ -19,11 +19,10 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
+from runtime.collector.output import OutputChannel
+from runtime.kafka.topics import TopicLayout
 from runtime.logging import get_logger
-from runtime.polling.output import OutputChannel
-from runtime.polling.topics import TopicLayout
-from runtime.processing.task import TaskSettings, task_id_of
-from runtime.state.placement import (
+from runtime.placement.records import (
     SHUTDOWN_REQUEST_KEY,
     InstanceStatus,
     ShutdownRequest,
@@ -31,6 +30,7 @@ from runtime.state.placement import (
     standbys_for,
     status_topic_name,
 )
+from runtime.processing.task import TaskSettings, task_id_of
 from runtime.state.restoration import RestorationThread
 from runtime.state.standby import StandbyTask
 from runtime.topology.topology import Subtopology, Topology

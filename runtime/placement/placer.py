@@ -24,7 +24,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from runtime.state.placement import PlacementPlan
+from runtime.placement.records import PlacementPlan
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata
 
 from runtime.config import StreamsConfig
+from runtime.kafka.clients import admin_config
+from runtime.kafka.topics import TopicError
 from runtime.logging import get_logger
-from runtime.polling.clients import admin_config
-from runtime.polling.topics import TopicError
 
 log = get_logger("runtime.cluster")
 

@@ -8,7 +8,7 @@ writes (its changelogs, and its repartition topics, which are read further
 down) grow before the topics it reads. The plan lists the topics to grow in
 levels, downstream first; a level starts when the previous one is done.
 
-The partition counts follow the rules `runtime.polling.topics` applies at
+The partition counts follow the rules `runtime.kafka.topics` applies at
 start-up: a repartition topic has its writer's task count (or the count
 `repartition(partitions=N)` fixed, or its co-partitioned topics' count); a
 changelog has one partition per task of its subtopology. Counts only grow.

@@ -35,8 +35,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from runtime.kafka.broker_health import Retrying
 from runtime.logging import get_logger
-from runtime.polling.broker_health import Retrying
 
 log = get_logger("runtime.transactions")
 

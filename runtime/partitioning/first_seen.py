@@ -12,7 +12,7 @@ spread over all partitions, new ones included.
 The memory of "first seen" is the compacted topic `<application.id>-partitioner`
 (1 partition; `topic=` names another), read whole by every instance at
 start-up and followed from then on. How two deciders agree (see
-`runtime.collector.claims`): a new key's partition is never used until the
+`runtime.partitioning.claims`): a new key's partition is never used until the
 key's *claim* was written to partition 0 of that topic and read back; the
 first claim per key in offset order wins, on every reader. Two instances
 that see the same new key at once, even with different partition counts
@@ -69,10 +69,10 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from runtime.collector.claims import CLAIM_ID_BYTES, ClaimBook, ClaimError, encode_claim
-from runtime.collector.partitioner import default_partition
-from runtime.collector.static_partitioner import key_bytes as default_key_bytes
 from runtime.logging import get_logger
+from runtime.partitioning.claims import CLAIM_ID_BYTES, ClaimBook, ClaimError, encode_claim
+from runtime.partitioning.default import default_partition
+from runtime.partitioning.static import key_bytes as default_key_bytes
 
 __all__ = ["ClaimError", "ClaimLog", "FirstSeenPartitioner", "LocalClaimLog"]
 

@@ -21,16 +21,16 @@ from pathlib import Path
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from runtime.collector.collector import OutputRecord, RecordCollector
-from runtime.config import StreamsConfig
-from runtime.logging import get_logger
-from runtime.polling.broker_health import Retrying
-from runtime.polling.clients import producer_config
-from runtime.polling.production import OutputErrors, ProductionCounts
-from runtime.polling.transactions import (
+from runtime.collector.production_errors import OutputErrors, ProductionCounts
+from runtime.collector.transactions import (
     Transactions,
     breaks_producer,
     stable_transactional_id,
 )
+from runtime.config import StreamsConfig
+from runtime.kafka.broker_health import Retrying
+from runtime.kafka.clients import producer_config
+from runtime.logging import get_logger
 
 log = get_logger("runtime.output")
 

@@ -15,7 +15,7 @@ non-null key (the deserialized key, as a `to()` partitioner gets it) and must
 return the same partition for the same key forever; and optionally
 `on_partition_expansion(old_count, new_count)`, run once per expansion on one
 instance of the application (on its polling thread: keep it short; see
-`runtime.polling.expansion_marker` for what "once" guarantees). Records
+`runtime.partitioning.expansion_marker` for what "once" guarantees). Records
 with a null key are spread round-robin and never reach the partitioner.
 
 A partitioner that needs the cluster (`FirstSeenPartitioner`) also has
@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from runtime.collector.partitioner import default_partition
+from runtime.partitioning.default import default_partition
 
 __all__ = [
     "StaticPartitioner",

@@ -20,8 +20,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from runtime.config import StreamsConfig
+from runtime.kafka.broker_health import Retrying
 from runtime.logging import get_logger, librdkafka_logger
-from runtime.polling.broker_health import Retrying
 from runtime.processing.query_shares import partition_fetch_bytes
 from runtime.topology.topology import Topology
 
