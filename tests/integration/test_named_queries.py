@@ -454,7 +454,7 @@ def test_light_query_latency_beside_a_heavy_backlog_and_admin_query_commands(
     # preemption p50 came out 1.6-2.7x and p99 0.9-4.4x; with preemption by
     # priority p99 was 1.74x and 0.94x in two runs. The light query is served
     # first (tests/property/test_query_scheduling.py proves the order) and a
-    # heavy batch yields to its input (tests/unit/test_query_preemption.py);
+    # heavy batch yields to its input (tests/unit/processing/test_query_preemption.py);
     # what it still loses is the process it shares: the GIL the CPU-bound
     # batches hold (the polling thread waits for it; the app shortens the
     # switch interval to 0.1 ms while priorities differ) and the cores.

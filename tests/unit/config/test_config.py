@@ -430,7 +430,7 @@ def test_config_table_markdown() -> None:
 
 
 def test_readme_table_is_generated_from_the_keys() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
     assert config_module.readme_with_table(readme) == readme, "run ./dev docs"
 
 

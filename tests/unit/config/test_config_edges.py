@@ -28,7 +28,7 @@ from runtime.config import ConfigError, StreamsConfig, load_config
 from runtime.config_values import MAX_CONFIG_FILE_BYTES
 from runtime.kafka.startup_checks import check_admin_socket_dir, check_startup
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 REQUIRED = {"application.id": "app", "bootstrap.servers": "127.0.0.1:1"}
 BASE_SETS = ["application.id=edges", "bootstrap.servers=127.0.0.1:1"]
 CONTROLS = ["\n", "\r", "\t", "\x1b", "\x7f", "\x85", "\u2028"]

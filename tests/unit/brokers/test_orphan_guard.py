@@ -19,7 +19,7 @@ import pytest
 
 from runtime.brokers.orphan_guard import start_guard
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 OWNER = textwrap.dedent(
     """

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from runtime import Topology
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 def test_readme_example_builds_a_topology() -> None:

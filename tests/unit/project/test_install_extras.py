@@ -9,7 +9,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HEAVY = ("pyspark", "pyarrow", "pandas", "matplotlib", "pytest", "hypothesis", "boto3", "botocore")
 
 
