@@ -40,7 +40,7 @@ from typing import IO, Any
 
 from runtime.brokers.orphan_guard import start_guard
 
-__all__ = ["DevBroker", "free_port", "run_foreground"]
+__all__ = ["DevBroker", "free_port"]
 
 _STOP_GRACE_S = 5.0
 _LOG_TAIL_BYTES = 4000
@@ -371,14 +371,3 @@ class _PortTaken(RuntimeError):
 
 def _ignore(*_args: object) -> None:
     """error_cb for the readiness probe: refused connections are expected while starting."""
-
-
-def run_foreground(port: int = 9092, host: str = "127.0.0.1") -> int:
-    """Run a Tansu broker until SIGINT/SIGTERM (``streams-runtime broker --kind tansu``).
-
-    Kept for callers of the Tansu-only API; :func:`runtime.brokers.run_foreground` does the
-    work. Installs signal handlers, so only the main thread may call this.
-    """
-    from runtime.brokers import run_foreground as run_broker
-
-    return run_broker("tansu", port=port, host=host)

@@ -22,7 +22,6 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from runtime.config import StreamsConfig
 from runtime.kafka.broker_health import Retrying
 from runtime.logging import get_logger, librdkafka_logger
-from runtime.processing.query_shares import partition_fetch_bytes
 from runtime.topology.topology import Topology
 
 log = get_logger("runtime.polling")
@@ -65,6 +64,34 @@ def assignment_strategy(topology: Topology) -> str:
     return "range" if multi_source else "cooperative-sticky"
 
 
+# The main consumer's max.partition.fetch.bytes while named queries of
+# different priorities run (unless `consumer.max.partition.fetch.bytes` is
+# set). See `partition_fetch_bytes`.
+PRIORITY_PARTITION_FETCH_BYTES = 65_536
+
+
+def partition_fetch_bytes(configured: object, priorities: Iterable[int]) -> int | None:
+    """The main consumer's `max.partition.fetch.bytes`, decided at start-up.
+
+    A full input buffer pauses its partition, which drops what librdkafka had
+    prefetched for it; each resume then fetches up to this many bytes again
+    (librdkafka's 1 MiB: some 15,000 small records) and all of it is parsed
+    and queued in the consumer's one queue, where a higher-priority query's
+    record waits behind it. Measured beside a CPU-bound query's backlog (one
+    quiet run, Apache Kafka, 2 cores): the light query's p99 was 3.75x of
+    running alone at 1 MiB, 2.13x at 256 KiB, 1.72x at 64 KiB, heavy
+    throughput unchanged. So: None (keep `configured`, or librdkafka's
+    default) when the user set it or the priorities are all equal;
+    `PRIORITY_PARTITION_FETCH_BYTES` while queries of different priorities
+    run from the start (the consumer's settings are fixed once it exists: a
+    query added later does not change them). Pure; any thread.
+    """
+    if configured is not None or len(set(priorities)) <= 1:
+        return None
+    return PRIORITY_PARTITION_FETCH_BYTES
+
+
+
 def consumer_config(
     config: StreamsConfig,
     assignment_strategy: str,
@@ -73,7 +100,7 @@ def consumer_config(
 ) -> dict[str, Any]:
     """The main consumer's settings; `query_priorities`: the named queries'
     priorities at start-up (different ones lower the partition fetch size,
-    see `query_shares.partition_fetch_bytes`)."""
+    see `partition_fetch_bytes`)."""
     settings: dict[str, Any] = {
         "bootstrap.servers": config.bootstrap_servers,
         "group.id": config.application_id,

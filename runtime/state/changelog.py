@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from runtime.state.store import KeyValue, KeyValueStore
-from runtime.topology.record import Headers
+
+if TYPE_CHECKING:  # a type name only: state sits below the DSL
+    from runtime.topology.record import Headers
 
 
 class ChangelogSink(Protocol):

@@ -12,9 +12,12 @@ Immutable; any thread.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from runtime.config import StreamsConfig
 from runtime.config_values import parse_remote_url
+
+if TYPE_CHECKING:  # the caller's config; state sits below config
+    from runtime.config import StreamsConfig
 
 
 @dataclass(frozen=True)
