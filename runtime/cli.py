@@ -529,7 +529,7 @@ def _start_spark(args: argparse.Namespace, app_name: str) -> tuple[Any, bool]:
     existed = SparkSession.getActiveSession() is not None
     conf = _spark_conf(args.spark_conf)
     if args.source is not None:
-        from runtime.spark.sources import SOURCE_CONF
+        from runtime.spark.names import SOURCE_CONF
 
         # Also tells spark_session() not to fetch the connector for streams-kafka.
         conf[SOURCE_CONF] = args.source

@@ -73,8 +73,9 @@ from runtime.spark.graph import (
     input_pass,
     result_pass,
 )
+from runtime.spark.names import KAFKA, STREAMS_KAFKA
 from runtime.spark.plan import BackfillError, BackfillPlan, StagePlan, check_nodes, plan_backfill
-from runtime.spark.sources import KAFKA, STREAMS_KAFKA, read_ranges, session_source
+from runtime.spark.sources import read_ranges, session_source
 from runtime.topology.topology import Topology
 
 if TYPE_CHECKING:
@@ -368,7 +369,7 @@ class _Job:
         df = functools.reduce(lambda a, b: a.unionByName(b), self.to_kafka)
         total = sum(self.written.values())
         self.progress(f"writing {total} records to {', '.join(sorted(self.written))}")
-        from runtime.spark.session import register
+        from runtime.spark.source import register
 
         register(self.spark)
         # The project's writer: it sets each record's timestamp (Spark's sink cannot).

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runtime.brokers.kafka_dist import BrokerUnavailable, cache_root, ensure_maven_jars
-from runtime.spark.session import SparkUnavailableError
+from runtime.spark.failures import SparkUnavailableError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -56,7 +56,7 @@ def package_coordinate(version: str | None = None) -> str:
 
 
 def _advice(version: str) -> str:
-    from runtime.spark.sources import SOURCE_CONF, STREAMS_KAFKA
+    from runtime.spark.names import SOURCE_CONF, STREAMS_KAFKA
 
     return (
         f"; with internet access Spark can fetch it itself ({PACKAGES_CONF}="

@@ -62,3 +62,11 @@ def failure_reason(exc: BaseException) -> str:
         return f"{worker} (raised in a Spark Python worker)"
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     return f"{type(exc).__name__}: {first}"
+
+
+class JavaMissingError(RuntimeError):
+    """No usable Java runtime for Spark."""
+
+
+class SparkUnavailableError(RuntimeError):
+    """PySpark (the `spark` extra) is not installed, or too old."""

@@ -44,6 +44,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
+from runtime.spark.failures import JavaMissingError, SparkUnavailableError
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -228,14 +230,6 @@ def _jvm_stderr_without_notice() -> Iterator[None]:
             copier.join(timeout=2)
 
 
-class JavaMissingError(RuntimeError):
-    """No usable Java runtime for Spark."""
-
-
-class SparkUnavailableError(RuntimeError):
-    """PySpark (the `spark` extra) is not installed, or too old."""
-
-
 def find_java() -> str | None:
     """`$JAVA_HOME/bin/java` if JAVA_HOME is set, else `java` on PATH."""
     home = os.environ.get("JAVA_HOME")
@@ -327,7 +321,8 @@ def spark_session(
     check_pyspark()
     from pyspark.sql import SparkSession
 
-    from runtime.spark.sources import STREAMS_KAFKA, conf_source
+    from runtime.spark.names import STREAMS_KAFKA, conf_source
+    from runtime.spark.source import register
 
     wanted = conf_source(conf or {})
     active = SparkSession.getActiveSession()
@@ -371,13 +366,6 @@ def spark_session(
     spark.sparkContext.setLogLevel(log_level)
     register(spark)
     return spark
-
-
-def register(spark: SparkSession) -> None:
-    """Make `format("streams-kafka")` available in this session (idempotent)."""
-    from runtime.spark.source import KafkaDataSource
-
-    spark.dataSource.register(KafkaDataSource)
 
 
 class Progress:

@@ -74,10 +74,11 @@ from pyspark.sql.types import (
 )
 
 from runtime.spark import kafka as k
-from runtime.spark.sources import STREAMS_KAFKA
+from runtime.spark.names import STREAMS_KAFKA
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyspark.sql import SparkSession
 
 FORMAT = STREAMS_KAFKA
 
@@ -409,3 +410,8 @@ class KafkaDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         return KafkaStreamWriter(WriteOptions.parse(self.options, schema))
+
+
+def register(spark: SparkSession) -> None:
+    """Make `format("streams-kafka")` available in this session (idempotent)."""
+    spark.dataSource.register(KafkaDataSource)

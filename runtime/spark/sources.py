@@ -30,15 +30,17 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from runtime.spark import kafka as k
+from runtime.spark.names import (
+    DEFAULT_SOURCE,
+    KAFKA,
+    SOURCE_CONF,
+    STREAMS_KAFKA,
+    check_source,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-KAFKA = "kafka"
-STREAMS_KAFKA = "streams-kafka"
-SOURCES = (KAFKA, STREAMS_KAFKA)
-DEFAULT_SOURCE = KAFKA
-SOURCE_CONF = "spark.streamsRuntime.kafkaSource"
 
 COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
 
@@ -57,17 +59,6 @@ _REFUSED_BY_SPARK = frozenset(
         "enable.auto.offset.store",
     }
 )
-
-
-def check_source(source: str, where: str = "source") -> str:
-    if source not in SOURCES:
-        raise ValueError(f"{where} must be one of {', '.join(SOURCES)}, got {source!r}")
-    return source
-
-
-def conf_source(conf: Mapping[str, str]) -> str:
-    """The source a session configuration asks for (`SOURCE_CONF`, else the default)."""
-    return check_source(conf.get(SOURCE_CONF, DEFAULT_SOURCE), SOURCE_CONF)
 
 
 def session_source(spark: SparkSession, source: str | None) -> str:
@@ -99,7 +90,7 @@ def read_ranges(
 
         check_connector(spark)
     else:
-        from runtime.spark.session import register
+        from runtime.spark.source import register
 
         register(spark)
     reader = (

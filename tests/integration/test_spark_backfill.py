@@ -23,8 +23,8 @@ from runtime.cli import main
 from runtime.config import StreamsConfig
 from runtime.partitioning.default import default_partition
 from runtime.spark import BackfillError, run_backfill, spark_session
+from runtime.spark.names import STREAMS_KAFKA
 from runtime.spark.session import JavaMissingError, check_java
-from runtime.spark.sources import STREAMS_KAFKA
 from tests.kafka_helpers import (
     committed_offsets,
     consume_all,

@@ -18,14 +18,9 @@ from runtime.spark.connector import (
     ensure_connector,
     package_coordinate,
 )
+from runtime.spark.names import DEFAULT_SOURCE, SOURCE_CONF, STREAMS_KAFKA, conf_source
 from runtime.spark.session import SparkUnavailableError, spark_session
-from runtime.spark.sources import (
-    DEFAULT_SOURCE,
-    SOURCE_CONF,
-    STREAMS_KAFKA,
-    conf_source,
-    session_source,
-)
+from runtime.spark.sources import session_source
 
 
 def test_artifact_names_are_read_from_maven_style_jar_names() -> None:
