@@ -1329,7 +1329,7 @@ def _cell(text: str) -> str:
 
 
 def config_table_markdown() -> str:
-    """The README's configuration table (Markdown), generated from `KEYS`."""
+    """The configuration table (Markdown) of docs/configuration.md, generated from `KEYS`."""
     rows = ["| Key | Type | Default | Description |", "| --- | --- | --- | --- |"]
     for spec in KEYS.values():
         cells = (f"`{spec.name}`", spec.type_doc(), spec.default_doc_text(), spec.doc)
@@ -1349,15 +1349,23 @@ README_TABLE_START = "<!-- config table: generated from runtime/config.py by ./d
 README_TABLE_END = "<!-- end of config table -->"
 
 
+# The page that holds the generated table (the docs site's configuration
+# reference; the README links to it and lists only the common keys).
+CONFIG_TABLE_PAGE = "docs/configuration.md"
+
+
 def readme_with_table(text: str) -> str:
-    """`text` (the README) with the config table between its markers regenerated."""
+    """`text` (a Markdown page: docs/configuration.md) with the config table
+    between its markers regenerated. Raises ValueError if a marker is missing."""
     start = text.index(README_TABLE_START) + len(README_TABLE_START)
     end = text.index(README_TABLE_END, start)
     return text[:start] + "\n\n" + config_table_markdown() + "\n" + text[end:]
 
 
-def update_readme(path: str) -> bool:
-    """Regenerate the config table in the README at `path`; True if it changed."""
+def update_config_table(path: str = CONFIG_TABLE_PAGE) -> bool:
+    """Regenerate the config table in the page at `path` (by default
+    docs/configuration.md, relative to the working directory; `./dev docs` runs
+    from the repository's root); True if it changed."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     new = readme_with_table(text)
@@ -1365,3 +1373,9 @@ def update_readme(path: str) -> bool:
         with open(path, "w", encoding="utf-8") as f:
             f.write(new)
     return new != text
+
+
+def update_readme(path: str = CONFIG_TABLE_PAGE) -> bool:
+    """The former name of `update_config_table` (the table was in README.md
+    until the docs site); same arguments and result."""
+    return update_config_table(path)
