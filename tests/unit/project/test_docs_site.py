@@ -50,3 +50,31 @@ def test_the_api_reference_covers_every_exported_name(site: Path) -> None:
     page = (site / "api" / "index.html").read_text(encoding="utf-8")
     missing = [name for name in runtime.__all__ if f'id="runtime.{name}"' not in page]
     assert not missing, f"not in docs/api.md's output: {missing}"
+
+
+def _expand(pattern: str) -> list[str]:
+    """`a-{x,y}.md` -> `a-x.md`, `a-y.md` (shell brace expansion, as the pages write it)."""
+    found = re.search(r"\{([^}]*)\}", pattern)
+    if not found:
+        return [pattern]
+    head, tail = pattern[: found.start()], pattern[found.end() :]
+    return [name for alt in found.group(1).split(",") for name in _expand(head + alt + tail)]
+
+
+def test_every_quoted_result_file_exists() -> None:
+    """A `results/...` file the README or a docs page quotes is committed
+    (benchmarks/results/ is pruned now and then)."""
+    results = REPO / "benchmarks" / "results"
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    quoted = {
+        (page.name, name)
+        for page in pages
+        for pattern in re.findall(
+            r"results/([\w./{},*-]+\.(?:md|json|png))", page.read_text(encoding="utf-8")
+        )
+        for name in _expand(pattern)
+        if not name.startswith("local/")
+    }
+    assert quoted
+    missing = sorted((page, name) for page, name in quoted if not list(results.glob(name)))
+    assert not missing, f"quoted but not in benchmarks/results/: {missing}"
