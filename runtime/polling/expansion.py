@@ -82,7 +82,7 @@ def no_static_partitioner_message(changes: dict[str, tuple[int, int]]) -> str:
         "most keys to other partitions, and their state (counts, joins) would be split "
         "between tasks. The app stopped; the new partitions were not processed. Either set "
         "static.partitioner (keys never move, and the app follows expansions live; see "
-        "'Partition expansion' in the README), or repartition offline: stop every instance, "
+        "the docs' 'Partition expansion' page), or repartition offline: stop every instance, "
         "reset the application (its internal topics, state directories and committed "
         "offsets) and start it again on the new partition count"
     )

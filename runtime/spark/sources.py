@@ -4,7 +4,7 @@ Two formats read Kafka into the same columns:
 
 - `kafka`: Spark's own connector (JVM; `runtime.spark.connector` puts it on the classpath).
   The default: records go from Kafka to Spark's rows without passing through Python, and
-  the benchmark (`benchmarks/spark_read.py`, README "Spark performance") measured it the
+  the benchmark (`benchmarks/spark_read.py`, the docs' "Spark performance") measured it the
   faster reader.
 - `streams-kafka`: the project's data source (confluent-kafka in Spark's Python workers,
   `runtime.spark.source`). Needs no JVM package, and its writer keeps record timestamps,
