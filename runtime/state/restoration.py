@@ -48,6 +48,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from runtime.logging import get_logger
 from runtime.state.builders import LayeredStore
+from runtime.state.checkpoint import checkpoint_path, write_checkpoint
 from runtime.state.placement import (
     PLAN_KEY,
     SCALE_DOWN_KEY,
@@ -424,8 +425,32 @@ class RestorationThread(threading.Thread):
             self._by_partition.pop(tp, None)
         if remaining:
             self._consumer.incremental_unassign(remaining)
-        log.info("task_restore_cancelled", task_id=task_id)
+        self._checkpoint_restored(state.task)
+        log.info("task_restore_cancelled", task_id=task_id, restored=state.restored)
         return True
+
+    def _checkpoint_restored(self, task: RestorableTask) -> None:
+        """Checkpoint what a cancelled restore applied, so that the next restore
+        of the task here (it moved away mid-restore and came back, or a
+        rebalance closed and re-created it) continues from there instead of
+        the changelog's start (issue 31: under rebalances every few seconds a
+        large store restored from offset 0 again and again). The stores hold
+        exactly the changelog's records up to their positions (read_committed
+        under exactly_once_v2), which is what a checkpoint claims."""
+        offsets: dict[TopicPartitionKey, int] = {}
+        directory = None
+        for store in task.stores.values():
+            if store.task_dir is None:
+                continue
+            directory = store.task_dir
+            try:
+                store.sync()
+            except Exception as exc:  # the task closes next; its restore starts over
+                log.warning("restore_checkpoint_failed", task_id=task.id, error=str(exc))
+                return
+            offsets.update(store.checkpoint_offsets())
+        if directory is not None and offsets:
+            write_checkpoint(checkpoint_path(directory), offsets)
 
     def _start_standby(self, standby: StandbyTask) -> None:
         if not self._fetch_snapshot(standby, standby=True):
