@@ -24,7 +24,6 @@ from typing import Any
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
-    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     Message,
@@ -366,17 +365,43 @@ def end_offsets(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[int, 
 def committed_offsets(
     bootstrap: str, group: str, topic: str, timeout: float = 30.0
 ) -> dict[int, int]:
-    """The group's committed offsets for the topic's partitions; uncommitted ones are absent."""
+    """The group's committed offsets for the topic's partitions; uncommitted ones are absent.
+
+    Asked through a consumer of the group that never joins it (OffsetFetch
+    only), not AdminClient.list_consumer_group_offsets: librdkafka 2.16's
+    AdminClient crashed the test process (SIGSEGV in rd_kafka_cgrp_op from
+    rd_kafka_handle_OffsetFetch) when polled while the group's coordinator
+    was still loading. A coordinator still loading is retried to the deadline.
+    """
     deadline = time.monotonic() + timeout
     parts = _partitions(bootstrap, topic, deadline)
-    request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in parts])
-    admin = _admin(bootstrap)  # must outlive the future: a destroyed client fails it
-    futures = admin.list_consumer_group_offsets(
-        [request], request_timeout=max(0.1, deadline - time.monotonic())
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "log_level": 0,
+        }
     )
-    result = futures[group].result(timeout=max(0.1, deadline - time.monotonic()))
+    try:
+        while True:
+            try:
+                result = consumer.committed(
+                    [TopicPartition(topic, p) for p in parts],
+                    timeout=max(0.1, deadline - time.monotonic()),
+                )
+                break
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                retriable = isinstance(err, KafkaError) and err.retriable()
+                if not retriable or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
+    finally:
+        consumer.close()
     out: dict[int, int] = {}
-    for tp in result.topic_partitions or []:
+    for tp in result:
         if tp.error is not None:
             raise KafkaException(tp.error)
         if tp.offset >= 0:

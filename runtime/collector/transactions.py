@@ -132,8 +132,11 @@ class Transactions:
     A fenced (or otherwise fatally failed) producer is reported through
     `note_broken` (from its error callback or a failed `produce()`): from then
     on nothing is produced, the next `commit` aborts, and `abort` replaces the
-    producer. The polling thread then rewinds every task (`broken` tells it
-    not to wait for the commit interval).
+    producer. A transaction the broker refused a record of is reported
+    through `note_doomed`: it cannot commit either, but `abort_transaction`
+    ends it and the producer stays. Either way the polling thread then
+    rewinds every task (`broken` tells it not to wait for the commit
+    interval).
     """
 
     def __init__(
@@ -154,8 +157,15 @@ class Transactions:
         self.committed = 0
         self.aborted = 0
         self.broken: KafkaError | None = None
-        """The fatal error that made the current producer unusable, if any."""
+        """The error that ended the open transaction, if any: a fatal one
+        (the producer is replaced on abort) or a refused record (doomed)."""
+        self._fatal = False  # `broken` made the producer unusable (not just doomed)
         self._stuck = False  # a call on the current producer overran its deadline
+
+    @property
+    def unusable(self) -> bool:
+        """Whether `broken` is fatal (fenced, stuck): the producer must go."""
+        return self._fatal
 
     @property
     def timeout_s(self) -> float:
@@ -164,8 +174,18 @@ class Transactions:
 
     def note_broken(self, error: KafkaError) -> None:
         """The producer is fenced or failed fatally: abort and replace it next."""
-        if self.broken is None:
+        if not self._fatal:
             log.warning("transactional_producer_broken", error=error.str(), code=error.name())
+            self.broken = error
+            self._fatal = True
+
+    def note_doomed(self, error: KafkaError) -> None:
+        """The broker refused a record of the open transaction (librdkafka
+        then refuses every `produce()` with `_STATE` until it is aborted):
+        abort it next, keeping the producer. Polling thread, or a
+        transactional call's helper thread while the polling thread waits."""
+        if self.broken is None:
+            log.warning("transaction_doomed", error=error.str(), code=error.name())
             self.broken = error
 
     def _new_producer(self) -> Producer:
@@ -284,7 +304,7 @@ class Transactions:
         error = cause or self.broken or KafkaError(KafkaError._STATE, "aborted by the runtime")
         if self.open or self.broken is not None:
             try:
-                if self.broken is not None or breaks_producer(error):
+                if self._fatal or breaks_producer(error):
                     raise KafkaException(error)
                 # Past the retries the producer is replaced instead: its
                 # init_transactions ends the transaction.
@@ -296,8 +316,18 @@ class Transactions:
                 self._replace_producer()
                 recreated = True
         self.open = False
+        # A doomed transaction is over once aborted; the producer carries on.
+        self.broken = None
         self.aborted += 1
         return TransactionFailed(error, recreated)
+
+    def replace_producer(self) -> None:
+        """Start over with a new producer built from the (changed) settings,
+        e.g. a lower `message.max.bytes` after a topic's limit was lowered.
+        Only between transactions (after an abort or a commit)."""
+        if self.open:
+            raise RuntimeError("replace_producer with a transaction open")
+        self._replace_producer()
 
     def _bounded(self, name: str, call: Callable[[], None]) -> None:
         """A coordinator call with a hard deadline; a stuck producer is marked
@@ -320,4 +350,5 @@ class Transactions:
         self.producer = self._new_producer()
         # Errors the old producer reported (served by the flush above) are about it.
         self.broken = None
+        self._fatal = False
         log.info("transactional_producer_recreated")

@@ -91,7 +91,6 @@ def partition_fetch_bytes(configured: object, priorities: Iterable[int]) -> int 
     return PRIORITY_PARTITION_FETCH_BYTES
 
 
-
 def consumer_config(
     config: StreamsConfig,
     assignment_strategy: str,

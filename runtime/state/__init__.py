@@ -3,7 +3,11 @@
 Owns the stores (RocksDB via rocksdict, in-memory, windowed), the layers a
 store is wrapped in (metered -> cached -> change-logged -> inner), the
 process-wide cache budget, per-task checkpoint files, and `build_store`, which
-turns a `StoreSpec` into a layered store.
+turns a `StoreSpec` into a layered store. Local state is trusted only as far
+as it goes: a store whose files are gone restores from its changelog's start
+whatever its checkpoint says, one RocksDB cannot open stops the app with
+`StoreUnopenableError` (directory and fix named), and a checkpointed position
+the changelog does not have wipes the store and restores it from scratch.
 
 Threads: a store of a task is called only by the processing thread holding
 that task; `flush` (commit) and `close` by the polling thread while every task
@@ -23,6 +27,7 @@ from runtime.state.builders import (
 )
 from runtime.state.cache import CacheBudget
 from runtime.state.checkpoint import checkpoint_path, read_checkpoint, write_checkpoint
+from runtime.state.rocksdb_store import StoreUnopenableError
 from runtime.state.store import KeyValueStore, ReadOnlyKeyValueStore
 from runtime.state.windowed_store import ReadOnlyWindowStore, WindowStore
 
@@ -33,6 +38,7 @@ __all__ = [
     "ReadOnlyKeyValueStore",
     "ReadOnlyWindowStore",
     "StoreSpec",
+    "StoreUnopenableError",
     "WindowStore",
     "build_store",
     "build_task_stores",

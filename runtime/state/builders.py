@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from runtime.logging import get_logger
 from runtime.state.cache import CacheBudget, CachingKeyValueStore, FlushListener
 from runtime.state.changelog import (
     ChangeLoggingKeyValueStore,
@@ -35,12 +36,14 @@ from runtime.state.changelog import (
     changelog_topic_name,
     wall_clock_ms,
 )
-from runtime.state.checkpoint import Offsets
+from runtime.state.checkpoint import Offsets, checkpoint_path, drop_checkpoint_entries
 from runtime.state.memory_store import InMemoryKeyValueStore
 from runtime.state.metered import MeteredKeyValueStore, metered
 from runtime.state.rocksdb_store import RocksDBKeyValueStore
 from runtime.state.store import KeyValueStore, ReadOnlyKeyValueStore
 from runtime.state.windowed_store import ReadOnlyWindowStore, WindowStore
+
+log = get_logger("runtime.state")
 
 StoreKind = Literal["rocksdb", "memory", "window"]
 _KINDS = ("rocksdb", "memory", "window")
@@ -90,6 +93,8 @@ class LayeredStore:
     RocksDB or in-memory store (restoration target), `changelog` the
     change-logging layer (None when not logged), `cache` the caching layer
     (None when absent).
+    `task_dir` is the task's directory (its checkpoint file lives there), None
+    when the store was built without one.
     """
 
     def __init__(
@@ -100,6 +105,7 @@ class LayeredStore:
         cache: CachingKeyValueStore | None,
         changelog: ChangeLoggingKeyValueStore | None,
         base: RocksDBKeyValueStore | InMemoryKeyValueStore,
+        task_dir: Path | None = None,
     ) -> None:
         self.spec = spec
         self.store = store
@@ -107,6 +113,7 @@ class LayeredStore:
         self.cache = cache
         self.changelog = changelog
         self.base = base
+        self.task_dir = task_dir
 
     @property
     def name(self) -> str:
@@ -154,13 +161,68 @@ class LayeredStore:
 
         Returns the changelog offset to restore from, or None for "from the
         beginning" (no checkpoint, not persistent, or not in the file).
+
+        A RocksDB store whose files were gone when it opened (`created`: its
+        directory missing or emptied while the checkpoint stayed) holds
+        nothing, whatever the checkpoint says: its position there means "no
+        checkpoint", with a warning naming the store and its directory, and
+        the entry is dropped from the file (a crash during the restore then
+        cannot leave a half-restored store trusted). A store that is empty
+        because its changelog is (position 0) still has its files, so it is
+        not `created` and nothing is said or replayed. Called by the thread
+        that builds the task or standby (the polling thread), before
+        restoration.
         """
         if self.changelog is None or not self.persistent or not offsets:
             return None
-        position = offsets.get((self.changelog.topic, self.changelog.partition))
-        if position is not None:
-            self.changelog.update_changelog_offset(position)
+        partition = (self.changelog.topic, self.changelog.partition)
+        position = offsets.get(partition)
+        if position is None:
+            return None
+        base = self.rocksdb
+        if base is not None and base.created:
+            if position > 0:  # at 0 the checkpoint claims nothing the store lacks
+                log.warning(
+                    "state_store_files_missing",
+                    task_id=self.task_dir.name if self.task_dir is not None else None,
+                    store=self.name,
+                    directory=str(base.path),
+                    changelog=f"{partition[0]}-{partition[1]}",
+                    checkpoint_position=position,
+                    action="ignoring the checkpoint: restoring from the changelog's start",
+                )
+            self._forget_checkpoint()
+            return None
+        self.changelog.update_changelog_offset(position)
         return position
+
+    def wipe(self) -> None:
+        """Empty the store and forget its position, to restore it from its
+        changelog's start: the changelog does not have the position the store
+        was at (out of range: a recreated or truncated changelog), so what it
+        holds cannot be placed in the changelog. Its checkpoint entry is
+        dropped first. Restoration thread, before processing (the cache holds
+        nothing yet). Raises `StoreUnopenableError` when the new, empty
+        database cannot be opened."""
+        if self.changelog is not None:
+            self.changelog.changelog_offset = None
+        self._forget_checkpoint()
+        self.base.wipe()
+        if isinstance(self.store, WindowStore):
+            self.store.restored()
+
+    def _forget_checkpoint(self) -> None:
+        if self.changelog is None or self.task_dir is None:
+            return
+        drop_checkpoint_entries(
+            checkpoint_path(self.task_dir), [(self.changelog.topic, self.changelog.partition)]
+        )
+
+    @property
+    def directory(self) -> Path | None:
+        """The inner RocksDB store's directory (None for an in-memory store)."""
+        base = self.rocksdb
+        return base.path if base is not None else None
 
     def restore_batch(
         self, records: Iterable[tuple[bytes, bytes | None]], next_offset: int | None = None
@@ -268,7 +330,7 @@ def build_store(
         assert spec.window_size_ms is not None
         retention = spec.retention_ms if spec.retention_ms is not None else spec.window_size_ms
         store = WindowStore(metered_layer, spec.window_size_ms, retention, base=base)
-    return LayeredStore(spec, store, metered_layer, cache, changelog, base)
+    return LayeredStore(spec, store, metered_layer, cache, changelog, base, Path(task_dir))
 
 
 def build_task_stores(

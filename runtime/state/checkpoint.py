@@ -9,13 +9,27 @@ a position: the next changelog offset the local store does not contain.
 Writing is atomic: a temp file in the same directory, fsync, `os.replace`,
 fsync of the directory. A missing file, or one that does not parse, means
 "no checkpoint": restore from the changelog's beginning. A corrupt file is
-logged, never raised.
+logged, never raised. Every file this module writes ends with a newline, so
+a file cut short inside its last offset (which would still parse, as a
+smaller offset) is corrupt too.
+
+A checkpoint names what a store holds only while the store's files are the
+ones it was written for: when they are gone (`RocksDBKeyValueStore.created`)
+or the changelog does not have the position (out of range), the store's
+entry is dropped from the file (`drop_checkpoint_entries`) before it
+restores from the changelog's start, so a crash during that restore cannot
+leave a half-restored store behind a checkpoint that vouches for it.
+
+Threads: the thread that owns the task's stores at the time (the polling
+thread at commit or task creation, the restoration thread for restoring tasks
+and standbys); a task's file has one writer at a time by that ownership.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from runtime.logging import get_logger
@@ -25,7 +39,8 @@ log = get_logger("runtime.state.checkpoint")
 CHECKPOINT_FILE = ".checkpoint"
 _VERSION = 0
 
-Offsets = dict[tuple[str, int], int]
+ChangelogPartition = tuple[str, int]
+Offsets = dict[ChangelogPartition, int]
 
 
 def checkpoint_path(task_dir: str | os.PathLike[str]) -> Path:
@@ -76,17 +91,34 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Offsets | None:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
-        log.warning("checkpoint_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}")
+    except UnicodeDecodeError as exc:
+        _corrupt(path, f"not text: {exc}")
+        return None
+    except OSError as exc:
+        log.warning(
+            "checkpoint_unreadable",
+            path=str(path),
+            error=f"{type(exc).__name__}: {exc}",
+            meaning=_NO_CHECKPOINT,
+        )
         return None
     try:
         return _parse(text)
     except ValueError as exc:
-        log.warning("checkpoint_corrupt", path=str(path), error=str(exc))
+        _corrupt(path, str(exc))
         return None
 
 
+_NO_CHECKPOINT = "no checkpoint: the task's stores restore from their changelogs' start"
+
+
+def _corrupt(path: Path, error: str) -> None:
+    log.warning("checkpoint_corrupt", path=str(path), error=error, meaning=_NO_CHECKPOINT)
+
+
 def _parse(text: str) -> Offsets:
+    if not text.endswith("\n"):
+        raise ValueError("no final newline: the file was cut short")
     lines = text.splitlines()
     if len(lines) < 2:
         raise ValueError("truncated header")
@@ -112,3 +144,24 @@ def delete_checkpoint(path: str | os.PathLike[str]) -> None:
     """Remove the checkpoint (e.g. when the local state can no longer be trusted)."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def drop_checkpoint_entries(
+    path: str | os.PathLike[str], partitions: Iterable[ChangelogPartition]
+) -> None:
+    """Remove these changelog partitions' entries from the checkpoint at `path`
+    (the file goes when nothing is left): their stores no longer hold what the
+    positions name. A missing or corrupt file names nothing and stays as it is."""
+    path = Path(path)
+    offsets = read_checkpoint(path)
+    if not offsets:
+        return
+    kept = dict(offsets)
+    for partition in partitions:
+        kept.pop(partition, None)
+    if len(kept) == len(offsets):
+        return
+    if kept:
+        write_checkpoint(path, kept)
+    else:
+        delete_checkpoint(path)

@@ -78,6 +78,12 @@ class InMemoryKeyValueStore:
             count += 1
         return count
 
+    def wipe(self) -> None:
+        """Drop every entry (restoration thread: the store restores from scratch)."""
+        self._check_open()
+        self._data = {}
+        self._keys.clear()
+
     def close(self) -> None:
         self._open = False
         self._data = {}

@@ -13,6 +13,15 @@ not from ListOffsets: the development broker answers ListOffsets(latest)
 wrongly for multi-record batches, and a fetch's high watermark is what a
 read_committed consumer can actually reach.
 
+A checkpointed position the changelog does not have (beyond its end: the
+topic was deleted and recreated, or a leader lost records; or before its
+start) is learnt from the fetch path too: the restore consumer runs with
+`auto.offset.reset=error`, so the fetch reports it instead of quietly
+jumping to the beginning and replaying over a store that holds records the
+changelog no longer has. Such a store is wiped and restored from the
+changelog's start, with a warning (Kafka Streams does the same on an
+invalid offset); a standby's likewise.
+
 Remote state (`state.remote.url`, runtime.state.remote): this thread, and no
 other, talks to the object store. A task or standby without usable local
 state (a RocksDB store with no checkpointed position) first downloads the
@@ -47,6 +56,7 @@ from runtime.placement.records import (
     ShutdownRequest,
 )
 from runtime.state.builders import LayeredStore
+from runtime.state.checkpoint import checkpoint_path, write_checkpoint
 from runtime.state.remote.capture import UploadJob, snapshot_stores
 from runtime.state.remote.download import SnapshotDownload, SnapshotUnusable
 from runtime.state.remote.manager import RemoteState
@@ -128,6 +138,9 @@ class ChangelogBatch:
     records: dict[TopicPartitionKey, list[tuple[bytes, bytes | None]]]
     next_offsets: dict[TopicPartitionKey, int]  # after the last record taken
     reached_end: list[tuple[TopicPartitionKey, int]]  # partitions at their end (EOF)
+    # Partitions whose fetch position the log does not have, with that
+    # position (only with auto.offset.reset=error, as the restoration thread's).
+    out_of_range: list[tuple[TopicPartitionKey, int]] = field(default_factory=list)
 
 
 def sort_changelog_messages(
@@ -143,6 +156,7 @@ def sort_changelog_messages(
     records: dict[TopicPartitionKey, list[tuple[bytes, bytes | None]]] = defaultdict(list)
     next_offsets: dict[TopicPartitionKey, int] = {}
     reached_end: list[tuple[TopicPartitionKey, int]] = []
+    out_of_range: list[tuple[TopicPartitionKey, int]] = []
     for message in messages:
         error = message.error()
         tp: TopicPartitionKey = (message.topic(), message.partition())
@@ -150,6 +164,9 @@ def sort_changelog_messages(
         if error is not None:
             if error.code() == KafkaError._PARTITION_EOF:
                 reached_end.append((tp, offset))
+                continue
+            if error.code() == KafkaError._AUTO_OFFSET_RESET and message.topic() is not None:
+                out_of_range.append((tp, offset))
                 continue
             if error.fatal():
                 raise KafkaException(error)
@@ -163,7 +180,7 @@ def sort_changelog_messages(
             continue
         records[tp].append((key, message.value()))
         next_offsets[tp] = offset + 1
-    return ChangelogBatch(dict(records), next_offsets, reached_end)
+    return ChangelogBatch(dict(records), next_offsets, reached_end, out_of_range)
 
 
 @dataclass
@@ -227,7 +244,11 @@ class RestorationThread(threading.Thread):
         self.plan = PlacementPlan()
         self.scale_down_request: dict[str, Any] | None = None
         self.status_position = -1
-        self._consumer = Consumer(consumer_settings)
+        # An invalid position must reach this thread as an error event, not
+        # be reset to the beginning behind its back (module docstring). Every
+        # assignment here names a position or OFFSET_BEGINNING, so the reset
+        # policy matters only when a position is out of range.
+        self._consumer = Consumer({**consumer_settings, "auto.offset.reset": "error"})
         self._batch_size = batch_size
         self._actions: queue.SimpleQueue[_Action] = queue.SimpleQueue()
         self._restored: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -404,8 +425,32 @@ class RestorationThread(threading.Thread):
             self._by_partition.pop(tp, None)
         if remaining:
             self._consumer.incremental_unassign(remaining)
-        log.info("task_restore_cancelled", task_id=task_id)
+        self._checkpoint_restored(state.task)
+        log.info("task_restore_cancelled", task_id=task_id, restored=state.restored)
         return True
+
+    def _checkpoint_restored(self, task: RestorableTask) -> None:
+        """Checkpoint what a cancelled restore applied, so that the next restore
+        of the task here (it moved away mid-restore and came back, or a
+        rebalance closed and re-created it) continues from there instead of
+        the changelog's start (issue 31: under rebalances every few seconds a
+        large store restored from offset 0 again and again). The stores hold
+        exactly the changelog's records up to their positions (read_committed
+        under exactly_once_v2), which is what a checkpoint claims."""
+        offsets: dict[TopicPartitionKey, int] = {}
+        directory = None
+        for store in task.stores.values():
+            if store.task_dir is None:
+                continue
+            directory = store.task_dir
+            try:
+                store.sync()
+            except Exception as exc:  # the task closes next; its restore starts over
+                log.warning("restore_checkpoint_failed", task_id=task.id, error=str(exc))
+                return
+            offsets.update(store.checkpoint_offsets())
+        if directory is not None and offsets:
+            write_checkpoint(checkpoint_path(directory), offsets)
 
     def _start_standby(self, standby: StandbyTask) -> None:
         if not self._fetch_snapshot(standby, standby=True):
@@ -518,8 +563,13 @@ class RestorationThread(threading.Thread):
             state.store_of[tp].restore_batch(records, next_offsets[tp])
             state.restored += len(records)
             self.restored_total += len(records)
+        # After the records (a wipe discards any applied from the same
+        # batch), before the ends: a wiped partition's end in this batch
+        # is the end of a position it no longer restores from.
+        restarted = {tp for tp, position in batch.out_of_range if self._out_of_range(tp, position)}
         for tp, end_offset in reached_end:
-            self._partition_done(tp, end_offset)
+            if tp not in restarted:
+                self._partition_done(tp, end_offset)
         self._update_progress()
         if self._standbys:
             self.standby_positions = {
@@ -536,6 +586,45 @@ class RestorationThread(threading.Thread):
         elif self.standby_positions:
             self.standby_positions = {}
             self.standby_lags = {}
+
+    def _out_of_range(self, tp: TopicPartitionKey, position: int) -> bool:
+        """The changelog does not have `position`: wipe the store restoring
+        from it (a task's or a standby's) and restore it from the changelog's
+        start; the status topic is read again from its start. True when the
+        partition was restarted."""
+        restart = [TopicPartition(tp[0], tp[1], OFFSET_BEGINNING)]
+        if tp == (self._status_topic, 0):
+            log.warning("status_topic_position_out_of_range", topic=tp[0], position=position)
+            self._consumer.incremental_unassign([TopicPartition(tp[0], tp[1])])
+            self._consumer.incremental_assign(restart)
+            return True
+        task_id = self._by_partition.get(tp)
+        owner: Any
+        if task_id is not None:
+            state = self._restoring[task_id]
+            if tp not in state.pending:
+                return False
+            store, owner, standby = state.store_of[tp], state.task, False
+        else:
+            standby_id = self._standby_of.get(tp)
+            if standby_id is None:
+                return False  # no longer restored here
+            store, owner, standby = self._standby_stores[tp], self._standbys[standby_id], True
+        log.warning(
+            "changelog_position_out_of_range",
+            task_id=owner.id,
+            standby=standby,
+            store=store.name,
+            directory=str(store.directory or getattr(owner, "directory", "")),
+            changelog=f"{tp[0]}-{tp[1]}",
+            position=position,
+            action="wiping the store: restoring it from the changelog's start",
+        )
+        self._consumer.incremental_unassign([TopicPartition(tp[0], tp[1])])
+        store.wipe()
+        owner.restore_from[tp] = None
+        self._consumer.incremental_assign(restart)
+        return True
 
     def _partition_done(self, tp: TopicPartitionKey, end_offset: int) -> None:
         if tp == (self._status_topic, 0):

@@ -21,11 +21,24 @@ flushes the memtable into an SST, which stalls every Python thread (about
 0.3 s for a 50 MB memtable here); `start_flush` asks RocksDB's own background
 thread to flush first, so the checkpoint taken at a later commit finds
 little left to flush.
+
+Opening: a store's files can be gone or damaged while its task's checkpoint
+stays (an operator cleaning up, a disk). `open_database` tells the cases
+apart before RocksDB sees the directory: no database files at all (the
+directory missing or emptied) opens a new, empty database and marks the store
+`created`, so its owner drops the checkpoint's position for it instead of
+trusting it (`LayeredStore.apply_checkpoint`); database files RocksDB cannot
+open (CURRENT or MANIFEST missing or cut short, SST files gone, a file where
+the directory should be, no permission) raise `StoreUnopenableError`, whose
+message names the directory and the fix. An existing database is never
+opened with `create_if_missing`: RocksDB would otherwise start an empty one
+over what is left of the old (CURRENT gone, the rest there) without a word.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterable, Iterator
 from itertools import islice
@@ -34,7 +47,10 @@ from typing import cast
 
 from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
+from runtime.logging import get_logger
 from runtime.state.store import KeyValue, SortedKeys, StoreClosedError, merge_overlay
+
+log = get_logger("runtime.state.rocksdb")
 
 # Entries read from RocksDB per iterator. Iterators are re-created per chunk, so
 # none outlives a `next()` call: an open rocksdict iterator keeps the database
@@ -48,20 +64,98 @@ _SYNC = WriteOptions()
 _SYNC.sync = True
 
 
-def _options() -> Options:
+def _options(create: bool) -> Options:
     options = Options(raw_mode=True)
-    options.create_if_missing(True)
+    options.create_if_missing(create)
     return options
 
 
+# The files that make a database (as opposed to RocksDB's LOG, LOCK, IDENTITY,
+# OPTIONS-* and rocksdict's config, which say nothing about its contents):
+# CURRENT names the MANIFEST, the MANIFEST names the SST files, and numbered
+# .log files are the write-ahead log. Any of them present means a database was
+# here, and opening it must not quietly start a new one.
+_DATABASE_FILE = re.compile(r"^(CURRENT|MANIFEST-\d+|\d+\.(sst|ldb|log|blob))$")
+
+
+class StoreUnopenableError(RuntimeError):
+    """A store's directory holds something RocksDB cannot open as its database.
+
+    Raised where the store is opened (the polling thread creating a task or a
+    standby, the restoration thread wiping a store), so the app stops with
+    this message rather than run on a silently emptied store. The message
+    names the directory and what the operator can do.
+    """
+
+    def __init__(self, store: str, directory: Path, reason: str) -> None:
+        self.store = store
+        self.directory = directory
+        self.reason = reason
+        if "LOCK" in reason:
+            fix = (
+                "another process (or a store of this one not yet closed) holds its lock: "
+                "check that no other instance uses the same state.dir"
+            )
+        else:
+            fix = (
+                f"its contents are in its changelog: stop the app, delete {directory} "
+                f"(the store is then restored from its changelog) and start the app again"
+            )
+        super().__init__(f"state store {store!r} cannot be opened at {directory}: {reason}; {fix}")
+
+
+def _unopenable(store: str, directory: Path, exc: BaseException) -> StoreUnopenableError:
+    if isinstance(exc, FileExistsError | NotADirectoryError):
+        reason = f"a file is in the way of its directory ({exc.filename})"
+    elif isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        reason = f"{type(exc).__name__}: {exc.strerror or exc}{where}"
+    else:
+        reason = str(exc).strip() or type(exc).__name__
+    error = StoreUnopenableError(store, directory, reason)
+    log.error(
+        "state_store_unopenable",
+        store=store,
+        directory=str(directory),
+        reason=reason,
+        message=str(error),
+    )
+    return error
+
+
+def open_database(name: str, path: Path) -> tuple[Rdict, bool]:
+    """Open the database of store `name` at `path`; True when it was created now.
+
+    Created means there were no database files: the directory was missing or
+    empty (see the module docstring). Raises `StoreUnopenableError` for
+    anything else RocksDB cannot open. Called by whichever thread opens the
+    store (the store's owner at that moment)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)  # a file in the way raises here
+        entries = os.listdir(path)
+    except OSError as exc:
+        raise _unopenable(name, path, exc) from None
+    created = not any(_DATABASE_FILE.match(entry) for entry in entries)
+    try:
+        db = Rdict(str(path), _options(create=created))
+    except Exception as exc:  # rocksdict raises plain Exception with RocksDB's status text
+        raise _unopenable(name, path, exc) from None
+    return db, created
+
+
 class RocksDBKeyValueStore:
-    """One RocksDB database per store, at `path` (created if missing)."""
+    """One RocksDB database per store, at `path` (created if there was none).
+
+    `created` is True when this store object started from a new, empty
+    database (no database files were there when it opened, or `wipe` emptied
+    it): whatever a checkpoint says about the store, it holds nothing.
+    """
 
     def __init__(self, name: str, path: str | os.PathLike[str]) -> None:
         self._name = name
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._db: Rdict | None = Rdict(str(self.path), _options())
+        db, self.created = open_database(name, self.path)
+        self._db: Rdict | None = db
         self._pending: dict[bytes, bytes | None] = {}
         self._pending_keys = SortedKeys()
 
@@ -225,12 +319,35 @@ class RocksDBKeyValueStore:
         shutil.rmtree(self.path, ignore_errors=True)
         os.replace(directory, self.path)
         try:
-            self._db = Rdict(str(self.path), _options())
+            # Never create: a checkpoint without its CURRENT is no database,
+            # and an empty one opened in its place would claim the position.
+            self._db = Rdict(str(self.path), _options(create=False))
+            self.created = False
         except Exception:
             shutil.rmtree(self.path, ignore_errors=True)
-            self.path.mkdir(parents=True, exist_ok=True)
-            self._db = Rdict(str(self.path), _options())
+            self._db, self.created = open_database(self._name, self.path)
             raise
+
+    def wipe(self) -> None:
+        """Drop the whole database and open a new, empty one (`created`).
+
+        For a store whose checkpointed position the changelog does not have
+        (restoration thread, before processing): what it holds cannot be
+        placed in the changelog, so it restores from the changelog's start.
+        Pending writes are dropped. Raises `StoreUnopenableError` if the
+        directory cannot be deleted or the new database not opened."""
+        db, self._db = self._db, None
+        self._pending = {}
+        self._pending_keys.clear()
+        if db is not None:
+            db.close()
+        try:
+            shutil.rmtree(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise _unopenable(self._name, self.path, exc) from None
+        self._db, self.created = open_database(self._name, self.path)
 
     def close(self) -> None:
         """Close the database; writes not committed are dropped."""

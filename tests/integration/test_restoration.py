@@ -84,3 +84,80 @@ def test_ready_task_processes_while_another_restores_a_million_records(
         assert app.store(store).get("key-10") == 4  # restored, never reprocessed
     finally:
         assert app.close(60)
+
+
+def test_a_restore_cut_short_continues_from_where_it_stopped(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """Issue 31, item 10: a task revoked while it restores (a rebalance, a
+    close) checkpoints what it applied; restored here again, it continues
+    from there instead of the changelog's start."""
+    total = 300_000
+    app_id = unique_name("restore-cut")
+    source, sink = unique_name("in"), unique_name("out")
+    changelog = f"{app_id}-counts-changelog"
+    create_topic(bootstrap, source, 1)
+    create_topic(bootstrap, sink, 1)
+    create_topic(bootstrap, changelog, 1, config={"cleanup.policy": "compact"})
+    produce(
+        bootstrap,
+        changelog,
+        ((f"key-{i}".encode(), serdes.INT64.serialize(i % 7 + 1), 0) for i in range(total)),
+    )
+
+    def make_app() -> App:
+        builder = StreamsBuilder()
+        (
+            builder.stream(source, key_serde=serdes.STRING, value_serde=serdes.STRING)
+            .group_by_key()
+            .count(store="counts")
+            .to_stream()
+            .to(sink, value_serde=serdes.INT64)
+        )
+        return App(
+            builder.build(),
+            {
+                "application.id": app_id,
+                "bootstrap.servers": bootstrap,
+                "state.dir": str(tmp_path),
+                "consumer.session.timeout.ms": 6000,
+                # Small fetches: the restore takes long enough to be cut.
+                "restore.consumer.max.partition.fetch.bytes": 2048,
+            },
+        )
+
+    def restore_progress(app: App) -> dict:
+        task = next((t for t in app.status()["tasks"] if t["id"] == "0_0"), None)
+        return (task or {}).get("restore") or {}
+
+    first = make_app()
+    first.start()
+    try:
+        wait_until(
+            lambda: restore_progress(first).get("restored", 0) > 1000,
+            60,
+            interval=0.01,
+            message="0_0 never restored",
+        )
+    finally:
+        assert first.close(60)
+    first_restored = first.status()["restored"]
+    assert 0 < first_restored < total, f"restore not cut short: {first_restored}"
+
+    second = make_app()
+    second.start()
+    try:
+        wait_until(
+            lambda: any(t["state"] == "RUNNING" for t in second.status()["tasks"]),
+            120,
+            message="0_0 never ran",
+        )
+        again = second.status()["restores"]["0_0"]["records"]
+        # Continued where it stopped (the first run may have applied a few
+        # records more than its status said before close).
+        assert again <= total - first_restored, (again, first_restored)
+        assert again >= total - first_restored - 50_000, (again, first_restored)
+        assert second.store("counts").get("key-3") == 4
+        assert second.store("counts").get(f"key-{total - 1}") == (total - 1) % 7 + 1
+    finally:
+        assert second.close(60)

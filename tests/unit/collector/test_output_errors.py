@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from runtime.collector.collector import OutputRecord
 from runtime.collector.production_errors import (
+    HEADER_ORIGINAL_TIMESTAMP,
     HEADER_SINK_TOPIC,
     HEADER_TRUNCATED,
     OutputErrors,
@@ -54,7 +56,7 @@ def errors(
     handler: str, dlq: str | None = "dlq", eos: bool = False
 ) -> tuple[OutputErrors, FakeProducer]:
     producer = FakeProducer()
-    producer.errors = OutputErrors(handler, dlq, LIMIT, eos, producer.send)
+    producer.errors = OutputErrors(handler, dlq, LIMIT, eos, producer.send, application_id="app")
     return producer.errors, producer
 
 
@@ -148,16 +150,14 @@ class FakeMessage:
         return self._headers
 
 
-def test_delivery_refusal_under_at_least_once_follows_the_handler() -> None:
+def test_a_delivery_failure_not_about_the_record_stops_at_least_once() -> None:
+    """Refusals of records are settled by the output channel; what reaches
+    on_delivery_error is not about one record and stops the app."""
     handler, producer = errors("dead_letter_queue")
-    handler.on_delivery_error(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), FakeMessage("out", b"v"))  # type: ignore[arg-type]
-    assert handler.take_failure() is None
-    assert [s["topic"] for s in producer.sent] == ["dlq"]
-
-
-def test_delivery_refusal_under_exactly_once_always_stops() -> None:
-    handler, producer = errors("dead_letter_queue", eos=True)
-    handler.on_delivery_error(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), FakeMessage("out", b"v"))  # type: ignore[arg-type]
+    handler.on_delivery_error(
+        KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED),
+        FakeMessage("out", b"v"),  # type: ignore[arg-type]
+    )
     failure = handler.take_failure()
     assert failure is not None and "out[1]" in str(failure)
     assert handler.take_failure() is None, "a failure is taken once"
@@ -179,3 +179,64 @@ def test_a_timeout_under_at_least_once_stops() -> None:
     handler, _ = errors("log_and_continue")
     handler.on_delivery_error(KafkaError(KafkaError._MSG_TIMED_OUT), FakeMessage("out", b"v"))  # type: ignore[arg-type]
     assert handler.take_failure() is not None
+
+
+INVALID_TIMESTAMP = KafkaError(KafkaError.INVALID_TIMESTAMP, "Broker: Invalid timestamp")
+
+
+def test_a_refused_record_is_named_with_its_input_record_and_the_brokers_reason() -> None:
+    handler, _ = errors("log_and_fail", dlq=None)
+    future = ("out", 1, b"k", b"v", int(time.time() * 1000) + 86_400_000, None, "in", 0, 7)
+    with pytest.raises(ProductionFailed) as failed:
+        handler.refused(future, INVALID_TIMESTAMP)
+    message = str(failed.value)
+    assert "out[1]" in message and "in[0]@7" in message
+    assert "INVALID_TIMESTAMP" in message and "Invalid timestamp" in message
+    assert "in the future" in message and "message.timestamp.after.max.ms" in message
+
+
+@pytest.mark.parametrize("handler_name", ["log_and_continue", "dead_letter_queue"])
+@pytest.mark.parametrize(
+    ("topic", "kind"),
+    [
+        ("app-totals-changelog", "changelog of store 'totals'"),
+        ("app-by-key-repartition", "repartition"),
+    ],
+)
+def test_an_internal_record_is_never_skipped(handler_name: str, topic: str, kind: str) -> None:
+    handler, producer = errors(handler_name)
+    with pytest.raises(ProductionFailed) as failed:
+        handler.refused(record(topic, b"x" * 20_000), too_large().args[0])
+    message = str(failed.value)
+    assert kind in message and topic in message and "20001 bytes" in message
+    assert "never skipped" in message
+    assert handler.counts.skipped == 0 and producer.sent == []
+
+
+def test_a_user_topic_named_like_another_apps_changelog_is_a_user_topic() -> None:
+    handler, _ = errors("log_and_continue")
+    handler.refused(record("other-totals-changelog", b"x"), too_large().args[0])
+    assert handler.counts.skipped == 1
+
+
+def test_a_dead_letter_copy_of_a_timestamp_refusal_is_stamped_now() -> None:
+    """The dead-letter topic would refuse the same timestamp (Kafka 4 refuses
+    timestamps over an hour ahead by default): the copy is written with the
+    time of writing, the original kept in a header."""
+    handler, producer = errors("dead_letter_queue")
+    future_ts = int(time.time() * 1000) + 86_400_000
+    handler.refused(("out", 0, b"k", b"v", future_ts, None, "in", 3, 42), INVALID_TIMESTAMP)
+    [sent] = producer.sent
+    headers = dict(sent["headers"])
+    assert sent["topic"] == "dlq" and sent["timestamp"] == 0
+    assert headers[HEADER_ORIGINAL_TIMESTAMP] == str(future_ts).encode()
+    assert headers["__streams.errors.offset"] == b"42"
+
+
+def test_a_dead_letter_record_refused_for_its_timestamp_is_restamped_once() -> None:
+    handler, producer = errors("log_and_fail")
+    handler.refused(("dlq", -1, b"k", b"v", 123, None, "in", 0, 1), INVALID_TIMESTAMP)
+    [sent] = producer.sent
+    assert sent["timestamp"] == 0
+    with pytest.raises(ProductionFailed):
+        handler.refused(("dlq", -1, b"k", b"v", 0, sent["headers"], "in", 0, 1), INVALID_TIMESTAMP)

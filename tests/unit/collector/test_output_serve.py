@@ -7,11 +7,13 @@ from __future__ import annotations
 import pytest
 
 from runtime.collector import output as output_module
+from runtime.collector.collector import RecordCollector
 from runtime.collector.output import OutputChannel
+from runtime.config import StreamsConfig
 
 
 class FakeProducer:
-    def __init__(self) -> None:
+    def __init__(self, _settings: object = None) -> None:
         self.polls = 0
 
     def poll(self, timeout: float) -> int:
@@ -19,13 +21,14 @@ class FakeProducer:
         self.polls += 1
         return 0
 
+    def __len__(self) -> int:
+        return 0
 
-def channel(producer: FakeProducer) -> OutputChannel:
-    out = OutputChannel.__new__(OutputChannel)
-    out.transactions = None
-    out._plain = producer  # type: ignore[assignment]
-    out._next_serve = 0.0
-    return out
+
+def channel(producer: FakeProducer, monkeypatch: pytest.MonkeyPatch) -> OutputChannel:
+    monkeypatch.setattr(output_module, "Producer", lambda _settings: producer)
+    config = StreamsConfig.from_dict({"application.id": "app", "bootstrap.servers": "127.0.0.1:1"})
+    return OutputChannel(config, RecordCollector(), None, lambda _e: None, lambda _n: None)
 
 
 def test_serve_polls_once_per_interval(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,9 +39,9 @@ def test_serve_polls_once_per_interval(monkeypatch: pytest.MonkeyPatch) -> None:
         def monotonic() -> float:
             return now[0]
 
-    monkeypatch.setattr(output_module, "time", Clock)
     producer = FakeProducer()
-    out = channel(producer)
+    out = channel(producer, monkeypatch)
+    monkeypatch.setattr(output_module, "time", Clock)
     for _ in range(50):  # fifty loop turns within one interval
         out.serve()
     assert producer.polls == 1
