@@ -40,6 +40,7 @@ from runtime.logging import get_logger
 from runtime.partitioning.expansion_marker import finish_interrupted_callbacks
 from runtime.partitioning.static import open_static_partitioner
 from runtime.placement.records import ShutdownRequest, status_topic_name
+from runtime.placement.status_view import StatusTopicView
 from runtime.polling.polling_thread import PollingThread, PollingThreadHooks
 from runtime.polling.query_changes import QueryChange
 from runtime.processing.errors import ErrorPolicy, TaskFailedError
@@ -326,11 +327,13 @@ class App:
                 if remote_settings is not None and has_state
                 else None
             )
+            status_view = StatusTopicView()
             self._restoration = RestorationThread(
                 f"{config.client_id}-RestorationThread",
                 restore_consumer_config(config),
                 status_topic,
                 remote=remote,
+                status_view=status_view,
             )
             self._polling = PollingThread(
                 config,
@@ -349,6 +352,7 @@ class App:
                 self._restoration,
                 self.instance_id,
                 query_priorities=[share.priority for share in self._named.shares().values()],
+                status_view=status_view,
             )
             if remote is not None:
                 self._capture = remote.capture(self._restoration.add_upload)

@@ -49,6 +49,7 @@ from runtime.kafka.topics import TopicLayout
 from runtime.logging import get_logger
 from runtime.placement.placer import Member, PlacerSettings, next_plan
 from runtime.placement.records import PLAN_KEY, PlacementPlan
+from runtime.placement.status_view import StatusTopicView
 from runtime.polling.active_tasks import ActiveTasks
 from runtime.polling.committer import Committer
 from runtime.polling.status_and_standbys import TaskPlacement
@@ -112,6 +113,7 @@ class RuntimeAssignment:
         capacity: Callable[[], int],
         on_left: Callable[[], None],
         request_commit: Callable[[], None],
+        status_view: StatusTopicView | None = None,
     ) -> None:
         self.instance_id = instance_id
         self._group_id = group_id
@@ -120,6 +122,8 @@ class RuntimeAssignment:
         self._tasks = tasks
         self._placement = placement
         self._restoration = restoration
+        # The status topic as the restoration thread read it: one snapshot a decision.
+        self._status_view = status_view or StatusTopicView()
         self._output = output
         self._admin_settings = admin_settings
         self._admin: AdminClient | None = None
@@ -275,7 +279,7 @@ class RuntimeAssignment:
             self.leaving = True
             self._status_dirty = True
             log.info("instance_leaving", instance_id=self.instance_id)
-        newest = self._restoration.plan
+        newest = self._status_view.snapshot.plan
         if newest.version > self.plan.version:
             self.plan = newest
         if self.instance_id in self.plan.leave and not self.leaving:
@@ -494,7 +498,7 @@ class RuntimeAssignment:
         """Publish the next plan if it differs (placer only)."""
         if not self._ready_to_place():
             return
-        statuses = dict(self._restoration.statuses)
+        statuses = dict(self._status_view.snapshot.statuses)
         in_group = self._in_group
         assert in_group is not None
         members: dict[str, Member] = {
@@ -544,7 +548,7 @@ class RuntimeAssignment:
         """Read the status topic up to where it was at election; membership known."""
         if self._placer_ready_at is None:
             return False
-        if self._restoration.status_position < self._placer_ready_at:
+        if self._status_view.snapshot.position < self._placer_ready_at:
             return False
         self._refresh_membership()
         if self._in_group is None or self._membership_stale:
@@ -590,7 +594,7 @@ class RuntimeAssignment:
         """A `scale-down --fraction` request names no instance: the placer
         picks that fraction of the instances in the group (the last by id),
         once per request (the plan keeps the request's time)."""
-        request = self._restoration.scale_down_request
+        request = self._status_view.snapshot.scale_down_request
         if request is None:
             return previous
         try:
@@ -616,7 +620,7 @@ class RuntimeAssignment:
     def figures(self) -> dict[str, Any]:
         """For status and `admin tasks` (any thread, racy)."""
         plan = self.plan
-        lags = self._restoration.statuses
+        lags = self._status_view.snapshot.statuses
         learner_lags = {
             task: lags[owner].lags.get(task) if owner in lags else None
             for task, owner in plan.learners.items()

@@ -45,6 +45,7 @@ from runtime.logging import get_logger
 from runtime.placement.placer import PlacerSettings
 from runtime.placement.records import ShutdownRequest
 from runtime.placement.runtime_assignment import RuntimeAssignment
+from runtime.placement.status_view import StatusTopicView
 from runtime.polling.active_tasks import ActiveTasks
 from runtime.polling.committer import CommitResult, Committer
 from runtime.polling.expansion import PartitionExpansion
@@ -98,6 +99,7 @@ class PollingThread(threading.Thread):
         restoration: RestorationThread,
         instance_id: str,
         query_priorities: Iterable[int] = (),
+        status_view: StatusTopicView | None = None,
     ) -> None:
         super().__init__(name=f"{config.client_id}-PollingThread", daemon=True)
         self._config = config
@@ -178,6 +180,7 @@ class PollingThread(threading.Thread):
             restoration,
             self.output,
             active_ids=lambda: self.tasks.ids(),
+            status_view=status_view,
         )
         self.tasks = ActiveTasks(
             topology,
@@ -209,6 +212,7 @@ class PollingThread(threading.Thread):
                 capacity=hooks.capacity,
                 on_left=lambda: self.request_stop(commit=True),
                 request_commit=self.request_commit,
+                status_view=status_view,
             )
         self.lag_tracker = LagTracker(self._consumer, self._buffers, self._processed_offset)
         self.stall_watch = StallWatch()

@@ -30,6 +30,7 @@ from runtime.placement.records import (
     standbys_for,
     status_topic_name,
 )
+from runtime.placement.status_view import StatusTopicView
 from runtime.processing.task import TaskSettings, task_id_of
 from runtime.state.restoration import RestorationThread
 from runtime.state.standby import StandbyTask
@@ -57,6 +58,7 @@ class TaskPlacement:
         restoration: RestorationThread,
         output: OutputChannel,
         active_ids: Callable[[], frozenset[str]],
+        status_view: StatusTopicView | None = None,
     ) -> None:
         self.instance_id = instance_id
         self.status_topic = status_topic_name(application_id)
@@ -66,6 +68,8 @@ class TaskPlacement:
         self._restoration = restoration
         self._output = output
         self._active_ids = active_ids
+        # The status topic as read by the restoration thread (one snapshot a decision).
+        self._status_view = status_view or StatusTopicView()
         self._standbys: dict[str, StandbyTask] = {}
         self._removals: dict[str, Future[bool]] = {}
         # Shutdown requests older than this instance are history.
@@ -143,7 +147,9 @@ class TaskPlacement:
     def reconcile_standbys(self, learners: frozenset[str] = frozenset()) -> None:
         """Move the standbys kept here toward what placement says, plus
         `learners` (runtime-owned placement: copies to take over later)."""
-        live = live_instances(self._restoration.statuses, timeout_ms=_INSTANCE_TIMEOUT_MS)
+        live = live_instances(
+            dict(self._status_view.snapshot.statuses), timeout_ms=_INSTANCE_TIMEOUT_MS
+        )
         active = self._active_ids()
         live[self.instance_id] = InstanceStatus(
             self.instance_id, active, timestamp_ms=int(time.time() * 1000)
@@ -211,7 +217,7 @@ class TaskPlacement:
 
     def shutdown_request(self) -> ShutdownRequest | None:
         """A SHUTDOWN_APPLICATION request made since this instance started, if any."""
-        request = self._restoration.shutdown_request
+        request = self._status_view.snapshot.shutdown_request
         if request is not None and request.timestamp_ms >= self._started_ms:
             return request
         return None

@@ -34,7 +34,6 @@ bounded step per loop turn.
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
@@ -47,14 +46,6 @@ from typing import Any, Protocol
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from runtime.logging import get_logger
-from runtime.placement.records import (
-    PLAN_KEY,
-    SCALE_DOWN_KEY,
-    SHUTDOWN_REQUEST_KEY,
-    InstanceStatus,
-    PlacementPlan,
-    ShutdownRequest,
-)
 from runtime.state.builders import LayeredStore
 from runtime.state.checkpoint import checkpoint_path, write_checkpoint
 from runtime.state.remote.capture import UploadJob, snapshot_stores
@@ -66,6 +57,15 @@ from runtime.state.standby import StandbyTask
 log = get_logger("runtime.restoration")
 
 TopicPartitionKey = tuple[str, int]
+
+
+class StatusTopicReader(Protocol):
+    """Where the status topic's records go (`runtime.placement.status_view`):
+    this thread owns the consumer that reads them, not their meaning."""
+
+    def apply(self, key: bytes | None, value: bytes | None) -> None: ...
+
+    def advance(self, position: int) -> None: ...
 
 
 class RestorableTask(Protocol):
@@ -214,9 +214,14 @@ class RestorationThread(threading.Thread):
         status_topic: str | None = None,
         batch_size: int = 5000,
         remote: RemoteState | None = None,
+        status_view: StatusTopicReader | None = None,
     ):
         super().__init__(name=name, daemon=True)
+        if status_topic is not None and status_view is None:
+            raise ValueError("a status topic needs a status_view to read it into")
         self._status_topic = status_topic
+        # The status topic's records go there (read by the polling thread).
+        self.status_view = status_view
         self.remote = remote
         # Tasks and standbys downloading a snapshot, by task id.
         self._fetching: dict[str, _Fetching] = {}
@@ -228,22 +233,11 @@ class RestorationThread(threading.Thread):
         self._standby_of: dict[TopicPartitionKey, str] = {}
         self._standby_stores: dict[TopicPartitionKey, Any] = {}
         self._last_standby_checkpoint = time.monotonic()
-        # The instances' published status, read from the status topic.
-        # Replaced as a whole; other threads read the reference.
-        self.statuses: dict[str, InstanceStatus] = {}
-        # The newest SHUTDOWN_APPLICATION request seen on the status topic.
-        self.shutdown_request: ShutdownRequest | None = None
         # task id -> {"<changelog>-<partition>": position}, replaced whole.
         self.standby_positions: dict[str, dict[str, int]] = {}
         # task id -> records its copy here lags behind its changelogs' ends
         # (absent while an end is unknown); replaced whole, read racily.
         self.standby_lags: dict[str, int] = {}
-        # Runtime-owned placement: the newest plan and scale-down request seen
-        # on the status topic, and how far the status topic was read (the
-        # next offset): a new placer waits until it read what was there.
-        self.plan = PlacementPlan()
-        self.scale_down_request: dict[str, Any] | None = None
-        self.status_position = -1
         # An invalid position must reach this thread as an error event, not
         # be reset to the beginning behind its back (module docstring). Every
         # assignment here names a position or OFFSET_BEGINNING, so the reset
@@ -511,33 +505,8 @@ class RestorationThread(threading.Thread):
                 log.warning("standby_checkpoint_failed", task_id=standby.id, error=str(exc))
 
     def _apply_status(self, key: bytes | None, value: bytes | None) -> None:
-        if key is None:
-            return
-        if key == SHUTDOWN_REQUEST_KEY:
-            request = ShutdownRequest.decode(value) if value is not None else None
-            if request is not None:
-                self.shutdown_request = request
-            return
-        if key == PLAN_KEY:
-            plan = PlacementPlan.decode(value) if value is not None else None
-            if plan is not None and plan.version > self.plan.version:
-                self.plan = plan
-            return
-        if key == SCALE_DOWN_KEY:
-            try:
-                request = json.loads(value) if value is not None else None
-            except ValueError:
-                request = None
-            self.scale_down_request = request if isinstance(request, dict) else None
-            return
-        instance = key.decode("utf-8", "replace")
-        statuses = dict(self.statuses)
-        status = InstanceStatus.decode(instance, value) if value is not None else None
-        if status is None:
-            statuses.pop(instance, None)
-        else:
-            statuses[instance] = status
-        self.statuses = statuses
+        if self.status_view is not None:
+            self.status_view.apply(key, value)
 
     def restore_once(self, timeout: float = 0.1) -> None:
         messages = self._consumer.consume(self._batch_size, timeout)
@@ -548,8 +517,9 @@ class RestorationThread(threading.Thread):
                 message.topic() == self._status_topic
                 and message.error() is None
                 and offset is not None
+                and self.status_view is not None
             ):
-                self.status_position = max(self.status_position, offset + 1)
+                self.status_view.advance(offset + 1)
         next_offsets, reached_end = batch.next_offsets, batch.reached_end
         for tp, records in batch.records.items():
             task_id = self._by_partition.get(tp)
@@ -628,7 +598,8 @@ class RestorationThread(threading.Thread):
 
     def _partition_done(self, tp: TopicPartitionKey, end_offset: int) -> None:
         if tp == (self._status_topic, 0):
-            self.status_position = max(self.status_position, end_offset)
+            if self.status_view is not None:
+                self.status_view.advance(end_offset)
             return
         task_id = self._by_partition.get(tp)
         if task_id is None:

@@ -21,6 +21,7 @@ from runtime.placement import runtime_assignment
 from runtime.placement.placer import PlacerSettings
 from runtime.placement.records import PlacementPlan
 from runtime.placement.runtime_assignment import RuntimeAssignment
+from runtime.placement.status_view import StatusTopicView
 
 STATUS = "app-status"
 
@@ -99,9 +100,9 @@ class FakeLifecycle:
 
 def make() -> tuple[RuntimeAssignment, FakeConsumer, FakeTasks, list[list[str]]]:
     consumer, tasks, dropped = FakeConsumer(), FakeTasks(), []
-    restoration = SimpleNamespace(
-        plan=PlacementPlan(), standby_lags={}, statuses={}, status_position=0
-    )
+    restoration = SimpleNamespace(standby_lags={})
+    status_view = StatusTopicView()
+    status_view.advance(0)
     layout = SimpleNamespace(sources={0: ["in"]}, partitions={"in": 2})
     layout.task_partitions = lambda sub: 2
     placement = FakePlacement()
@@ -121,6 +122,7 @@ def make() -> tuple[RuntimeAssignment, FakeConsumer, FakeTasks, list[list[str]]]
         capacity=lambda: 1,
         on_left=lambda: None,
         request_commit=lambda: None,
+        status_view=status_view,
     )
     runtime.on_assign([TopicPartition(STATUS, 0)])  # joined as m1, the placer
     tasks.held = {"0_0", "0_1"}
