@@ -236,6 +236,12 @@ class StreamTask:
         return self.id
 
     @property
+    def shareable(self) -> bool:
+        """Whether one more thread could join its holders: key-parallel tasks
+        decide per moment; a one-thread task is never held shared."""
+        return True
+
+    @property
     def last_record_timestamp(self) -> int:
         """Timestamp (ms) of the record processed last; -1 before any. Read
         by the task manager at release, for a named query's latency figure."""

@@ -45,13 +45,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
 from runtime.logging import get_logger
 from runtime.processing.errors import TaskFailedError
 from runtime.processing.query_shares import QueryLedger, QueryShare, preemptions
+from runtime.processing.scheduler import SchedulingPolicy
 from runtime.processing.task import StreamTask
 
 T = TypeVar("T")
@@ -81,7 +82,7 @@ class TaskManager:
         None: only named queries' tasks are counted."""
         self._cond = threading.Condition(threading.Lock())
         self._plain_query = plain_query
-        self._starvation_s = starvation_s
+        self._policy = SchedulingPolicy(starvation_s)
         self._clock = clock
         self._tasks: dict[str, StreamTask] = {}
         # When each task was last released (or added): the scheduler's aging.
@@ -118,7 +119,7 @@ class TaskManager:
         with self._cond:
             self._tasks[task.id] = task
             self._last_served[task.id] = self._clock()
-            query = getattr(task, "query", None)
+            query = task.query
             if query is not None:
                 self._query_of[task.id] = query
             self._failed.pop(task.id, None)
@@ -435,7 +436,7 @@ class TaskManager:
             query = self._query_of.get(task.id, self._plain_query)
             if taken is not None and query is not None:
                 self._ledger.charge(query, now - taken)
-                stamp = getattr(task, "last_record_timestamp", -1)
+                stamp = task.last_record_timestamp
                 if stamp >= 0:
                     samples = self._latency.get(query)
                     if samples is None:
@@ -517,102 +518,28 @@ class TaskManager:
         return True
 
     def _pick(self, now: float) -> tuple[StreamTask | None, float]:
-        """Choose under the lock: the query first (named queries), then the task.
-
-        `now` is the scheduler's clock (monotonic unless a test injects one):
-        punctuations are due and tasks age against it.
-        """
+        """Choose under the lock (runtime.processing.scheduler); `now` is the
+        scheduler's clock (monotonic unless a test injects one)."""
         if self._scheduling_stopped():
             return None, float("inf")
-        if not self._query_of:
-            return self._pick_task(self._tasks.items(), now)
-        by_query: dict[str | None, list[tuple[str, StreamTask]]] = {}
-        for item in self._tasks.items():
-            by_query.setdefault(self._query_of.get(item[0]), []).append(item)
         holding: dict[str, int] = {}
-        for task_id in self._owners:
-            q = self._query_of.get(task_id)
-            if q is not None:
-                holding[q] = holding.get(q, 0) + 1
-        for task_id, names in self._sharers.items():
-            q = self._query_of.get(task_id)
-            if q is not None and names:
-                holding[q] = holding.get(q, 0) + len(names)
-        with_work = [
-            q
-            for q, items in by_query.items()
-            if q is not None and any(self._has_work(t_id, t, now) for t_id, t in items)
-        ]
-        next_due = float("inf")
-        for q in [*self._ledger.order(with_work, holding), None]:
-            task, due = self._pick_task(by_query.get(q, ()), now)
-            if task is not None:
-                return task, due
-            next_due = min(next_due, due)
-        # Queries without work (or at their thread cap) may have punctuations due later.
-        for q, items in by_query.items():
-            if q is not None and q not in with_work:
-                next_due = min(next_due, self._pick_task(items, now)[1])
-        return None, next_due
+        if self._query_of:
+            for task_id in self._owners:
+                q = self._query_of.get(task_id)
+                if q is not None:
+                    holding[q] = holding.get(q, 0) + 1
+            for task_id, names in self._sharers.items():
+                q = self._query_of.get(task_id)
+                if q is not None and names:
+                    holding[q] = holding.get(q, 0) + len(names)
+        return self._policy.pick(
+            self._tasks, self._query_of, self._ledger, holding, self, self._last_served, now
+        )
 
-    def _has_work(self, task_id: str, task: StreamTask, now: float) -> bool:
-        """Schedulable with records (or a due punctuation) (call under the lock)."""
-        if not self._schedulable(task_id):
-            return False
-        return task.buffered > 0 or task.next_wall_punctuation <= now
+    # --- Holdings (runtime.processing.scheduler), under the lock ------------------
 
-    def _pick_task(
-        self, items: Iterable[tuple[str, StreamTask]], now: float
-    ) -> tuple[StreamTask | None, float]:
-        """Starving first, then most buffered, then oldest head, among `items`."""
-        best: StreamTask | None = None
-        best_buffered = 0
-        best_head = 0
-        next_due = float("inf")
-        starving: StreamTask | None = None
-        starving_served = 0.0
-        threshold = now - self._starvation_s
-        last_served = self._last_served
-        # A key-parallel task other threads hold is joined only when no task
-        # is free, and never while its records are CPU-bound: sharing pays
-        # where records wait on I/O, and costs where they are CPU-bound.
-        shared: StreamTask | None = None
-        shared_buffered = 0
-        sharers = self._sharers
-        for task_id, task in items:
-            if not self._schedulable(task_id):
-                continue
-            if sharers.get(task_id):
-                if not getattr(task, "shareable", True):
-                    continue
-                buffered = task.buffered
-                if buffered > shared_buffered:
-                    shared, shared_buffered = task, buffered
-                continue
-            buffered = task.buffered
-            if buffered == 0:
-                due = task.next_wall_punctuation
-                if due <= now:
-                    buffered = 0  # eligible, lowest priority
-                else:
-                    next_due = min(next_due, due)
-                    continue
-            else:
-                served = last_served.get(task_id, now)
-                if served <= threshold and (starving is None or served < starving_served):
-                    starving, starving_served = task, served
-            if starving is not None:
-                continue  # only starving tasks compete now
-            if best is None or buffered > best_buffered:
-                best, best_buffered, best_head = task, buffered, -2
-            elif buffered == best_buffered:
-                if best_head == -2:
-                    best_head = best.head_timestamp()
-                head = task.head_timestamp()
-                if head < best_head:
-                    best, best_head = task, head
-        if starving is not None:
-            return starving, next_due
-        if best is None:
-            return shared, next_due
-        return best, next_due
+    def schedulable(self, task_id: str) -> bool:
+        return self._schedulable(task_id)
+
+    def shared(self, task_id: str) -> bool:
+        return bool(self._sharers.get(task_id))

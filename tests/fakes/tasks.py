@@ -12,6 +12,9 @@ class FakeTask:
 
     key_parallel = False
     threads_per_task = 1
+    shareable = True
+    query: str | None = None
+    last_record_timestamp = -1
     yield_requested = False  # honoured per record, as StreamTask.process does
 
     def __init__(self, task_id: str, per_batch: int = 3, work_s: float = 0.0) -> None:
