@@ -25,6 +25,7 @@ from runtime.app_status import (
     task_statuses,
     thread_statuses,
     with_polling_figures,
+    with_thread_warning,
 )
 from runtime.collector.collector import RecordCollector
 from runtime.config import ConfigError, StreamsConfig, clamp_wait_s
@@ -58,7 +59,7 @@ from runtime.state.remote.capture import SnapshotCapture
 from runtime.state.remote.manager import RemoteState
 from runtime.state.remote.settings import RemoteSettings
 from runtime.state.restoration import RestorationThread
-from runtime.status import AppStatus, Progress, QueryStatus
+from runtime.status import NO_PROCESSING_THREADS, AppStatus, Progress, QueryStatus
 from runtime.topology.named_queries import (
     QueryError,
     query_subtopologies,
@@ -124,6 +125,14 @@ SHUTDOWN_CLIENT = ExceptionHandlerResponse.SHUTDOWN_CLIENT
 SHUTDOWN_APPLICATION = ExceptionHandlerResponse.SHUTDOWN_APPLICATION
 
 UncaughtExceptionHandler = Callable[[BaseException], ExceptionHandlerResponse]
+
+
+def _failure_text(failure: BaseException | None) -> str | None:
+    """`Type: message` for status and progress (a repr would escape the quotes
+    of a failed record's preview), None without a failure."""
+    if failure is None:
+        return None
+    return f"{type(failure).__name__}: {failure}"
 
 
 def _serde(given: Any) -> Any:
@@ -208,6 +217,11 @@ class App:
         # the status topic (standby placement).
         self.instance_id = f"{self.config.client_id}-{uuid.uuid4().hex[:12]}"
         self._exception_handler: UncaughtExceptionHandler | None = None
+        self._error_policy = ErrorPolicy(
+            deserialization=self.config.deserialization_exception_handler,
+            processing=self.config.processing_exception_handler,
+            dead_letter_topic=self.config.dead_letter_queue_topic,
+        )
         self.failed_threads = 0
         self._layout: TopicLayout | None = None
         self._started_at: float | None = None
@@ -276,11 +290,7 @@ class App:
                 application_id=config.application_id,
                 default_key_serde=config.default_key_serde,
                 default_value_serde=config.default_value_serde,
-                error_policy=ErrorPolicy(
-                    deserialization=config.deserialization_exception_handler,
-                    processing=config.processing_exception_handler,
-                    dead_letter_topic=config.dead_letter_queue_topic,
-                ),
+                error_policy=self._error_policy,
                 partition_counts=self._layout.partitions,
                 state_dir=config.state_dir,
                 cache_budget=CacheBudget(config.cache_max_bytes),
@@ -385,6 +395,7 @@ class App:
                 processing_threads=config.processing_threads,
                 guarantee=config.processing_guarantee,
             )
+            self._warn_if_no_threads("processing.threads=0")
         # Outside the lock: a child's start-up (cluster, topics, restore)
         # takes seconds, and one that fails marks its query FAILED only.
         self._isolated.start_all(timeout=_CHILD_START_TIMEOUT_S)
@@ -521,7 +532,10 @@ class App:
         with self._lock:
             if self._state not in (AppState.RUNNING, AppState.REBALANCING):
                 return None
-        return self._pool.remove(None if timeout is None else clamp_wait_s(timeout))
+        removed = self._pool.remove(None if timeout is None else clamp_wait_s(timeout))
+        if removed is not None:
+            self._warn_if_no_threads("remove_processing_thread")
+        return removed
 
     def set_processing_threads(self, count: int, timeout: float | None = None) -> list[str]:
         """Add or remove threads until `count` are alive; returns their names.
@@ -536,7 +550,22 @@ class App:
         with self._lock:
             if self._state not in (AppState.RUNNING, AppState.REBALANCING):
                 raise IllegalStateError(f"cannot resize threads in state {self._state}")
-        return self._pool.set_count(count, None if timeout is None else clamp_wait_s(timeout))
+        names = self._pool.set_count(count, None if timeout is None else clamp_wait_s(timeout))
+        if not names:
+            self._warn_if_no_threads("set_processing_threads")
+        return names
+
+    def _warn_if_no_threads(self, cause: str) -> bool:
+        """Log `no_processing_threads` when none is left; whether none is.
+
+        Any thread (the admin loop's executor, the caller of `start`). Why:
+        with no thread the app reads input and processes nothing while the
+        lag grows, and nothing else says so (`status().waiting_for` does
+        too, and the admin socket's reply)."""
+        if self._pool.names():
+            return False
+        log.warning("no_processing_threads", cause=cause, hint=NO_PROCESSING_THREADS)
+        return True
 
     def store(self, name: str, timeout: float = 10.0) -> StoreQuery:
         """Read-only access to store `name` across this instance's running tasks.
@@ -946,11 +975,17 @@ class App:
         return response
 
     def _on_task_failures(self, failures: list[TaskFailedError]) -> None:
-        """Apply the failure policy to tasks that failed (polling thread)."""
+        """Apply the failure policy to tasks that failed (polling thread).
+
+        Stopping (SHUTDOWN_CLIENT, SHUTDOWN_APPLICATION) under at_least_once
+        commits what the tasks processed before they failed, never the failed
+        record (`_stop_after_failure`).
+        """
         polling = self._polling
         assert polling is not None
         fatal: list[TaskFailedError] = []
         for failure in failures:
+            failure.explain(self._error_policy)  # before anyone reads its message
             self.failed_threads += 1
             query = self._task_manager.query_of(failure.task_id)
             if query is not None and self._exception_handler is None:
@@ -981,22 +1016,54 @@ class App:
                 self._failure = failures[0]
             if self._state in (AppState.RUNNING, AppState.REBALANCING, AppState.PENDING_SHUTDOWN):
                 self._force_state(AppState.PENDING_ERROR)
+        self._stop_after_failure(polling, failures)
+
+    def _stop_after_failure(self, polling: PollingThread, failures: list[TaskFailedError]) -> None:
+        """Stop the processing threads, then the polling thread (its thread).
+
+        Under at_least_once the polling thread's final commit runs (issue
+        32): the records before the failed one were processed and their
+        output handed to the collector; committing them (the producer
+        flushed first, rule 3) keeps a restart from writing their output
+        again. A failed task's offsets stop below the record that failed
+        (`processed_offsets` never includes it; a key-parallel task's
+        watermark never passes it), so a restart begins with that record.
+        Under exactly_once_v2 the open transaction may hold partial output
+        of the failed record: it is aborted, nothing committed. A processing
+        thread that did not stop in time may still hold a task, and a commit
+        would wait for it: then nothing is committed either (as before).
+        """
         self._pool.stop_all(timeout=self.config.shutdown_timeout_ms / 1000.0)
-        polling.request_stop(commit=False)
+        stuck = [t.name for t in self._pool.threads() if t.is_alive()]
+        commit = not self.config.exactly_once and not stuck
+        if commit:
+            log.info(
+                "committing_before_stop",
+                reason="a task failed; what it processed before the failed record is committed",
+                failed_records=[
+                    f.record.origin for f in failures if f.record is not None and f.record.origin
+                ],
+            )
+        elif stuck:
+            log.warning(
+                "stop_without_commit",
+                reason="processing threads did not stop in time",
+                threads=stuck,
+            )
+        polling.request_stop(commit=commit)
 
     def _stop_failed_query(self, query: str, failure: TaskFailedError) -> None:
         """A named query's task failed and no uncaught exception handler is
         set: stop that query only (polling thread). Its tasks are no longer
-        scheduled; the failed task is rewound to its last commit, so the
-        failed batch is never committed (under exactly_once_v2 that aborts
-        the open transaction and rewinds every task: the other queries go on
-        from their last commit, their aborted output is never seen)."""
+        scheduled; the failed task is rewound to its last commit (under
+        at_least_once its records before the failed one are committed first,
+        see `PollingThread.rewind_task`), so the failed batch is never
+        committed (under exactly_once_v2 that aborts the open transaction and
+        rewinds every task: the other queries go on from their last commit,
+        their aborted output is never seen)."""
         polling = self._polling
         assert polling is not None
-        cause = failure.cause
-        reason = (
-            f"task {failure.task_id} failed in {failure.stage}: {type(cause).__name__}: {cause}"
-        )
+        reason = str(failure)
         self._task_manager.pause_query(query)
         self._named.set_state(query, query_control.FAILED, reason)
         polling.rewind_task(failure.task_id)
@@ -1055,7 +1122,7 @@ class App:
         polling = self._polling
         live = self._task_manager.tasks()
         processed = sum(t.processed_count for t in live)
-        failure = repr(self._failure) if self._failure else None
+        failure = _failure_text(self._failure)
         if polling is None:
             return Progress(str(self._state), failure, 0, processed, 0, 0, None, None)
         committer = polling.committer
@@ -1088,7 +1155,7 @@ class App:
             threads=thread_statuses(self._pool.threads()),
             tasks=tasks,
             failed_threads=self.failed_threads,
-            failure=repr(self._failure) if self._failure else None,
+            failure=_failure_text(self._failure),
             restored=restoration.restored_total if restoration else 0,
             restores=dict(restoration.restores) if restoration else {},
             remote_state=remote_state_figures(restoration, self._capture),
@@ -1100,5 +1167,6 @@ class App:
             queries=self._query_statuses(live_tasks),
         )
         if polling is None:
-            return base
-        return with_polling_figures(base, polling, self._layout)
+            return with_thread_warning(base, self._pool.names())
+        status = with_polling_figures(base, polling, self._layout)
+        return with_thread_warning(status, self._pool.names())

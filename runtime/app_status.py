@@ -24,7 +24,14 @@ from runtime.processing.threads import ProcessingThread
 from runtime.query_control import NamedQueries
 from runtime.state.remote.capture import SnapshotCapture
 from runtime.state.restoration import RestorationThread
-from runtime.status import AppStatus, QueryStatus, RestoreProgress, TaskStatus, ThreadStatus
+from runtime.status import (
+    NO_PROCESSING_THREADS,
+    AppStatus,
+    QueryStatus,
+    RestoreProgress,
+    TaskStatus,
+    ThreadStatus,
+)
 from runtime.topology.topology import Topology
 
 
@@ -192,3 +199,15 @@ def with_polling_figures(
         expansion_waiting_for=polling.expansion.waiting_for,
         placement=polling.runtime.figures() if polling.runtime is not None else None,
     )
+
+
+def with_thread_warning(status: AppStatus, live_threads: list[str]) -> AppStatus:
+    """`status` saying NO_PROCESSING_THREADS in `waiting_for` when a running
+    instance has no processing thread (`live_threads`: the pool's names, those
+    stopping left out) and start-up has nothing to say there. Why: `admin
+    threads set 0` used to be accepted silently while the lag grew."""
+    if status.state not in ("RUNNING", "REBALANCING") or live_threads:
+        return status
+    if status.waiting_for is not None:
+        return status
+    return dataclasses.replace(status, waiting_for=NO_PROCESSING_THREADS)

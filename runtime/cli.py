@@ -47,6 +47,12 @@ def load_topology(target: str, named: bool = False) -> Any:
     queries): returned as it is with `named`, else composed into one Topology
     (`topics create` and `expand` see every query's topics).
 
+    MODULE is a module name as `import` finds it from the working directory
+    or PYTHONPATH, or a Python file (`wordsplit.py`, `./app/wordsplit.py`),
+    imported as the module its name says with its directory first on
+    sys.path (`_import_file`). A module or attribute not found is reported
+    with where `import` looked and the closest name (issue 32).
+
     What may be imported and called (issue 31): MODULE must not be the
     standard library or the interpreter's own (`sys:exit`, `os:abort` and
     `this:x`, which prints on import, are refused before any import), and a
@@ -66,7 +72,9 @@ def load_topology(target: str, named: bool = False) -> Any:
 
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"expected MODULE:ATTR, got {show_value(target)}")
+        stem = os.path.basename(module_name).removesuffix(".py")
+        example = f" (e.g. {stem}:topology)" if stem.isidentifier() and not sep else ""
+        raise ValueError(f"expected MODULE:ATTR{example}, got {show_value(target)}")
     if any(is_control(c) for c in target):
         raise ValueError(f"MODULE:ATTR contains control characters: {show_value(target)}")
     try:
@@ -75,17 +83,26 @@ def load_topology(target: str, named: bool = False) -> Any:
         cwd = None
     if cwd is not None and cwd not in sys.path:
         sys.path.insert(0, cwd)
-    _refuse_foreign_module(module_name)
     try:
-        module = importlib.import_module(module_name)
+        if _is_file_path(module_name):
+            # `run ./wordsplit.py:topology`, as people type it (issue 32).
+            module = _import_file(module_name, attr)
+            module_name = module.__name__
+        else:
+            _refuse_foreign_module(module_name)
+            module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"cannot import {module_name!r}: {exc}") from exc
+        raise ValueError(
+            f"cannot import {module_name!r}: {exc}{_import_hint(module_name, exc, cwd)}"
+        ) from exc
     except SystemExit as exc:  # the module's own code: not the process's exit status
         raise ValueError(f"importing {module_name!r} called sys.exit({exc.code!r})") from None
     try:
         obj = getattr(module, attr)
     except AttributeError:
-        raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
+        raise ValueError(
+            f"module {module_name!r} has no attribute {attr!r}{_attribute_hint(module, attr)}"
+        ) from None
     if not isinstance(obj, Topology | Mapping) and callable(obj):
         _check_factory(obj, target)
         if getattr(_loading, "active", False):
@@ -105,6 +122,137 @@ def load_topology(target: str, named: bool = False) -> Any:
             "a mapping of query name -> Topology, or a function returning one"
         )
     return obj
+
+
+def _is_file_path(module: str) -> bool:
+    """Whether MODULE was written as a file (`wordsplit.py`, `./app/wordsplit`)
+    rather than a module name (`wordsplit`, `app.wordsplit`)."""
+    return module.endswith(".py") or os.sep in module or (os.altsep or os.sep) in module
+
+
+def _import_file(path_text: str, attr: str) -> Any:
+    """Import the file `path_text` (`.py` may be left out) as the module its
+    name says, its directory first on sys.path, so that its own imports of
+    modules beside it work as they would with `python wordsplit.py`.
+
+    A stdlib module of that name, or another module of that name already
+    imported, would be what `import` returns: refused, saying so. Runs on the
+    caller's thread (see `load_topology`)."""
+    from runtime.config_values import show_value
+
+    path = os.path.abspath(path_text if path_text.endswith(".py") else path_text + ".py")
+    name = os.path.basename(path)[: -len(".py")]
+    if not os.path.isfile(path):
+        hint = f", e.g. {name}:{attr}" if name.isidentifier() else ""
+        raise ValueError(
+            f"no such file {show_value(path_text)}; MODULE:ATTR takes a Python file or a module "
+            f"name (as `import` would find it from the working directory or PYTHONPATH{hint})"
+        )
+    if not name.isidentifier():
+        raise ValueError(
+            f"{show_value(path_text)} cannot be imported: {name!r} is not a Python module name "
+            "(letters, digits and '_'): rename the file"
+        )
+    directory = os.path.dirname(path)
+    if directory in sys.path:
+        sys.path.remove(directory)
+    sys.path.insert(0, directory)
+    try:
+        _refuse_foreign_module(name)
+    except ValueError:
+        raise ValueError(
+            f"{show_value(path_text)} would be imported as {name!r}, a module of the standard "
+            "library or the interpreter, which wins: rename the file"
+        ) from None
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        where = getattr(loaded, "__file__", None)
+        if where is not None and os.path.realpath(where) == os.path.realpath(path):
+            return loaded
+        raise ValueError(
+            f"{show_value(path_text)} would be imported as {name!r}, but a module of that name "
+            f"is already loaded from {show_value(where or 'elsewhere')}: rename the file"
+        )
+    return importlib.import_module(name)
+
+
+def _import_hint(module_name: str, exc: ImportError, cwd: str | None) -> str:
+    """Where `import` looked and a close module name, when MODULE itself (or
+    a package of its name) was not found; what to do when a module MODULE
+    imports is missing."""
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if missing is None:
+        return ""
+    if not (module_name == missing or module_name.startswith(missing + ".")):
+        return (
+            f" (imported by {module_name!r}: install it into this Python, {sys.executable}, "
+            "or fix that import)"
+        )
+    parent, _, leaf = missing.rpartition(".")
+    package = sys.modules.get(parent) if parent else None
+    places = list(getattr(package, "__path__", ())) if parent else ([cwd] if cwd else [])
+    pythonpath = os.environ.get("PYTHONPATH")
+    looked = (
+        f"looked in {parent!r}"
+        if parent
+        else f"looked in the working directory {cwd or '(gone)'} and "
+        + (
+            f"PYTHONPATH={pythonpath}"
+            if pythonpath
+            else "the installed packages (PYTHONPATH unset)"
+        )
+    )
+    close = _close_module(leaf, places)
+    if close is None:
+        return f" ({looked}; a file works too: run path/to/{leaf}.py:ATTR)"
+    suggestion = f"{parent}.{close}" if parent else close
+    return f" ({looked}; did you mean {suggestion!r}?)"
+
+
+def _close_module(name: str, directories: list[str]) -> str | None:
+    """The module in `directories` (a .py file or a package) closest to `name`."""
+    import difflib
+
+    found: set[str] = set()
+    for directory in directories:
+        try:
+            entries = os.listdir(directory)
+        except OSError:
+            continue
+        for entry in entries:
+            stem, ext = os.path.splitext(entry)
+            if ext == ".py" and stem.isidentifier():
+                found.add(stem)
+            elif not ext and os.path.isfile(os.path.join(directory, entry, "__init__.py")):
+                found.add(entry)
+    close = difflib.get_close_matches(name, sorted(found), n=1)
+    return close[0] if close else None
+
+
+def _attribute_hint(module: Any, attr: str) -> str:
+    """`(did you mean 'topology'?)` over the module's public names, as config
+    keys have; else the names that could be targets (topologies, mappings of
+    them, the module's own functions)."""
+    import types
+    from collections.abc import Mapping
+
+    from runtime.config_values import close_match
+    from runtime.topology.topology import Topology
+
+    names = [n for n in dir(module) if not n.startswith("_")]
+    close = close_match(attr, names)
+    if close is not None:
+        return f" (did you mean {close!r}?)"
+
+    def could_be_target(value: Any) -> bool:
+        if isinstance(value, Topology):
+            return True
+        if isinstance(value, Mapping):
+            return bool(value) and all(isinstance(v, Topology) for v in value.values())
+        return isinstance(value, types.FunctionType) and value.__module__ == module.__name__
+
+    targets = [n for n in names if could_be_target(getattr(module, n, None))]
+    return f" (it has: {', '.join(targets[:8])})" if targets else ""
 
 
 _WHAT_TARGET_NAMES = (
@@ -308,7 +456,7 @@ def _run(args: argparse.Namespace, signals: StartupSignals) -> int:
         return loaded
     config, topology = loaded
     try:
-        preflight(config)
+        admin_socket = preflight(config)
         raise_open_files_limit()
         app = App(topology, config, source=args.target)
         # From here a signal is recorded, and acted on by the daemon once
@@ -326,7 +474,7 @@ def _run(args: argparse.Namespace, signals: StartupSignals) -> int:
     # thread stopped: 24-35 ms per collection in the queries benchmark's
     # daemon (four in 60 s), none over 5 ms once frozen.
     gc.freeze()
-    code = run_daemon(app, signals=signals)
+    code = run_daemon(app, signals=signals, admin_socket=admin_socket)
     if code == EXIT_FAILED and app.failure is not None:
         # The last line a user sees says why (the log has the details).
         print(f"streams-runtime: the app failed: {_reason(app.failure)}", file=sys.stderr)
@@ -448,7 +596,8 @@ def cmd_scale_down(args: argparse.Namespace) -> int:
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
-    from runtime.admin.client import resolve_socket, run_admin
+    from runtime.admin.client import locate_socket, run_admin
+    from runtime.admin.paths import DefaultSocketError
 
     command = args.admin_command
     arguments: dict[str, Any] = {}
@@ -484,7 +633,10 @@ def cmd_admin(args: argparse.Namespace) -> int:
         if args.action == "remove" and args.reset:
             arguments["reset"] = True
     try:
-        path = resolve_socket(args.socket, args.config)
+        path = locate_socket(args.socket, args.config, args.application_id)
+    except DefaultSocketError as exc:
+        print(f"streams-runtime admin: no socket: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except (OSError, ValueError) as exc:
         print(f"streams-runtime admin: cannot read {args.config}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -677,7 +829,15 @@ def _add_admin_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
         "--socket",
         metavar="PATH",
         default=default(None),
-        help="the admin socket (default: $STREAMS_RUNTIME_ADMIN_SOCKET)",
+        help="the admin socket (default: $STREAMS_RUNTIME_ADMIN_SOCKET, admin.socket of "
+        "--config, else the daemon's default socket, found by --application-id or alone)",
+    )
+    parser.add_argument(
+        "--application-id",
+        metavar="ID",
+        default=default(None),
+        help="find the default socket of this application's daemon (default: application.id "
+        "of --config or $STREAMS_RUNTIME_APPLICATION_ID; else the only daemon answering)",
     )
     parser.add_argument(
         "--config",
@@ -726,7 +886,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a topology as a daemon")
-    run.add_argument("target", metavar="MODULE:ATTR", help="a Topology or a function returning one")
+    run.add_argument(
+        "target",
+        metavar="MODULE:ATTR",
+        help="a Topology or a function returning one; MODULE is a module name or a .py file",
+    )
     run.add_argument("--config", metavar="app.toml", help="TOML configuration file")
     run.add_argument(
         "--set", action="append", metavar="key=value", help="a configuration value (repeatable)"

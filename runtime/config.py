@@ -150,6 +150,9 @@ class ConfigKey:
     max_length: int = MAX_STR_CHARS  # strings
     check: Callable[[str], None] | None = None  # more string validation; raises _Invalid
     default_doc: str | None = None  # how the README shows a computed default
+    # Strings (compared lower-cased, stripped) that turn the setting off: parsed
+    # as "" (admin.socket's "" or "none": no socket, while unset means a default).
+    off_words: tuple[str, ...] = ()
     attr: str = ""  # the StreamsConfig attribute; filled in from the field name
 
     @property
@@ -196,6 +199,8 @@ class ConfigKey:
         """
         if value is None and self.nullable:
             return None
+        if self.off_words and isinstance(value, str) and value.strip().lower() in self.off_words:
+            return ""
         if self.kind == "int":
             return self._parse_int(value)
         if self.kind == "bool":
@@ -462,7 +467,7 @@ class StreamsConfig:
     state_remote_snapshots_retained: int = setting("state.remote.snapshots.retained", "int", 3, "Snapshots kept per task; older ones, and files no kept snapshot uses, are deleted after each upload.", min=1, max=1000)
     state_remote_snapshot_max_age_ms: int = setting("state.remote.snapshot.max.age.ms", "int", 43200000, "A snapshot older than this (ms) is not restored from. Keep it below the changelogs' `delete.retention.ms` (Kafka's default: 1 day): a compacted changelog may have dropped the tombstones of keys deleted after an older snapshot.", min=1000, max=JAVA_LONG_MAX)
     shutdown_timeout_ms: int = setting("shutdown.timeout.ms", "int", 30000, f"How long (ms) a graceful shutdown may take, final commit included. {_WAIT_DOC}", min=0, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS)
-    admin_socket: str | None = setting("admin.socket", "str", None, "Path of the admin Unix socket (`streams-runtime admin`); unset: no socket. At most 107 bytes as an absolute path; its directory must exist and be writable (checked before start-up goes further).", nullable=True, check=check_socket_path)
+    admin_socket: str | None = setting("admin.socket", "str", None, "Path of the admin Unix socket (`streams-runtime admin`): at most 107 bytes as an absolute path, in a directory that exists and is writable (checked before start-up goes further). Unset: `streams-runtime run` opens one at a default path it logs at start (`admin_socket_listening`), where `streams-runtime admin` finds it by itself: `$XDG_RUNTIME_DIR/streams-runtime/<application.id>.sock`, else `<tempdir>/streams-runtime-<uid>/` or `/tmp/streams-runtime-<uid>/` (a private directory made if missing; a long application id is cut and hashed, a second daemon of the application on the host adds `+<pid>`). `\"\"` or `none`: no socket. An embedded `App` opens none.", nullable=True, check=check_socket_path, default_doc="a default path (see description)", off_words=("", "none"))
     admin_socket_max_connections: int = setting("admin.socket.max.connections", "int", 32, "Admin socket clients connected at once; one more is told it is busy and closed (each holds a file descriptor).", min=1, max=4096)
     admin_socket_max_buffered_bytes: int = setting("admin.socket.max.buffered.bytes", "int", 8388608, "Bytes of unfinished request lines the admin socket holds across all clients; a line that would exceed it gets an error reply and is dropped. One line is at most 1 MiB in any case.", min=1024, max=JAVA_INT_MAX)
     admin_socket_idle_timeout_ms: int = setting("admin.socket.idle.timeout.ms", "int", 300000, f"An admin client that sends no complete request line for this long (ms) is disconnected. {_WAIT_DOC}", min=1, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS)
@@ -682,14 +687,54 @@ def _route(key: str) -> str | None:
     return None
 
 
-def _unknown_key_reason(key: str) -> str:
-    close = close_match(key, list(KEYS))
-    hint = f" (did you mean {close!r}?)" if close else ""
+def _unknown_key_reason(key: str, value: Any = None) -> str:
+    """Why `key` is refused, and what was likely meant: a streams-runtime key
+    it is close to, or, for a librdkafka property given without a prefix
+    (`auto.offset.reset`), the key with the prefix of the client it is for
+    (`consumer.auto.offset.reset`): librdkafka itself says which client that
+    is (`runtime.kafka.startup_checks.librdkafka_role`, asked offline, only on this
+    error path)."""
     prefixes = ", ".join(PASSTHROUGH_PREFIXES)
-    return (
-        f"unknown key{hint}; client properties need a prefix: {prefixes} "
+    needs_prefix = (
+        f"client properties need a prefix: {prefixes} "
         "(security.protocol, sasl.* and ssl.* may be given unprefixed, for all clients)"
     )
+    prop_hint = _client_property_hint(key, value)
+    if prop_hint is not None:
+        return f"unknown key; {prop_hint}; {needs_prefix}"
+    close = close_match(key, list(KEYS))
+    hint = f" (did you mean {close!r}?)" if close else ""
+    return f"unknown key{hint}; {needs_prefix}"
+
+
+def _client_property_hint(key: str, value: Any) -> str | None:
+    """`a librdkafka consumer property: did you mean 'consumer.<key>'?` when
+    `key` (or a common librdkafka property it is a misspelling of) is one;
+    None when it names no librdkafka property."""
+    from runtime.kafka.startup_checks import close_property, librdkafka_role
+
+    if len(key) > 200 or any(is_control(c) for c in key):
+        return None
+    # A secret is not kept in librdkafka_role's cache: common values are tried.
+    if value is None or _secret(key):
+        text = ""
+    else:
+        text = "true" if value is True else "false" if value is False else str(value)
+    role = librdkafka_role(key, text[:1000])
+    prop = key
+    if role is None:
+        near = close_property(key)
+        if near is None:
+            return None
+        prop, role = near, librdkafka_role(near)
+        if role is None:
+            return None
+    if role == "any":
+        return (
+            f"{prop} is a librdkafka property of every client: give it to each client it is "
+            f"for, e.g. {'consumer.' + prop!r} and {'producer.' + prop!r}"
+        )
+    return f"{prop} is a librdkafka {role} property: did you mean {role + '.' + prop!r}?"
 
 
 # Client properties the runtime sets itself and that must not be overridden. A
@@ -1100,7 +1145,7 @@ def _build(given: Mapping[str, Any], sources: Mapping[str, str]) -> StreamsConfi
             continue
         attr = _route(key)
         if attr is None:
-            raise ConfigError(key, _unknown_key_reason(key) + source(key))
+            raise ConfigError(key, _unknown_key_reason(key, value) + source(key))
         prop = key[len(_PREFIX_BY_ATTR[attr]) :]
         if not prop:
             raise ConfigError(key, "a client property name must follow the prefix")

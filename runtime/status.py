@@ -17,6 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+NO_PROCESSING_THREADS = (
+    "no processing threads: input is read but not processed, and lag grows; add threads "
+    "with `streams-runtime admin threads set N` (N >= 1), SIGTTIN or processing.threads"
+)
+"""`AppStatus.waiting_for` of a running instance with no processing thread
+(`processing.threads=0`, `admin threads set 0`, the last one removed): the
+admin socket's reply and the log say the same when it happens."""
+
 
 @dataclass(frozen=True)
 class RestoreProgress:
@@ -178,6 +186,8 @@ class AppStatus:
     # Start-up (runtime.polling.startup): joining_group, awaiting_assignment,
     # restoring, then processing; `waiting_for` says what in words (None once
     # processing), `startup_phase_since` is the wall-clock time the phase began.
+    # Once started, `waiting_for` is NO_PROCESSING_THREADS while no processing
+    # thread runs (nothing else stops a running instance's processing).
     startup_phase: str | None = None
     waiting_for: str | None = None
     startup_phase_since: float | None = None

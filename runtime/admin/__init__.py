@@ -11,6 +11,8 @@ on the loop's executor threads (named `admin_N`), never on the loop itself.
   command's table output (any thread; one connection per call).
 - `daemon`: signal handling (gunicorn's shape: handlers only enqueue), the
   admin socket and the metrics endpoint, the exit code.
+- `paths`: where the admin socket is when `admin.socket` is unset (the
+  daemon's default, which the `admin` command finds by itself); any thread.
 - `signals`: SIGTERM/SIGINT of `run` outside the admin loop (start-up, and
   after the loop): an exit with 128 + the signal's number before the app
   started anything, else recorded for the loop (main thread only).

@@ -26,6 +26,7 @@ __all__ = [
     "format_status",
     "format_tasks",
     "format_threads",
+    "locate_socket",
     "request",
     "resolve_socket",
     "run_admin",
@@ -124,24 +125,81 @@ def request(path: str, command: str, timeout: float = DEFAULT_TIMEOUT_S, **argum
         return conn.call(command, **arguments)
 
 
+APPLICATION_ID_ENV = "STREAMS_RUNTIME_APPLICATION_ID"
+"""Same variable `load_config` maps to `application.id`."""
+
+_OFF_WORDS = ("", "none")  # admin.socket values that turn the socket off (runtime.config)
+
+
 def resolve_socket(explicit: str | None, config_path: str | None = None) -> str | None:
-    """The socket path: `--socket`, else the config file's `admin.socket`, else the env."""
+    """The socket path configured: `--socket`, else the env, else the config
+    file's `admin.socket`; None if none is (or it is turned off)."""
     if explicit:
         return explicit
     from_env = os.environ.get(SOCKET_ENV)
-    if from_env:
-        return from_env
+    if from_env is not None:
+        return None if _off(from_env) else from_env
     if config_path:
-        import tomllib
-
-        with open(config_path, "rb") as f:
-            document = tomllib.load(f)
-        value = document.get("admin.socket")
-        table = document.get("admin")
-        if value is None and isinstance(table, dict):
-            value = table.get("socket")
-        if isinstance(value, str) and value:
+        value = _toml_value(_read_toml(config_path), "admin.socket")
+        if isinstance(value, str) and not _off(value):
             return value
+    return None
+
+
+def _off(value: str) -> bool:
+    return value.strip().lower() in _OFF_WORDS
+
+
+def locate_socket(
+    explicit: str | None, config_path: str | None = None, application_id: str | None = None
+) -> str:
+    """The socket `streams-runtime admin` talks to (issue 32): as configured
+    (`resolve_socket`), else the daemon's default one (`runtime.admin.paths`)
+    of `application_id` (`--application-id`, else the config file's or the
+    env's application.id), else the only daemon answering there.
+
+    Raises OSError/ValueError for a config file that cannot be read, and
+    DefaultSocketError saying what was looked for (the socket turned off
+    included). Main thread of the command.
+    """
+    from runtime.admin.paths import DefaultSocketError, find_default_socket
+
+    configured = resolve_socket(explicit, config_path)
+    if configured:
+        return configured
+    document = _read_toml(config_path) if config_path else {}
+    socket_value = os.environ.get(SOCKET_ENV, _toml_value(document, "admin.socket"))
+    if isinstance(socket_value, str) and _off(socket_value):
+        raise DefaultSocketError(
+            f"admin.socket is off ({socket_value!r}): the daemon opens no socket; set "
+            "admin.socket to a path there and pass it with --socket"
+        )
+    app_id = application_id or _toml_value(document, "application.id")
+    if not isinstance(app_id, str) or not app_id:
+        app_id = os.environ.get(APPLICATION_ID_ENV) or None
+    return find_default_socket(app_id)
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    import tomllib
+
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def _toml_value(table: Mapping[str, Any], key: str) -> Any:
+    """`key` (dotted) of a TOML document, written as one key, as tables, or a
+    mix (`"admin.socket" = ...`, `[admin] socket = ...`); None if absent."""
+    if key in table:
+        return table[key]
+    parts = key.split(".")
+    for i in range(1, len(parts)):
+        head = ".".join(parts[:i])
+        inner = table.get(head)
+        if isinstance(inner, Mapping):
+            found = _toml_value(inner, ".".join(parts[i:]))
+            if found is not None:
+                return found
     return None
 
 
@@ -302,12 +360,15 @@ def format_status(status: Mapping[str, Any], now: float | None = None) -> str:
     waiting = status.get("waiting_for")
     if waiting:
         since = status.get("startup_phase_since")
+        # Past start-up (phase `processing`) it is not a phase that waits:
+        # no processing thread runs (runtime.status.NO_PROCESSING_THREADS).
+        started = status.get("startup_phase") in (None, "processing")
         lines.insert(
             1,
             (
                 "waiting for",
                 f"{waiting} ({status.get('startup_phase')}, since {_age(since, now)})"
-                if since is not None
+                if since is not None and not started
                 else str(waiting),
             ),
         )
@@ -446,7 +507,7 @@ def run_admin(
     if not socket_path:
         print(
             f"streams-runtime admin: no socket; pass --socket PATH, --config app.toml "
-            f"(with admin.socket) or set {SOCKET_ENV}",
+            f"(with admin.socket), --application-id ID or set {SOCKET_ENV}",
             file=sys.stderr,
         )
         return 2
@@ -462,4 +523,8 @@ def run_admin(
         print(json.dumps(result, indent=2, sort_keys=True))
     else:
         print(_format(command, result))
+        warning = result.get("warning") if isinstance(result, dict) else None
+        if warning:
+            # On stderr: the reply itself (stdout) is what scripts read.
+            print(f"streams-runtime admin: warning: {warning}", file=sys.stderr)
     return 0

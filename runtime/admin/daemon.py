@@ -24,6 +24,11 @@ ends, the handlers it replaced are put back (uvloop would leave the default
 ones: a late SIGTERM killing the process with no line, a late SIGINT a
 KeyboardInterrupt traceback).
 
+The admin socket (issue 32): `admin.socket` as configured, or, unset, a
+default path (`runtime.admin.paths`) that `preflight` chooses before the app
+starts and `streams-runtime admin` finds by itself; the log says where
+(`admin_socket_listening`, `admin_socket_default`). `admin.socket=none`: none.
+
 File descriptors (issue 31): `raise_open_files_limit` raises the soft
 RLIMIT_NOFILE to the hard limit before the app starts, and the metrics
 endpoint's connection cap is lowered (logged) if it and the admin socket's
@@ -53,6 +58,7 @@ from typing import Any
 
 import uvloop
 
+from runtime.admin.paths import DefaultSocketError, choose_default_socket
 from runtime.admin.server import (
     AdminHandler,
     AdminLimits,
@@ -101,12 +107,17 @@ class DaemonSetupError(RuntimeError):
     """The admin socket or the metrics endpoint cannot be set up (exit code 2)."""
 
 
-def preflight(config: StreamsConfig) -> None:
-    """Check, before `app.start()`, what would stop the daemon's set-up.
+def preflight(config: StreamsConfig) -> str | None:
+    """Check, before `app.start()`, what would stop the daemon's set-up; the
+    admin socket path the daemon will listen on (None: no socket).
 
     A stale admin socket is removed; a live one (another daemon), a path that is
     not a socket or is too long, or a metrics address that cannot be bound
-    raise DaemonSetupError. Called on the main thread by `streams-runtime run`.
+    raise DaemonSetupError. With `admin.socket` unset the path is the default
+    one (`runtime.admin.paths.choose_default_socket`; its directory is made if
+    missing); when none can be used the daemon runs without a socket, which
+    is logged (`admin_socket_unavailable`), rather than not at all. Called on
+    the main thread by `streams-runtime run`; pass the path to `run_daemon`.
     """
     if config.processing_threads_autoscale and (
         config.processing_threads_min > config.processing_threads_max
@@ -115,11 +126,15 @@ def preflight(config: StreamsConfig) -> None:
             f"processing.threads.min ({config.processing_threads_min}) is above "
             f"processing.threads.max ({config.processing_threads_max})"
         )
-    if config.admin_socket is not None:
+    path: str | None = None
+    if config.admin_socket:
+        path = os.path.abspath(config.admin_socket)
         try:
-            check_socket_path(os.path.abspath(config.admin_socket))
+            check_socket_path(path)
         except AdminSocketError as exc:
             raise DaemonSetupError(str(exc)) from None
+    elif config.admin_socket is None:
+        path = _default_socket(config.application_id)
     if config.metrics_port:  # 0 (any free port) always binds
         try:
             infos = socket.getaddrinfo(
@@ -133,6 +148,23 @@ def preflight(config: StreamsConfig) -> None:
             raise DaemonSetupError(
                 f"cannot listen on metrics {config.metrics_host}:{config.metrics_port}: {exc}"
             ) from None
+    return path
+
+
+def _default_socket(application_id: str) -> str | None:
+    """The default admin socket path (issue 32), a stale socket there removed;
+    None, logged, when there is none to use."""
+    try:
+        path = choose_default_socket(application_id)
+        check_socket_path(path)  # a daemon that started since: the next try is ours
+    except (DefaultSocketError, AdminSocketError) as exc:
+        log.warning(
+            "admin_socket_unavailable",
+            reason=str(exc),
+            hint="set admin.socket to a path in a directory of your own, or admin.socket=none",
+        )
+        return None
+    return path
 
 
 def raise_open_files_limit() -> int:
@@ -169,17 +201,25 @@ def _open_files_limit() -> int:
     return _NR_OPEN_FALLBACK if soft == resource.RLIM_INFINITY else soft
 
 
+_FROM_CONFIG = "<from config>"
+
+
 def run_daemon(
-    app: Any, *, install_signals: bool = True, signals: StartupSignals | None = None
+    app: Any,
+    *,
+    install_signals: bool = True,
+    signals: StartupSignals | None = None,
+    admin_socket: str | None = _FROM_CONFIG,
 ) -> int:
     """Run the admin loop (uvloop) until the app stops; the process exit code.
 
     `app` must be started. With `install_signals` (the default) this must run on
     the main thread. `signals`: what handled the signals until now (its
     recorded signals are acted on at once, and its handlers are put back at
-    the end).
+    the end). `admin_socket`: the path `preflight` chose (None: no socket);
+    left out, `admin.socket` as configured (unset: none).
     """
-    daemon = Daemon(app, signals)
+    daemon = Daemon(app, signals, admin_socket)
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             return runner.run(daemon.run(install_signals=install_signals))
@@ -192,11 +232,20 @@ def run_daemon(
 class Daemon:
     """The admin loop's state. Loop thread only, but `request_shutdown` (any thread)."""
 
-    def __init__(self, app: Any, signals: StartupSignals | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        signals: StartupSignals | None = None,
+        admin_socket: str | None = _FROM_CONFIG,
+    ) -> None:
         self.app = app
         self._signals = signals
         config: StreamsConfig = app.config
         self.config = config
+        # Where the admin socket goes (None: nowhere); `preflight` chose it.
+        self.admin_socket = (
+            (config.admin_socket or None) if admin_socket == _FROM_CONFIG else admin_socket
+        )
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="admin")
         # Admin socket requests get their own workers: a client's slow
         # `threads remove` must never delay the daemon's own close().
@@ -410,7 +459,7 @@ class Daemon:
 
     async def _start_servers(self) -> None:
         config = self.config
-        if config.admin_socket is not None:
+        if self.admin_socket is not None:
             handler = AdminHandler(
                 self.app,
                 self.request_shutdown,
@@ -418,7 +467,7 @@ class Daemon:
                 max_threads=config.processing_threads_limit,
             )
             admin = AdminServer(
-                config.admin_socket,
+                self.admin_socket,
                 handler,
                 executor=self.socket_executor,
                 limits=AdminLimits.from_config(config),
@@ -428,6 +477,14 @@ class Daemon:
             except AdminSocketError as exc:
                 raise DaemonSetupError(str(exc)) from None
             self.admin = admin
+            if not config.admin_socket:  # the default path: say how to use it
+                log.info(
+                    "admin_socket_default",
+                    path=admin.path,
+                    use="streams-runtime admin status (it finds this socket by itself; with "
+                    "several daemons here add --application-id "
+                    f"{config.application_id})",
+                )
         if config.metrics_port is not None:
             metrics = MetricsServer(
                 self.app,
@@ -450,7 +507,7 @@ class Daemon:
         config = self.config
         limits = MetricsLimits.from_config(config)
         open_files = _open_files_limit()
-        admin = config.admin_socket_max_connections if config.admin_socket is not None else 0
+        admin = config.admin_socket_max_connections if self.admin_socket is not None else 0
         allowed = max(1, open_files // _FD_SHARE - admin)
         if limits.max_connections <= allowed:
             return limits

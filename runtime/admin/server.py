@@ -39,7 +39,7 @@ from typing import Any
 from runtime.config import QUERY_SETTINGS, StreamsConfig
 from runtime.config_values import THREADS_CEILING
 from runtime.logging import get_logger
-from runtime.status import AppStatus
+from runtime.status import NO_PROCESSING_THREADS, AppStatus
 
 __all__ = [
     "COMMANDS",
@@ -361,7 +361,7 @@ class AdminHandler:
                     raise CommandError("no processing thread to remove")
                 raise CommandError(f"cannot remove a processing thread: the app is {state}")
             log.info("admin_thread_removed", name=removed)
-            return {"removed": removed, "names": app.processing_threads}
+            return _warn_without_threads({"removed": removed, "names": app.processing_threads})
         if command == "threads.set":
             if args["count"] > self._max_threads:
                 raise CommandError(
@@ -370,7 +370,7 @@ class AdminHandler:
                 )
             names = app.set_processing_threads(args["count"], args.get("timeout"))
             log.info("admin_threads_set", count=args["count"], names=len(names))
-            return {"names": list(names)}
+            return _warn_without_threads({"names": list(names)})
         if command in ("pause", "resume"):
             task = args.get("task")
             getattr(app, command)(task)
@@ -425,6 +425,15 @@ class AdminHandler:
 
     def _limit_reached(self) -> str:
         return f"processing.threads.limit ({self._max_threads}) threads are running already"
+
+
+def _warn_without_threads(reply: dict[str, Any]) -> dict[str, Any]:
+    """`reply` with a `warning` when no processing thread is left: the app
+    then reads input and processes none, and `streams-runtime admin` prints
+    the warning (the app logs `no_processing_threads` too)."""
+    if not reply.get("names"):
+        reply["warning"] = NO_PROCESSING_THREADS
+    return reply
 
 
 # --- the socket server -------------------------------------------------------------

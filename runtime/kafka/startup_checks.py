@@ -9,7 +9,12 @@ and takes a new file (the daemon binds the socket only after the group join,
 so before this check a missing directory stopped a daemon that had already
 joined, issue 31), and whether librdkafka takes the pass-through properties
 (`consumer.*`, `producer.*`, `restore.consumer.*`, `admin.*`, and the
-unprefixed security properties given to all four).
+unprefixed security properties given to all four), and whether each is for
+the client its prefix names: librdkafka ignores a consumer property given to
+a producer (`producer.auto.offset.reset`) with no more than a log line, so
+such a key is refused with the prefix it needs (`librdkafka_role`, which
+`runtime.config` also asks about an unprefixed key such as
+`auto.offset.reset`: issue 32).
 Each failure is a `ConfigError` naming the key, so `streams-runtime run` exits 2
 with a message instead of failing after the group join. With `state.remote.url`
 set, the bucket must answer a HEAD request (and boto3 must be installed): a
@@ -26,11 +31,13 @@ starts the app, usually the main thread.
 from __future__ import annotations
 
 import difflib
+import functools
+import logging
 import os
 import re
 import tempfile
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -45,8 +52,11 @@ from runtime.kafka.clients import (
 )
 
 __all__ = [
+    "Role",
     "check_admin_socket_dir",
     "check_client_properties",
+    "close_property",
+    "librdkafka_role",
     "check_remote_state",
     "check_startup",
     "check_state_dir",
@@ -70,7 +80,7 @@ def check_startup(config: StreamsConfig, *, uses_state_dir: bool) -> None:
     """
     if uses_state_dir:
         check_state_dir(config.state_dir)
-    if config.admin_socket is not None:
+    if config.admin_socket:  # unset: the daemon's default (runtime.admin.paths); "": off
         check_admin_socket_dir(config.admin_socket)
     check_client_properties(config)
     if config.state_remote_url:
@@ -166,6 +176,13 @@ def check_client_properties(config: StreamsConfig) -> None:
             _check_client(prefix, overrides, {**settings[prefix], **_OFFLINE}, build)
         except ConfigError as exc:
             raise _as_given(exc, prefix, config.raw) from None
+    for prefix, overrides, _ in clients:
+        # Only the keys written with this prefix: an unprefixed security
+        # property goes to every client and is for all of them.
+        given = {p: v for p, v in overrides.items() if prefix + p in config.raw}
+        wrong = _wrong_client(prefix, given)
+        if wrong is not None:
+            raise wrong
 
 
 def _as_given(exc: ConfigError, prefix: str, raw: Mapping[str, Any]) -> ConfigError:
@@ -281,6 +298,181 @@ def _hint(prefix: str, prop: str, message: str) -> str:
     return "; see librdkafka's CONFIGURATION.md for the property names"
 
 
+# --- which client a librdkafka property is for ----------------------------------------
+
+Role = Literal["consumer", "producer", "any"]
+
+# The kind of librdkafka handle behind each prefix (the admin client is a
+# producer-type handle: it ignores consumer properties, as a producer does).
+_PREFIX_ROLE: Mapping[str, Role] = {
+    "consumer.": "consumer",
+    "restore.consumer.": "consumer",
+    "producer.": "producer",
+    "admin.": "producer",
+}
+_CLIENT_NAMES = {
+    "consumer.": "the consumer",
+    "restore.consumer.": "the restore consumer",
+    "producer.": "the producer",
+    "admin.": "the admin client",
+}
+# librdkafka's warning when a handle is given the other kind's property.
+_IGNORED = re.compile(r"is an? (consumer|producer) property and will be ignored")
+# Values tried, after the user's own, to ask about a property: librdkafka
+# says which client a property is for only once it took a value for it.
+_PROBE_VALUES = ("1", "true", "earliest", "none", "read_committed")
+
+
+# Properties whose value librdkafka loads as code: never set on a probe.
+_NOT_PROBED = frozenset({"plugin.library.paths", "ssl.engine.location"})
+
+
+class _Collect(logging.Handler):
+    """Keeps librdkafka's log lines of one probe client."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _ignored_by(kind: str, prop: str, value: str) -> bool | None:
+    """Whether a probe client of `kind` ("consumer" or "producer"), given
+    `prop`=`value` and no broker, says it ignores the property; None if
+    librdkafka refuses the pair (no such property, or a value it does not take)."""
+    handler = _Collect()
+    logger = logging.getLogger(f"streams_runtime.probe.{id(handler)}")
+    logger.propagate = False
+    logger.addHandler(handler)
+    settings: dict[str, Any] = {"bootstrap.servers": "", prop: value, "logger": logger}
+    try:
+        if kind == "consumer":
+            settings["group.id"] = "streams-runtime-probe"
+            Consumer(settings).close()  # delivers the log lines
+        else:
+            producer = Producer(settings)
+            producer.poll(0)  # delivers the log lines
+            del producer
+    except (KafkaException, TypeError, ValueError):
+        return None
+    finally:
+        logger.removeHandler(handler)
+    return any(_IGNORED.search(line) for line in handler.lines)
+
+
+@functools.lru_cache(maxsize=256)
+def librdkafka_role(prop: str, value: str = "") -> Role | None:
+    """Which kind of librdkafka client `prop` is for: "consumer", "producer"
+    or "any" (both); None if librdkafka has no such property.
+
+    Asks librdkafka itself, offline (no broker; about a millisecond): a
+    consumer warns that it ignores a producer property and vice versa.
+    `value` is the user's value; when librdkafka does not take it, a few
+    common ones are tried, and "any" is the answer if none is taken. Any
+    thread (each probe has its own client and logger).
+    """
+    if prop in _NOT_PROBED:
+        return "any"
+    values = [value] if value else []
+    values += [v for v in _PROBE_VALUES if v != value]
+    for candidate in values:
+        by_producer = _ignored_by("producer", prop, candidate)
+        if by_producer is None:
+            continue
+        if by_producer:
+            return "consumer"
+        by_consumer = _ignored_by("consumer", prop, candidate)
+        if by_consumer is None:
+            continue
+        return "producer" if by_consumer else "any"
+    try:
+        Producer({"bootstrap.servers": "", prop: value or "1"})
+    except KafkaException as exc:
+        if "No such configuration property" in _message(exc):
+            return None
+    except (TypeError, ValueError):
+        return None
+    return "any"
+
+
+def close_property(prop: str) -> str | None:
+    """The commonly set librdkafka property `prop` is a misspelling of, if any."""
+    close = difflib.get_close_matches(prop, _COMMON_PROPERTIES, n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+def _wrong_client(prefix: str, overrides: Mapping[str, Any]) -> ConfigError | None:
+    """A `ConfigError` for the first property under `prefix` that its client
+    ignores (a consumer property given to the producer or the admin client, a
+    producer property given to a consumer), naming the prefix it needs."""
+    expected = _PREFIX_ROLE[prefix]
+    for prop, value in overrides.items():
+        if value is None:
+            continue
+        # A secret is not kept in librdkafka_role's cache: common values are tried.
+        role = librdkafka_role(prop, "" if _secret_property(prop) else _as_text(value))
+        if role is None or role == "any" or role == expected:
+            continue
+        right = "consumer." if role == "consumer" else "producer."
+        return ConfigError(
+            prefix + prop,
+            f"{prop} is a librdkafka {role} property: {_CLIENT_NAMES[prefix]} ignores it. "
+            f"Did you mean {right + prop!r}?",
+        )
+    return None
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+# Values librdkafka takes for some properties users set most, for a "did you
+# mean" when it refuses one (its message does not list them).
+_PROPERTY_VALUES: Mapping[str, tuple[str, ...]] = {
+    "auto.offset.reset": ("earliest", "latest", "smallest", "largest", "beginning", "end", "error"),
+    "isolation.level": ("read_committed", "read_uncommitted"),
+    "compression.type": ("none", "gzip", "snappy", "lz4", "zstd"),
+    "compression.codec": ("none", "gzip", "snappy", "lz4", "zstd"),
+    "security.protocol": ("plaintext", "ssl", "sasl_plaintext", "sasl_ssl"),
+    "group.protocol": ("classic", "consumer"),
+    "sasl.mechanism": ("GSSAPI", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"),
+    "client.dns.lookup": ("use_all_dns_ips", "resolve_canonical_bootstrap_servers_only"),
+}
+
+
+def _value_hint(prop: str, value: Any, message: str) -> str:
+    """The values librdkafka takes for `prop`, and the one `value` is closest to."""
+    choices = _PROPERTY_VALUES.get(prop)
+    if choices is None or "Invalid value" not in message:
+        return ""
+    close = difflib.get_close_matches(_as_text(value).lower(), [c.lower() for c in choices], n=1)
+    hint = f"; it takes {', '.join(choices)}"
+    if close:
+        hint += f" (did you mean {choices[[c.lower() for c in choices].index(close[0])]!r}?)"
+    return hint
+
+
+def _refused(prefix: str, prop: str, value: Any, message: str) -> ConfigError:
+    """librdkafka refused `prefix + prop` = `value`: the message names the key
+    and the value (a value alone, "refused 'earliest'", says nothing of which
+    of several properties it was), then librdkafka's reason and a hint."""
+    shown = "(hidden)" if _secret_property(prop) else show_value(value)
+    return ConfigError(
+        prefix + prop,
+        f"librdkafka refused {prefix + prop}={shown}: {message}"
+        + _hint(prefix, prop, message)
+        + _value_hint(prop, value, message),
+    )
+
+
+def _secret_property(prop: str) -> bool:
+    return any(w in prop.lower() for w in ("password", "secret", "key.pem", "oauthbearer.config"))
+
+
 def _client_error(
     prefix: str,
     overrides: Mapping[str, Any],
@@ -299,18 +491,11 @@ def _client_error(
     message = _message(exc)
     for prop in _PROPERTY_IN_MESSAGE.findall(message):
         if prop in overrides:
-            return ConfigError(
-                prefix + prop,
-                f"librdkafka refused {show_value(overrides[prop])}: {message}"
-                + _hint(prefix, prop, message),
-            )
+            return _refused(prefix, prop, overrides[prop], message)
     base = {k: v for k, v in settings.items() if k not in overrides}
     for prop, value in overrides.items():
         alone = _build_error({**base, prop: value, **_OFFLINE}, build)
         if alone is not None:
-            return ConfigError(
-                prefix + prop,
-                f"librdkafka refused {show_value(value)}: {message}" + _hint(prefix, prop, message),
-            )
+            return _refused(prefix, prop, value, message)
     given = ", ".join(prefix + p for p in sorted(overrides)) or "none"
     return ConfigError(f"{prefix}*", f"librdkafka refused the client config ({given}): {message}")

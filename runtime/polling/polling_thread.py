@@ -65,6 +65,9 @@ from runtime.topology.topology import Topology
 log = get_logger("runtime.polling")
 
 _LAG_REFRESH_S = 1.0
+# Commits right before their tasks close (a revocation, a removed query): one
+# that cannot be made while a failure awaits its policy aborts instead.
+_CLOSES_TASKS = ("revocation", "query removed")
 _STATUS_INTERVAL_S = 2.0
 
 
@@ -417,7 +420,27 @@ class PollingThread(threading.Thread):
         return self._commit_locked(reason)
 
     def _commit_locked(self, reason: str) -> bool:
-        """Commit with every task locked; on a failed transaction, rewind all."""
+        """Commit with every task locked; on a failed transaction, rewind all.
+
+        Nothing is committed once a stop without commit was asked (a fatal
+        error, a task failure under exactly_once_v2): the loop may reach
+        `maybe_commit` after the failure policy asked for it (rule 3). Under
+        exactly_once_v2 a failed task not yet handed to the failure policy
+        may have put partial output of its failed record into the open
+        transaction: no commit until the policy has aborted it (the next
+        `check_failures`; every outcome of the policy aborts). A commit whose
+        tasks close right after (`_CLOSES_TASKS`) cannot wait: it aborts and
+        rewinds at once.
+        """
+        if self._abort:
+            return False
+        transactions = self.output.transactions
+        if transactions is not None and self._task_manager.failed_task_ids():
+            if reason in _CLOSES_TASKS:
+                self._rewind_after_abort(transactions.abort())
+            else:
+                log.debug("commit_deferred", reason=reason, cause="a failed task awaits its policy")
+            return False
         result: CommitResult = self.committer.commit(self.tasks.processable(), reason)
         if result.aborted is not None:
             self._rewind_after_abort(result.aborted)
@@ -444,12 +467,17 @@ class PollingThread(threading.Thread):
         )
 
     def rewind_task(self, task_id: str) -> bool:
-        """Start a failed task again from its committed offsets (REPLACE_THREAD).
+        """Start a failed task again from its committed offsets (REPLACE_THREAD,
+        a failed named query).
 
-        Under exactly-once the failed batch's output shares the open
-        transaction with every other task's: it is aborted and all tasks are
-        rewound. Called on this thread by the failure policy. False if the
-        task is gone.
+        Under at_least_once every task is committed first (issue 32): the
+        failed task's records before the failed one were processed and their
+        output handed over, and its offsets stop below the failed record, so
+        only that record is processed again, not its predecessors' output
+        written twice. Under exactly-once the failed batch's output shares the
+        open transaction with every other task's: it is aborted and all tasks
+        are rewound. Called on this thread by the failure policy. False if
+        the task is gone.
         """
         if self.tasks.get(task_id) is None:
             return False
@@ -458,6 +486,7 @@ class PollingThread(threading.Thread):
             if transactions is not None:
                 self._rewind_after_abort(transactions.abort())
             else:
+                self._commit_locked("task failure")
                 self.tasks.rewind(task_id)
         return True
 

@@ -253,7 +253,9 @@ def test_unreachable_cluster_is_one_clear_line_and_ctrl_c_is_quick(tmp_path: Pat
             proc.kill()
             proc.wait(10)
     assert code == 130, rest
-    assert rest.strip().splitlines()[-1] == "streams-runtime: interrupted during start-up"
+    assert rest.strip().splitlines()[-1] == (
+        "streams-runtime: SIGINT during start-up; stopped before the app started anything"
+    )
     everything = "".join(lines) + rest
     assert "Traceback" not in everything
     assert not [line for line in everything.splitlines() if line.startswith("%")], everything

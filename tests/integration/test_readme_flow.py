@@ -67,6 +67,15 @@ def test_readme_example_topics_run_and_feed(bootstrap: str, tmp_path: Path) -> N
             30,
         )
         assert daemon.poll() is None, log_path.read_text()[-3000:]
+        # "a `waiting for` line in `streams-runtime admin status`": with no
+        # admin.socket set it answers from the daemon's default socket (issue 32).
+        assert "`streams-runtime admin status`" in README
+        status = subprocess.run(
+            [sys.executable, "-m", "runtime", "admin", "status"], cwd=tmp_path, env=env,
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert status.returncode == 0, status.stderr
+        assert status.stdout.startswith("state") and "wordsplit" in status.stdout, status.stdout
         fed = subprocess.run(
             [sys.executable, "feed.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
             timeout=60,

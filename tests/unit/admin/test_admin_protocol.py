@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from runtime import cli
 from runtime.admin import client as admin_client
+from runtime.admin import paths
 from runtime.admin.server import (
     COMMANDS,
     MAX_LINE_BYTES,
@@ -454,6 +455,9 @@ def test_admin_command_exit_codes(
     sock_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(admin_client.SOCKET_ENV, raising=False)
+    monkeypatch.delenv(admin_client.APPLICATION_ID_ENV, raising=False)
+    # No default socket either (issue 32): not the ones of daemons running here.
+    monkeypatch.setattr(paths, "socket_dirs", lambda env=None: [str(sock_path.parent / "d")])
     assert cli.main(["admin", "status"]) == 2
     assert "no socket" in capsys.readouterr().err
     assert cli.main(["admin", "--socket", str(sock_path), "status"]) == 1

@@ -212,7 +212,7 @@ BAD_VALUES = [
     ("acceptable.recovery.lag", "-1"),
     ("max.warmup.replicas", "0"),
     ("state.cleanup.delay.ms", "soon"),
-    ("admin.socket", ""),
+    ("admin.socket", 5),  # "" and "none" turn the socket off (issue 32)
     ("metrics.port", 65536),
     ("metrics.host", ""),
     ("processing.threads.autoscale", "sometimes"),
