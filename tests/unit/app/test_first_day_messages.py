@@ -37,6 +37,9 @@ from runtime.processing.task import StreamTask, TaskSettings
 from runtime.status import NO_PROCESSING_THREADS, AppStatus
 from runtime.topology.topology import Topology
 
+# This file as the failure line names it (relative to the working directory).
+HERE = os.path.relpath(__file__)
+
 REQUIRED = {"application.id": "first-day", "bootstrap.servers": "127.0.0.1:1"}
 FAIL = ErrorPolicy("log_and_fail", "log_and_fail", None)
 
@@ -125,7 +128,7 @@ def test_a_processing_failure_names_the_processor_the_record_and_the_users_line(
     text = str(failure)
     assert text.startswith(
         "task 0_0 failed in processing: record in[0]@0 (key b'k', value b'{\"n\": 0}'): "
-        "processor 'KSTREAM-MAPVALUES-0000000001' (tests/unit/test_first_day.py:"
+        f"processor 'KSTREAM-MAPVALUES-0000000001' ({HERE}:"
     ), text
     assert "in <lambda>): ZeroDivisionError: division by zero" in text
     assert "processing.exception.handler=log_and_continue" in text
@@ -152,7 +155,7 @@ def test_a_punctuation_failure_names_the_punctuation(tmp_path: Path) -> None:
     time.sleep(0.01)
     failure = _fail(task)
     text = str(failure)
-    assert "punctuation Beats.beat (tests/unit/test_first_day.py:" in text, text
+    assert f"punctuation Beats.beat ({HERE}:" in text, text
     assert "ValueError: no beat" in text
     assert "a punctuation that raises stops the app" in text
 
