@@ -692,7 +692,7 @@ def _unknown_key_reason(key: str, value: Any = None) -> str:
     it is close to, or, for a librdkafka property given without a prefix
     (`auto.offset.reset`), the key with the prefix of the client it is for
     (`consumer.auto.offset.reset`): librdkafka itself says which client that
-    is (`runtime.kafka.startup_checks.librdkafka_role`, asked offline, only on this
+    is (`runtime.librdkafka_properties.librdkafka_role`, asked offline, only on this
     error path)."""
     prefixes = ", ".join(PASSTHROUGH_PREFIXES)
     needs_prefix = (
@@ -711,7 +711,7 @@ def _client_property_hint(key: str, value: Any) -> str | None:
     """`a librdkafka consumer property: did you mean 'consumer.<key>'?` when
     `key` (or a common librdkafka property it is a misspelling of) is one;
     None when it names no librdkafka property."""
-    from runtime.kafka.startup_checks import close_property, librdkafka_role
+    from runtime.librdkafka_properties import close_property, librdkafka_role
 
     if len(key) > 200 or any(is_control(c) for c in key):
         return None

@@ -350,6 +350,10 @@ class Daemon:
             else:
                 self._closing = True
                 self._spawn(self._close(), _CLOSE_TASK)
+        elif self._closing:
+            # Resizing an app that is closing would race its close (both run
+            # in the executor): a SIGTTIN/SIGTTOU then changes nothing.
+            log.info("signal_ignored_while_closing", signal=event)
         elif event == "SIGTTIN":
             self._spawn(self._add_thread(), "add-thread")
         elif event == "SIGTTOU":

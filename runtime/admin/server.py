@@ -392,8 +392,8 @@ class AdminHandler:
         for the app's own topology: whoever may use the admin socket may run
         code as the daemon (the socket is a Unix socket; mind its mode).
         """
-        from runtime.cli import load_topology
         from runtime.topology.errors import TopologyError
+        from runtime.topology.loading import load_topology
 
         app = self._app
         try:

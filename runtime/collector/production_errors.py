@@ -72,8 +72,7 @@ from typing import Literal
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from runtime.collector.collector import OutputRecord, TopicPartitionKey
-from runtime.logging import get_logger
-from runtime.processing.errors import (
+from runtime.error_handlers import (
     DEAD_LETTER_QUEUE,
     HEADER_EXCEPTION,
     HEADER_MESSAGE,
@@ -84,6 +83,7 @@ from runtime.processing.errors import (
     HEADER_TOPIC,
     LOG_AND_FAIL,
 )
+from runtime.logging import get_logger
 from runtime.topology.record import Headers
 
 log = get_logger("runtime.production")

@@ -84,10 +84,10 @@ def main() -> int:
 
 def _start(spec: Any) -> Any:
     from runtime.app import App
-    from runtime.cli import load_topology
     from runtime.config import StreamsConfig
     from runtime.isolation.offsets import carry_into_child
     from runtime.logging import configure_logging
+    from runtime.topology.loading import load_topology
 
     config = StreamsConfig.from_dict(spec.config)
     # Every line of the child's log says whose it is (it shares the daemon's stderr).

@@ -36,19 +36,19 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from runtime.config_values import one_line
+from runtime.error_handlers import (  # noqa: F401 - re-exported: the handlers' names live there
+    DEAD_LETTER_QUEUE,
+    HEADER_EXCEPTION,
+    HEADER_MESSAGE,
+    HEADER_OFFSET,
+    HEADER_PARTITION,
+    HEADER_STACKTRACE,
+    HEADER_STAGE,
+    HEADER_TOPIC,
+    LOG_AND_CONTINUE,
+    LOG_AND_FAIL,
+)
 from runtime.logging import get_logger
-
-LOG_AND_FAIL = "log_and_fail"
-LOG_AND_CONTINUE = "log_and_continue"
-DEAD_LETTER_QUEUE = "dead_letter_queue"
-
-HEADER_EXCEPTION = "__streams.errors.exception"
-HEADER_MESSAGE = "__streams.errors.message"
-HEADER_STACKTRACE = "__streams.errors.stacktrace"
-HEADER_TOPIC = "__streams.errors.topic"
-HEADER_PARTITION = "__streams.errors.partition"
-HEADER_OFFSET = "__streams.errors.offset"
-HEADER_STAGE = "__streams.errors.stage"
 
 log = get_logger("runtime.errors")
 

@@ -19,7 +19,7 @@ import pytest
 
 from runtime import App, AppState
 from runtime.admin.client import request
-from runtime.cli import load_topology
+from runtime.topology.loading import load_topology
 from tests.kafka_helpers import (
     committed_offsets,
     consume_all,

@@ -31,7 +31,8 @@ from runtime.admin.daemon import preflight
 from runtime.admin.server import AdminHandler, AdminServer, Request
 from runtime.app_status import with_thread_warning
 from runtime.config import ConfigError, StreamsConfig, load_config
-from runtime.kafka.startup_checks import check_client_properties, check_startup, librdkafka_role
+from runtime.kafka.startup_checks import check_client_properties, check_startup
+from runtime.librdkafka_properties import librdkafka_role
 from runtime.processing.errors import ErrorPolicy, TaskFailedError, preview
 from runtime.processing.task import StreamTask, TaskSettings
 from runtime.status import NO_PROCESSING_THREADS, AppStatus

@@ -3,7 +3,7 @@ cycles outside the DSL, and no upward import from a lower layer.
 
 Layers, bottom first (a module may import its own layer and those below):
 
-    0  logging, config_values, brokers (the development brokers stand alone)
+    0  logging, config_values, error_handlers, librdkafka_properties, brokers
     1  state            stores, caching, changelogging, restoration
     2  topology         the DSL, processor graph, serdes (uses state's stores)
     3  config, partitioning   typed settings (naming serdes and partitioners)
@@ -27,6 +27,8 @@ RUNTIME = Path(__file__).resolve().parents[3] / "runtime"
 LAYER = {
     "logging": 0,
     "config_values": 0,
+    "librdkafka_properties": 0,
+    "error_handlers": 0,
     "brokers": 0,
     "state": 1,
     "topology": 2,
