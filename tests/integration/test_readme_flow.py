@@ -45,7 +45,12 @@ def test_readme_example_topics_run_and_feed(bootstrap: str, tmp_path: Path) -> N
     feed = _block("python", "# feed.py").replace("127.0.0.1:9092", bootstrap)
     (tmp_path / "feed.py").write_text(feed)
     create, run = _commands(bootstrap)
-    env = clean_env(TMPDIR=str(tmp_path))  # the default state.dir lives under it
+    # The default state.dir lives under TMPDIR; the default admin socket under
+    # XDG_RUNTIME_DIR, private to this test, so that `admin status` finds this
+    # daemon alone (not another test's, nor a stale one's).
+    runtime_dir = tmp_path / "xdg"
+    runtime_dir.mkdir(mode=0o700)
+    env = clean_env(TMPDIR=str(tmp_path), XDG_RUNTIME_DIR=str(runtime_dir))
     env["PYTHONPATH"] = f"{tmp_path}:{REPO}"
 
     made = subprocess.run(create, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)

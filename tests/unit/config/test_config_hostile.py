@@ -255,7 +255,8 @@ def test_state_dir_must_be_creatable_and_writable(tmp_path: Path) -> None:
     for bad in ("/dev/null/sub", str(a_file), str(a_file / "sub")):
         with pytest.raises(ConfigError) as info:
             check_state_dir(bad)
-        assert info.value.key == "state.dir" and bad in str(info.value)
+        # A long path is shortened in the message (one readable line): its start stays.
+        assert info.value.key == "state.dir" and bad[:40] in str(info.value)
 
 
 @pytest.mark.parametrize(
