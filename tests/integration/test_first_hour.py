@@ -20,31 +20,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 from confluent_kafka.admin import AdminClient
 
 from runtime import App, StoreUnavailableError, StreamsBuilder, Topology, serdes
 from runtime.brokers.devbroker import free_port
-from runtime.logging import configure_logging
 from tests.harness import REPO, Daemon, clean_env
 from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
+from tests.logs import capture_logs, logged_events
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def log_lines() -> Iterator[io.StringIO]:
-    stream = io.StringIO()
-    configure_logging("info", json=True, stream=stream)
-    try:
+    with capture_logs("info") as stream:
         yield stream
-    finally:
-        structlog.contextvars.clear_contextvars()
-        configure_logging()
 
 
-def _events(stream: io.StringIO, name: str) -> list[dict[str, object]]:
-    return [e for e in map(json.loads, stream.getvalue().splitlines()) if e["event"] == name]
+_events = logged_events
 
 
 def _copy_topology(source: str, sink: str) -> Topology:

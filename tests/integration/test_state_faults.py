@@ -27,11 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from runtime import App, AppState, serdes
-from runtime.logging import configure_logging
 from runtime.state.checkpoint import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
 from runtime.state.rocksdb_store import StoreUnopenableError
 from tests.kafka_helpers import (
@@ -41,6 +39,7 @@ from tests.kafka_helpers import (
     unique_name,
     wait_until,
 )
+from tests.logs import capture_logs, logged_events
 
 pytestmark = pytest.mark.integration
 
@@ -60,18 +59,11 @@ DISTRUST_EVENTS = (
 
 @pytest.fixture
 def log_lines() -> Iterator[io.StringIO]:
-    stream = io.StringIO()
-    configure_logging("info", json=True, stream=stream)
-    try:
+    with capture_logs("info") as stream:
         yield stream
-    finally:
-        structlog.contextvars.clear_contextvars()
-        configure_logging()
 
 
-def events(stream: io.StringIO, *names: str) -> list[dict[str, object]]:
-    lines = (json.loads(line) for line in stream.getvalue().splitlines() if line.startswith("{"))
-    return [e for e in lines if e.get("event") in names]
+events = logged_events
 
 
 def records(count_per_key: int) -> list[tuple[str, str, int]]:

@@ -4,36 +4,29 @@ log through structlog, and how the admin command and the demo show them."""
 from __future__ import annotations
 
 import io
-import json
 import logging
 import time
 from collections.abc import Iterator
 
 import pytest
-import structlog
 from confluent_kafka import Producer
 
 from runtime.admin.client import format_status, format_threads
 from runtime.brokers.devbroker import free_port
 from runtime.demo import thread_view
-from runtime.logging import configure_logging, librdkafka_level, librdkafka_logger
+from runtime.logging import librdkafka_level, librdkafka_logger
 from runtime.polling.startup import StartupProgress
 from runtime.status import AppStatus, ThreadStatus
+from tests.logs import capture_logs, logged_events
 
 
 @pytest.fixture
 def log_lines() -> Iterator[io.StringIO]:
-    stream = io.StringIO()
-    configure_logging("debug", json=True, stream=stream)
-    try:
+    with capture_logs("debug") as stream:
         yield stream
-    finally:
-        structlog.contextvars.clear_contextvars()
-        configure_logging()
 
 
-def _events(stream: io.StringIO, name: str) -> list[dict[str, object]]:
-    return [e for e in map(json.loads, stream.getvalue().splitlines()) if e["event"] == name]
+_events = logged_events
 
 
 def test_startup_phases_in_order_with_what_each_waits_for(log_lines: io.StringIO) -> None:

@@ -7,7 +7,6 @@ a real broker: tests/integration/test_state_faults.py."""
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -15,10 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from confluent_kafka import KafkaError
 
-from runtime.logging import configure_logging
 from runtime.state.builders import LayeredStore, StoreSpec, build_store, rocksdb_path
 from runtime.state.checkpoint import (
     checkpoint_path,
@@ -31,24 +28,18 @@ from runtime.state.restoration import RestorationThread, sort_changelog_messages
 from runtime.state.rocksdb_store import RocksDBKeyValueStore, StoreUnopenableError
 from runtime.state.standby import StandbyTask
 from runtime.topology.record import Headers
+from tests.logs import capture_logs, logged_events
 
 CHANGELOG = ("app-counts-changelog", 0)
 
 
 @pytest.fixture
 def log_lines() -> Iterator[io.StringIO]:
-    stream = io.StringIO()
-    configure_logging("info", json=True, stream=stream)
-    try:
+    with capture_logs("info") as stream:
         yield stream
-    finally:
-        structlog.contextvars.clear_contextvars()
-        configure_logging()
 
 
-def events(stream: io.StringIO, name: str) -> list[dict[str, Any]]:
-    lines = (json.loads(line) for line in stream.getvalue().splitlines() if line.startswith("{"))
-    return [e for e in lines if e.get("event") == name]
+events = logged_events
 
 
 def _sink(
