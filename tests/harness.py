@@ -236,6 +236,20 @@ class Daemon:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def wait_ready(self, timeout: float = 120) -> None:
+        """Wait until the daemon logged `daemon_ready` (its app started, its
+        signal handlers in place), failing at once if it exits first.
+
+        A SIGTERM sent before that ends a process still importing (Python's
+        default action) rather than closing it gracefully: on a loaded machine
+        the import alone can take seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while '"daemon_ready"' not in self.tail(2_000_000):
+            self.assert_alive()
+            assert time.monotonic() < deadline, f"daemon not ready in {timeout}s:\n{self.tail()}"
+            time.sleep(0.1)
+
     def assert_alive(self) -> None:
         """Fail at once (not at some deadline) if the daemon has exited."""
         assert self.proc is not None

@@ -94,7 +94,7 @@ def test_input_leader_and_transaction_coordinator_killed_and_restarted(
         done = commits_after(app, done, 3, 120, "with the input leader down")
         cluster.restart(victim)
         cluster.wait_in_sync(timeout=120)
-        done = commits_after(app, done, 2, 60, "after the input leader came back")
+        done = commits_after(app, done, 2, 120, "after the input leader came back")
 
         # 2. The transaction coordinator of the app's transactional.id dies.
         coordinator = cluster.transaction_coordinator(transactional_id)
@@ -102,7 +102,7 @@ def test_input_leader_and_transaction_coordinator_killed_and_restarted(
         done = commits_after(app, done, 3, 120, "with the transaction coordinator down")
         cluster.restart(coordinator)
         cluster.wait_in_sync(timeout=120)
-        done = commits_after(app, done, 2, 60, "after the coordinator came back")
+        done = commits_after(app, done, 2, 120, "after the coordinator came back")
 
         # 3. The group coordinator of the application.id dies (the offsets sent with each
         # transaction go through it; the member's session lapses without it).
@@ -111,12 +111,12 @@ def test_input_leader_and_transaction_coordinator_killed_and_restarted(
         done = commits_after(app, done, 3, 120, "with the group coordinator down")
         cluster.restart(group_coordinator)
         cluster.wait_in_sync(timeout=120)
-        done = commits_after(app, done, 2, 60, "after the group coordinator came back")
+        done = commits_after(app, done, 2, 120, "after the group coordinator came back")
 
         feeder.stop()
         total = feeder.sent
         wait_until(lambda: app.status()["total_lag"] == 0, 120, message="input not consumed")
-        commits_after(app, int(app.status()["transactions_committed"]), 2, 60, "at the end")
+        commits_after(app, int(app.status()["transactions_committed"]), 2, 120, "at the end")
         exactly_once_checks(bootstrap, topics, total, keys)
         status = app.status()
         print(

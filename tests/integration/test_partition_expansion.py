@@ -327,7 +327,7 @@ def test_two_instances_spread_the_new_tasks(bootstrap: str, tmp_path: Path, prot
         feeder.start()
         wait_until(
             lambda: sum(len(tasks_of(a)) for a in apps) == 8 and all(tasks_of(a) for a in apps),
-            60,
+            120,
             message="the two instances never shared the 8 tasks",
         )
         out = run_expand(bootstrap, app_id, source, sink)
@@ -344,7 +344,7 @@ def test_two_instances_spread_the_new_tasks(bootstrap: str, tmp_path: Path, prot
             a, b = (tasks_of(app) for app in apps)
             return a | b == all_tasks and not a & b and bool(a & new_tasks) and bool(b & new_tasks)
 
-        wait_until(spread, 60, interval=0.1, message="the new tasks did not spread over both")
+        wait_until(spread, 120, interval=0.1, message="the new tasks did not spread over both")
         # The tasks can spread before the feeder's next round reaches the new keys.
         wait_until(lambda: all(k in feeder.sent for k in NEW_KEYS), 30, message="new keys unsent")
         sent = feeder.stop()

@@ -195,6 +195,8 @@ def test_rebalances_while_a_large_store_restores(
             elif action == "kill":
                 by_name[name].kill()
             else:
+                # A leave is a graceful close, of an app that started.
+                by_name[name].wait_ready()
                 by_name[name].send(signal.SIGTERM)
                 assert by_name[name].wait(90) == 0, by_name[name].tail()
         feeder.stop()
