@@ -45,6 +45,8 @@ produce loop, on its producer and its reports, and the hot path
 (`OutputChannel._produce_run`) reads the settling state (`_dead`,
 `_in_flight`) with no indirection per call. The channel supplies the
 attributes and methods declared at the top of the class.
+One file for both guarantees (a little over 500 lines, much of it this text):
+they share the report matching, the limit lowering and the counts.
 
 Polling thread only, as the channel (delivery callbacks may run on a
 transactional call's helper thread while the polling thread waits for it).
