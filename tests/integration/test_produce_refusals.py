@@ -9,7 +9,7 @@ under exactly_once_v2), which reached the dead-letter topic (exactly the
 refused ones, with their origin), and that the committed offset never skips a
 valid record (and never passes a refused one under log_and_fail).
 
-What librdkafka reports here is in runtime/collector/production_errors.py: a refused
+What librdkafka reports here is in runtime/collector/refusals.py: a refused
 batch fails every record of it (MSG_SIZE_TOO_LARGE, INVALID_TIMESTAMP), or
 names the culprits (INVALID_RECORD) and fails the rest with
 `_INVALID_DIFFERENT_RECORD`. The sink has two partitions: partition 0 holds one

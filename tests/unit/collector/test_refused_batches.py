@@ -2,7 +2,7 @@
 
 `classify`, `InFlight` and `Verdicts` directly; the output channel's settling
 under at_least_once through a fake producer that behaves as librdkafka 2.16
-does against Kafka 4 (measured; see runtime/collector/production_errors.py): a batch
+does against Kafka 4 (measured; see runtime/collector/refusals.py): a batch
 over the topic's limit fails as a whole with MSG_SIZE_TOO_LARGE, one invalid
 record fails its batch with INVALID_TIMESTAMP, two or more are named
 (INVALID_RECORD) and their batch-mates get `_INVALID_DIFFERENT_RECORD`; with
@@ -20,14 +20,15 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from runtime.collector import output as output_module
+from runtime.collector import refused_batches as refused_batches_module
 from runtime.collector.collector import OutputRecord, RecordCollector
 from runtime.collector.output import OutputChannel
-from runtime.collector.production_errors import (
+from runtime.collector.production_errors import ProductionFailed
+from runtime.collector.refusals import (
     CULPRIT,
     RESEND,
     SUSPECT,
     InFlight,
-    ProductionFailed,
     Refusal,
     Verdicts,
     classify,
@@ -348,12 +349,15 @@ class Channel:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, handler: str) -> None:
         self.cluster = FakeCluster()
+        # The channel builds its producer; settling builds the replacements
+        # and the one that produces a suspect alone, and asks the topic limits.
+        for module in (output_module, refused_batches_module):
+            monkeypatch.setattr(
+                module, "Producer", lambda settings: FakeProducer(self.cluster, settings)
+            )
+        monkeypatch.setattr(refused_batches_module, "AdminClient", lambda _settings: object())
         monkeypatch.setattr(
-            output_module, "Producer", lambda settings: FakeProducer(self.cluster, settings)
-        )
-        monkeypatch.setattr(output_module, "AdminClient", lambda _settings: object())
-        monkeypatch.setattr(
-            output_module,
+            refused_batches_module,
             "smallest_max_message_bytes",
             lambda _admin, topics, _timeout: min(self.cluster.max_bytes[t] for t in topics),
         )

@@ -22,6 +22,7 @@ from runtime.config import (
     config_table_markdown,
     load_config,
 )
+from runtime.config_values import Invalid
 from runtime.topology import serdes
 
 REQUIRED = {"application.id": "app", "bootstrap.servers": "127.0.0.1:9092"}
@@ -148,7 +149,7 @@ def test_bool_kind_coercion() -> None:
     for text in ("false", "FALSE", "no", "off", "0", False):
         assert key.parse(text) is False
     for bad in ("maybe", 1, 0, None):
-        with pytest.raises(config_module._Invalid):
+        with pytest.raises(Invalid):
             key.parse(bad)
 
 

@@ -75,7 +75,7 @@ def test_the_stated_test_count_is_true() -> None:
 
 def test_the_readme_settings_table_matches_the_config() -> None:
     """Each row of "Settings most people need" names a key and its default as
-    the configuration reference (generated from runtime/config.py) does."""
+    the configuration reference (generated from runtime/config/) does."""
     text = README.read_text(encoding="utf-8")
     section = text[text.index("## Settings most people need") :]
     section = section[: section.index("\n## ")]

@@ -1,0 +1,304 @@
+"""One known key: its type, default, validation and doc, and how a value is parsed.
+
+`ConfigKey` coerces one value (typed, or a string from the environment or
+`--set`) and says what a valid one looks like, with a did-you-mean for an
+enum; `setting(...)` declares a `StreamsConfig` field as a key (the fields are
+the table of known keys, runtime.config.settings). `ConfigError` is the one
+error of the whole package. Pure and immutable: any thread may call it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from runtime.config_values import (
+    MAX_INT_DIGITS,
+    MAX_SERDE_CHARS,
+    MAX_STR_CHARS,
+    close_match,
+    one_line,
+    show_value,
+)
+from runtime.config_values import Invalid as _Invalid
+from runtime.partitioning.static import (
+    check_static_partitioner,
+    static_partitioner_from_name,
+)
+from runtime.topology.serdes import BUILTIN, Serde, serde_from_name
+
+
+class ConfigError(ValueError):
+    """A configuration value, key or file is wrong.
+
+    `key` is the dotted key (or the offending `--set` string; empty for an error
+    about a whole file), `reason` says what is wrong, `file` names the TOML file
+    for file-level errors. The CLI turns it into exit code 2. The message is
+    one line whatever it quotes: control characters in the reason (a value,
+    a `--set` string, a path, a librdkafka message echoing a value) are
+    escaped, so a two-line value cannot print a two-line error (issue 31).
+    """
+
+    def __init__(self, key: str, reason: str, *, file: str | None = None) -> None:
+        self.key = key
+        self.reason = one_line(reason)
+        self.file = file
+        if file is not None and not key:
+            message = f"config file {show_value(file, 200)}: {self.reason}"
+        else:
+            message = f"config key {show_value(key, 120)}: {self.reason}"
+        super().__init__(message)
+
+    def __reduce__(self) -> Any:
+        return (_config_error, (self.key, self.reason, self.file))
+
+
+def _config_error(key: str, reason: str, file: str | None) -> ConfigError:
+    return ConfigError(key, reason, file=file)
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+Kind = Literal["str", "int", "bool", "enum", "serde", "partitioner"]
+Default = Any  # a plain value, REQUIRED, or Callable[[Mapping[str, Any]], Any]
+
+# ASCII digits only: Python's int() also takes "５" and "1_000", which no other
+# Kafka tool would read as a number.
+INT_TEXT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_TRUE = frozenset({"true", "yes", "on", "1"})
+_FALSE = frozenset({"false", "no", "off", "0"})
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One known key: name, type, default, validation and a one-line doc."""
+
+    name: str
+    kind: Kind
+    default: Default
+    doc: str
+    min: int | None = None
+    max: int | None = None
+    also: tuple[int, ...] = ()  # integers allowed outside [min, max], e.g. -1
+    choices: tuple[str, ...] = ()
+    pattern: str | None = None
+    nullable: bool = False
+    clamp: int | None = None  # ints above it are accepted and stored as it (durations)
+    max_length: int = MAX_STR_CHARS  # strings
+    check: Callable[[str], None] | None = None  # more string validation; raises _Invalid
+    default_doc: str | None = None  # how the README shows a computed default
+    # Strings (compared lower-cased, stripped) that turn the setting off: parsed
+    # as "" (admin.socket's "" or "none": no socket, while unset means a default).
+    off_words: tuple[str, ...] = ()
+    attr: str = ""  # the StreamsConfig attribute; filled in from the field name
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    def default_for(self, values: Mapping[str, Any]) -> Any:
+        """The default, given the parsed values of the keys declared above this one."""
+        if callable(self.default):
+            return self.default(values)
+        return self.default
+
+    def expected(self) -> str:
+        """What a valid value looks like, as in "expected an integer >= 0"."""
+        if self.kind == "int":
+            text = "an integer"
+            if self.min is not None and self.max is not None:
+                text += f" between {self.min} and {self.max}"
+            elif self.min is not None:
+                text += f" >= {self.min}"
+            elif self.max is not None:
+                text += f" <= {self.max}"
+            if self.also:
+                text += " or " + " or ".join(str(n) for n in self.also)
+            return text
+        if self.kind == "bool":
+            return "true or false"
+        if self.kind == "enum":
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.kind == "serde":
+            return f"a serde: one of {sorted(BUILTIN)} or 'module:attr'"
+        if self.kind == "partitioner":
+            return (
+                "'module:attr' naming an object with static_partition(topic, key, num_partitions)"
+            )
+        if self.pattern is not None:
+            return f"a string matching {self.pattern}"
+        return "a non-empty string"
+
+    def parse(self, value: Any) -> Any:
+        """Coerce and validate one value (typed, or a string as from env/--set).
+
+        Raises `_Invalid`; the caller turns it into a `ConfigError` naming the key.
+        """
+        if value is None and self.nullable:
+            return None
+        if self.off_words and isinstance(value, str) and value.strip().lower() in self.off_words:
+            return ""
+        if self.kind == "int":
+            return self._parse_int(value)
+        if self.kind == "bool":
+            return self._parse_bool(value)
+        if self.kind == "enum":
+            return self._parse_enum(value)
+        if self.kind == "serde":
+            return self._parse_serde(value)
+        if self.kind == "partitioner":
+            return self._parse_partitioner(value)
+        return self._parse_str(value)
+
+    def _bad(self, value: Any, hint: str = "") -> _Invalid:
+        return _Invalid(f"expected {self.expected()}, got {show_value(value)}{hint}")
+
+    def _parse_int(self, value: Any) -> int:
+        if isinstance(value, bool):
+            raise self._bad(value)
+        if isinstance(value, int):
+            number = value
+        elif isinstance(value, str) and INT_TEXT.fullmatch(value.strip()):
+            text = value.strip()
+            sign = "-" if text.startswith("-") else ""
+            digits = text.lstrip("+-").lstrip("0") or "0"
+            # Refuse absurd lengths before int() (Python stops at 4300 digits,
+            # leading zeros included, with its own ValueError; every key's
+            # range ends far below that).
+            if len(digits) > MAX_INT_DIGITS:
+                raise self._bad(value)
+            number = int(sign + digits)
+        else:
+            raise self._bad(value)
+        in_range = (self.min is None or number >= self.min) and (
+            self.max is None or number <= self.max
+        )
+        if not in_range and number not in self.also:
+            raise self._bad(value)
+        if self.clamp is not None:
+            number = min(number, self.clamp)
+        return number
+
+    def _parse_bool(self, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            text = value.strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+        raise self._bad(value)
+
+    def _parse_enum(self, value: Any) -> str:
+        if not isinstance(value, str):
+            raise self._bad(value)
+        text = value.strip().lower()
+        if text in self.choices:
+            return text
+        close = close_match(text, self.choices)
+        raise self._bad(value, f" (did you mean {close!r}?)" if close else "")
+
+    def _parse_serde(self, value: Any) -> Serde:
+        if isinstance(value, str):
+            if len(value) > MAX_SERDE_CHARS:
+                raise self._bad(value)
+            try:
+                return serde_from_name(value)
+            except ValueError as exc:
+                raise _Invalid(str(exc)) from None
+            # A user module failing on import or construction; SystemExit too:
+            # an import must not end the process with exit 0.
+            except (Exception, SystemExit) as exc:
+                raise _Invalid(
+                    f"cannot resolve serde {show_value(value)}: {type(exc).__name__}: {exc}"
+                ) from None
+        if isinstance(value, type):
+            raise _Invalid(f"expected a serde object or name, got the class {value.__name__}")
+        if isinstance(value, Serde):
+            return value
+        raise self._bad(value)
+
+    def _parse_partitioner(self, value: Any) -> Any:
+        """`module:attr` (imported; a class is made with no arguments) or, from
+        code, the object itself."""
+        if isinstance(value, str):
+            if len(value) > MAX_SERDE_CHARS:
+                raise self._bad(value)
+            try:
+                return static_partitioner_from_name(value)
+            except ValueError as exc:
+                raise _Invalid(str(exc)) from None
+            except (Exception, SystemExit) as exc:  # the user's module failed
+                raise _Invalid(
+                    f"cannot resolve {show_value(value)}: {type(exc).__name__}: {exc}"
+                ) from None
+        if isinstance(value, (int, float, bytes, list, dict, type)) or value is None:
+            raise self._bad(value)
+        try:
+            return check_static_partitioner(value, show_value(value))
+        except ValueError as exc:
+            raise _Invalid(str(exc)) from None
+
+    def _parse_str(self, value: Any) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise self._bad(value)
+        if len(value) > self.max_length:
+            raise _Invalid(f"longer than {self.max_length} characters ({len(value)})")
+        if "\x00" in value:
+            raise _Invalid(f"contains a NUL character: {show_value(value)}")
+        if self.pattern is not None and not re.fullmatch(self.pattern, value):
+            raise self._bad(value)
+        if self.check is not None:
+            self.check(value)
+        return value
+
+    # README rendering
+
+    def type_doc(self) -> str:
+        if self.kind == "int":
+            return self.expected().removeprefix("an ")
+        if self.kind == "bool":
+            return "boolean"
+        if self.kind == "enum":
+            return "one of " + ", ".join(f"`{c}`" for c in self.choices)
+        if self.kind == "serde":
+            return "serde: " + ", ".join(f"`{n}`" for n in BUILTIN) + " or `module:attr`"
+        if self.kind == "partitioner":
+            return "`module:attr` or unset"
+        text = "string"
+        if self.pattern is not None:
+            text += f" matching `{self.pattern}`"
+        if self.nullable:
+            text += " or unset"
+        return text
+
+    def default_doc_text(self) -> str:
+        if self.required:
+            return "required"
+        if self.default_doc is not None:
+            return self.default_doc
+        if self.default is None:
+            return "unset"
+        return f"`{self.default}`"
+
+
+KEY_FIELD = "runtime.config.key"
+PREFIX_FIELD = "runtime.config.prefix"
+
+
+def setting(name: str, kind: Kind, default: Default, doc: str, **validation: Any) -> Any:
+    """Declare a `StreamsConfig` field as the known key `name` (see `ConfigKey`)."""
+    return field(metadata={KEY_FIELD: ConfigKey(name, kind, default, doc, **validation)})
+
+
+def passthrough(prefix: str, doc: str) -> Any:
+    """Declare a `StreamsConfig` field collecting the unknown keys under `prefix`."""
+    return field(default_factory=dict, metadata={PREFIX_FIELD: (prefix, doc)})
