@@ -40,6 +40,11 @@ standby positions and lags) is one immutable `RestorationFigures`, replaced
 whole once per loop turn (`figures`); nothing else of this thread's state is
 read from outside it.
 
+Over 500 lines as one thing: the thread's inbox, its loop and the restores
+of active tasks; standbys (`standby_updates`), batch sorting
+(`changelog_reading`), the seams' types (`restoration_seams`) and the two
+steps above live in their own modules.
+
 Threads: the loop, and everything private, on this thread; `add_task`,
 `remove_task`, `drain_restored`, `add_standby`, `remove_standby`,
 `add_upload` from the polling thread; `figures` (and its views) and
