@@ -24,7 +24,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from runtime.logging import get_logger
 from runtime.processing.task import StreamTask
-from runtime.state.restoration import sort_changelog_messages
+from runtime.state.changelog_reading import sort_changelog_messages
 
 log = get_logger("benchmarks.baseline")
 

@@ -2,12 +2,17 @@
 
 `records` holds what instances tell each other on the compacted
 `<application.id>-status` topic (status, placement plans, scale-down
-requests) and the rendezvous hashing of standbys; `placer` is the pure
-placer of `task.assignment=runtime` (learners first, then moves);
-`runtime_assignment` follows plans and, on the instance that owns the
-coordination partition, places.
+requests) and the rendezvous hashing of standbys; `status_reader` reads that
+topic on the restoration thread's loop into `status_view`, which hands the
+polling thread one immutable `StatusSnapshot`; `placer` is the pure placer
+of `task.assignment=runtime` (learners first, then moves). Runtime-owned
+placement on the polling thread: `runtime_assignment` (the coordinator the
+polling thread calls: rebalance callbacks, the membership check, one loop
+turn) routes to `plan_follower` (every instance: applies plans, publishes
+its status, leaves) and `placer_role` (the elected instance: computes and
+publishes plans); `parts` groups what they are built from.
 
-Threads: `records` and `placer` are pure; `RuntimeAssignment` runs on the
-polling thread (inside rebalance callbacks and its loop turn), and its
-figures are read racily by status.
+Threads: `records` and `placer` are pure; `status_reader` runs on the
+restoration thread; the roles run on the polling thread, and other threads
+read only immutable snapshots (`StatusSnapshot`, `PlacementFigures`).
 """

@@ -3,16 +3,18 @@
 The compacted `<application.id>-status` topic carries every instance's
 status (tasks, standbys, learners' lags, capacity, leaving), the placer's
 newest `PlacementPlan`, `scale-down` requests and SHUTDOWN_APPLICATION
-requests (`runtime.placement.records`). The restoration thread owns the one
-restore consumer that reads the topic (the design gives it that consumer, so
-the topic costs no client of its own); it hands each record to `apply` and
-each end or position to `advance`. This class keeps the decoding and the
-state, and publishes an immutable `StatusSnapshot` by replacing one
-reference: the polling thread (standby placement, shutdown requests, the
-placer and plan follower) reads `snapshot` once per decision and sees one
-consistent view, never a plan from one moment beside statuses from another.
+requests (`runtime.placement.records`). Its reader
+(`runtime.placement.status_reader`, made by `reader`) runs on the
+restoration thread's loop, over the one restore consumer, and hands each
+record to `apply` and each end or position to `advance`. This class keeps
+the decoding and the state, and publishes an immutable `StatusSnapshot` by
+replacing one reference: the polling thread (standby placement, shutdown
+requests, the placer and the plan follower) reads `snapshot` once per
+decision and sees one consistent view, never a plan from one moment beside
+statuses from another.
 
-Threads: `apply` and `advance` on the restoration thread;
+Threads: `apply` and `advance` on the restoration thread (through the
+reader); `reader` once by the wiring's restoration thread constructor;
 `snapshot` from any thread.
 """
 
@@ -33,6 +35,7 @@ from runtime.placement.records import (
     PlacementPlan,
     ShutdownRequest,
 )
+from runtime.placement.status_reader import StatusTopicReader
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,11 @@ class StatusTopicView:
 
     def __init__(self) -> None:
         self.snapshot = StatusSnapshot()
+
+    def reader(self, topic: str) -> StatusTopicReader:
+        """The reader that fills this view from `topic` on the restoration
+        thread's loop (`runtime.state.restoration_seams.SideReaderSource`)."""
+        return StatusTopicReader(topic, self)
 
     def apply(self, key: bytes | None, value: bytes | None) -> None:
         """One record of the status topic (restoration thread)."""

@@ -42,6 +42,7 @@ from runtime.kafka.clients import (
 from runtime.kafka.consumer_release import close_in_background
 from runtime.kafka.topics import TopicLayout
 from runtime.logging import get_logger
+from runtime.placement.parts import Handovers, PollingSide, RuntimePlacementSettings
 from runtime.placement.placer import PlacerSettings
 from runtime.placement.records import ShutdownRequest
 from runtime.placement.runtime_assignment import RuntimeAssignment
@@ -173,6 +174,9 @@ class PollingThread(threading.Thread):
             retrying=self.health.retrying,
         )
         self.committer = Committer(task_manager, self.output, self._consumer, lambda: self._abort)
+        # The status topic as the restoration thread's loop reads it (one
+        # snapshot a decision), shared by standby placement and placement.
+        status_view = status_view or StatusTopicView()
         self.placement = TaskPlacement(
             config.application_id,
             instance_id,
@@ -200,22 +204,28 @@ class PollingThread(threading.Thread):
         self.runtime: RuntimeAssignment | None = None
         if runtime_placed:
             self.runtime = RuntimeAssignment(
-                instance_id,
-                config.application_id,
-                layout,
-                self._consumer,
-                self.tasks,
-                self.placement,
-                restoration,
-                self.output,
-                admin_config(config),
-                PlacerSettings(config.acceptable_recovery_lag, config.max_warmup_replicas),
-                self.committer,
-                lifecycle=self,
-                capacity=hooks.capacity,
-                on_left=lambda: self.request_stop(commit=True),
-                request_commit=self.request_commit,
-                status_view=status_view,
+                RuntimePlacementSettings(
+                    instance_id,
+                    config.application_id,
+                    admin_config(config),
+                    PlacerSettings(config.acceptable_recovery_lag, config.max_warmup_replicas),
+                ),
+                PollingSide(
+                    self._consumer,
+                    layout,
+                    self.tasks,
+                    self.placement,
+                    self.committer,
+                    self.output,
+                    lifecycle=self,
+                    request_commit=self.request_commit,
+                    on_left=lambda: self.request_stop(commit=True),
+                ),
+                Handovers(
+                    status_view,
+                    standby_lags=lambda: restoration.figures().standby_lags,
+                    capacity=hooks.capacity,
+                ),
             )
         self.lag_tracker = LagTracker(self._consumer, self._buffers, self._processed_offset)
         self.stall_watch = StallWatch()
@@ -490,7 +500,7 @@ class PollingThread(threading.Thread):
                 self.tasks.rewind(task_id)
         return True
 
-    # --- what runtime-owned placement needs (runtime_assignment.TaskLifecycle) ----------
+    # --- what runtime-owned placement needs (placement.parts.TaskLifecycle) ----------
 
     def restart_commit_interval(self) -> None:
         self._last_commit = time.monotonic()

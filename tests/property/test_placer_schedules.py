@@ -131,7 +131,7 @@ class Cluster:
             x.in_group = False  # a zombie: still "runs" its tasks, fenced
         elif kind == "rejoin" and not x.in_group and len(self.instances) < 8:
             # Membership lost: every task closed dirty, and the process goes
-            # on under a new instance id (RuntimeAssignment.renew_identity);
+            # on under a new instance id (PlanFollower.renew_identity);
             # the old id's last status stays behind, out of the group.
             x.active.clear()
             x.copies.clear()

@@ -26,6 +26,10 @@ The parts, and which thread runs them:
   it in place of the stores' databases; restoration then replays only the
   changelog after the snapshot's offsets. Anything wrong: a warning, and the
   changelog from the beginning.
+- `driver.SnapshotDriver`: restoration thread, one bounded step per loop
+  turn. Drives the downloads and uploads above, installs a finished
+  download and hands its task back to changelog restoration (its docstring
+  says why it runs on that thread's loop).
 - `objects.ObjectStore`: the S3 client (boto3), used by the restoration
   thread, and once at start-up by the caller of `App.start` (bucket check).
 - `stats.RemoteStats`: figures for status and metrics, written by the

@@ -6,7 +6,8 @@ application called `incremental_(un)assign` in between (seen on Kafka: the
 zombie placer then kept its identity, published a plan from its stale view of
 the group, and could have committed for tasks given to others once it
 rejoined). What tells it is the member id: reset by librdkafka, then a new
-one. RuntimeAssignment with fakes for everything but its own logic.
+one. RuntimeAssignment (with its plan follower and placer role) with fakes
+for everything but its own logic.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from runtime.placement import runtime_assignment
-from runtime.placement.placer import PlacerSettings
+from runtime.placement import placer_role
+from runtime.placement.parts import Handovers, PollingSide, RuntimePlacementSettings
 from runtime.placement.records import PlacementPlan
 from runtime.placement.runtime_assignment import RuntimeAssignment
 from runtime.placement.status_view import StatusTopicView
@@ -98,31 +99,31 @@ class FakeLifecycle:
         pass
 
 
+def placement_of(runtime: RuntimeAssignment) -> FakePlacement:
+    return runtime._polling.standbys  # type: ignore[return-value]
+
+
 def make() -> tuple[RuntimeAssignment, FakeConsumer, FakeTasks, list[list[str]]]:
     consumer, tasks, dropped = FakeConsumer(), FakeTasks(), []
-    restoration = SimpleNamespace(standby_lags={})
     status_view = StatusTopicView()
     status_view.advance(0)
     layout = SimpleNamespace(sources={0: ["in"]}, partitions={"in": 2})
     layout.task_partitions = lambda sub: 2
     placement = FakePlacement()
     runtime = RuntimeAssignment(
-        "i",
-        "app",
-        layout,  # type: ignore[arg-type]
-        consumer,  # type: ignore[arg-type]
-        tasks,  # type: ignore[arg-type]
-        placement,  # type: ignore[arg-type]
-        restoration,  # type: ignore[arg-type]
-        SimpleNamespace(transactions=None, producer=SimpleNamespace(flush=lambda t: 0)),  # type: ignore[arg-type]
-        {},
-        PlacerSettings(),
-        SimpleNamespace(),  # type: ignore[arg-type]  # the committer: no release here
-        lifecycle=FakeLifecycle(tasks, dropped),
-        capacity=lambda: 1,
-        on_left=lambda: None,
-        request_commit=lambda: None,
-        status_view=status_view,
+        RuntimePlacementSettings("i", "app", {}),
+        PollingSide(
+            consumer,  # type: ignore[arg-type]
+            layout,  # type: ignore[arg-type]
+            tasks,  # type: ignore[arg-type]
+            placement,  # type: ignore[arg-type]
+            SimpleNamespace(),  # type: ignore[arg-type]  # the committer: no release here
+            SimpleNamespace(transactions=None, producer=SimpleNamespace(flush=lambda t: 0)),  # type: ignore[arg-type]
+            lifecycle=FakeLifecycle(tasks, dropped),
+            request_commit=lambda: None,
+            on_left=lambda: None,
+        ),
+        Handovers(status_view, standby_lags=lambda: {}, capacity=lambda: 1),
     )
     runtime.on_assign([TopicPartition(STATUS, 0)])  # joined as m1, the placer
     tasks.held = {"0_0", "0_1"}
@@ -140,7 +141,7 @@ def test_the_first_assignment_names_the_member_and_a_plain_revoke_keeps_the_task
 
 def test_a_timed_out_session_reported_as_a_revoke_drops_the_tasks_and_renews() -> None:
     runtime, consumer, tasks, dropped = make()
-    runtime.plan = PlacementPlan(7, "i", {"0_0": "i", "0_1": "i"})  # maybe never committed
+    runtime.follower.plan = PlacementPlan(7, "i", {"0_0": "i", "0_1": "i"})  # maybe never committed
     consumer.member_id = ""  # librdkafka: session timed out, member id reset
     runtime.on_revoke([TopicPartition(STATUS, 0)])
     assert dropped and not tasks.ids() and not runtime.is_placer
@@ -151,8 +152,8 @@ def test_a_timed_out_session_reported_as_a_revoke_drops_the_tasks_and_renews() -
     assert not runtime.check_membership()
     runtime.on_assign([])
     assert not runtime.check_membership() and len(dropped) == 1
-    runtime.publish_status()
-    assert runtime._placement.published[-1]["member_id"] == "m2"  # type: ignore[attr-defined]
+    runtime.follower.publish_status()
+    assert placement_of(runtime).published[-1]["member_id"] == "m2"
 
 
 def test_a_member_id_changed_behind_our_back_is_caught_before_a_commit() -> None:
@@ -169,18 +170,20 @@ def test_a_stalled_placer_does_not_place_from_a_stale_view_of_the_group(
     monkeypatch: Any,
 ) -> None:
     runtime, consumer, tasks, dropped = make()
-    runtime._membership_stale = False
-    runtime._in_group = frozenset({"m1", "m2"})
-    runtime._in_group_at = time.monotonic()
-    monkeypatch.setattr(runtime, "_refresh_membership", lambda: None)
-    assert runtime._ready_to_place()
+    placer = runtime.placer
+    placer._membership_stale = False
+    placer._in_group = frozenset({"m1", "m2"})
+    placer._in_group_at = time.monotonic()
+    monkeypatch.setattr(placer, "_refresh_membership", lambda: None)
+    snapshot = runtime._handovers.status.snapshot
+    assert placer._ready_to_place("m1", snapshot)
     # Described before a stall longer than the session timeout: not fresh.
-    runtime._in_group_at = time.monotonic() - runtime_assignment._MEMBERSHIP_MAX_AGE_S - 1
-    assert not runtime._ready_to_place()
+    placer._in_group_at = time.monotonic() - placer_role._MEMBERSHIP_MAX_AGE_S - 1
+    assert not placer._ready_to_place("m1", snapshot)
     # Fresh, but the group went on without this member.
-    runtime._in_group_at = time.monotonic()
-    runtime._in_group = frozenset({"m2"})
-    assert not runtime._ready_to_place()
+    placer._in_group_at = time.monotonic()
+    placer._in_group = frozenset({"m2"})
+    assert not placer._ready_to_place("m1", snapshot)
 
 
 def test_closing_the_consumer_is_no_lost_membership() -> None:

@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from runtime.state.builders import LayeredStore, StoreSpec, build_store, rocksdb_path
+from runtime.state.changelog_reading import sort_changelog_messages
 from runtime.state.checkpoint import (
     checkpoint_path,
     drop_checkpoint_entries,
@@ -24,7 +25,7 @@ from runtime.state.checkpoint import (
     write_checkpoint,
 )
 from runtime.state.memory_store import InMemoryKeyValueStore
-from runtime.state.restoration import RestorationThread, sort_changelog_messages
+from runtime.state.restoration import RestorationThread
 from runtime.state.rocksdb_store import RocksDBKeyValueStore, StoreUnopenableError
 from runtime.state.standby import StandbyTask
 from runtime.topology.record import Headers
@@ -359,7 +360,7 @@ def test_a_standby_out_of_range_is_wiped_and_restarts_from_the_beginning(
     # Never connects: assignments are local until a fetch.
     thread = RestorationThread("t", {"bootstrap.servers": "127.0.0.1:9", "group.id": "g"})
     try:
-        thread._start_standby_changelog(standby)
+        thread._standbys.start(standby)
         assert thread._out_of_range(CHANGELOG, 50)
         assert not thread._out_of_range(("unknown", 0), 3)
         store = standby.stores["counts"]
