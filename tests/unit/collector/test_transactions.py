@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -129,14 +128,14 @@ def test_a_commit_stuck_past_its_deadline_abandons_and_replaces_the_producer() -
 
     transactions = Transactions(new, 0.1, stuck_grace_s=0.2)  # type: ignore[arg-type]
     assert transactions.ensure_open()
-    started = time.monotonic()
     try:
         with pytest.raises(TransactionFailed) as failed:
             transactions.commit([TopicPartition("in", 0, 5)], object())
-        waited = time.monotonic() - started
+        # The commit gave up while the stuck call was still stuck (it is
+        # released only below): it did not wait for it.
+        assert not release.is_set()
         assert failed.value.recreated_producer
         assert "did not return" in str(failed.value)
-        assert waited < 5, f"the stuck call held the commit for {waited:.1f} s"
         stuck, fresh = producers
         assert stuck.calls == ["init", "begin", "send_offsets"], "a stuck producer is not reused"
         assert transactions.producer is fresh and fresh.calls == ["init"]

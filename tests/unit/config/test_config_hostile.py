@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -273,13 +272,13 @@ def test_state_dir_must_be_creatable_and_writable(tmp_path: Path) -> None:
     ],
 )
 def test_client_properties_checked_offline_naming_the_key(key: str, value: str) -> None:
+    # Nothing listens at 127.0.0.1:1: a check that needed a broker would fail
+    # with a connection error, not with librdkafka's verdict on the value.
     config = build({"bootstrap.servers": "127.0.0.1:1", key: value})
-    started = time.monotonic()
     with pytest.raises(ConfigError) as info:
         check_client_properties(config)
     assert info.value.key == key, info.value
     assert "librdkafka refused" in info.value.reason
-    assert time.monotonic() - started < 5, "no broker is contacted"
 
 
 def test_good_client_properties_pass_under_both_guarantees() -> None:
