@@ -97,7 +97,8 @@ class TaskLocks(Protocol):
 
 
 class BarrierTask(Protocol):
-    """What the barrier needs of a key-parallel task (`KeyParallelTask`)."""
+    """What the barrier needs of a key-parallel task (`KeyParallelTask`):
+    among a commit's tasks, those whose `key_parallel` kind is True."""
 
     @property
     def id(self) -> str: ...
@@ -170,7 +171,7 @@ class Committer:
         self._barrier_broken = None
         held: list[BarrierTask] = []
         if barrier and self._output.transactions is not None:
-            held = [t for t in barrier if getattr(t, "key_parallel", False)]
+            held = [t for t in barrier if t.key_parallel]
         for task in held:
             task.hold_dispatch()
         try:

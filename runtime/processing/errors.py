@@ -12,9 +12,9 @@ record (`topic[partition]@offset`, short escaped previews of its key and
 value bytes), the serde that could not read it or the processor that raised
 (with the user's line of code), and the ways out (the handler settings, or a
 fix). `FailedRecord.of` finds these in the traceback of the user's error:
-the task's record loop (`StreamTask._process_message`,
-`KeyParallelTask._process_one`) holds the consumed message as `message` and
-the source node as `source`, a punctuation's loop holds `punctuation`, and
+the per-record path both task kinds share (`RecordPath._process_record`,
+runtime.processing.record_context) holds the consumed message as `message`
+and the source node as `source`, a punctuation's loop holds `punctuation`, and
 each processor node is `self` in its own frame. Reading them there keeps the
 per-record path untouched (nothing is recorded until a record fails); a
 traceback that holds none of them (an error outside the handlers) gives the
@@ -80,6 +80,40 @@ def preview(data: bytes | None, limit: int = PREVIEW_BYTES) -> str:
     if len(raw) <= limit:
         return repr(raw)
     return f"{raw[:limit]!r}... ({len(raw)} bytes)"
+
+
+class ParkedFailures:
+    """Failures raised on processing threads, parked per task until the
+    polling thread decides what becomes of the task (nothing is thrown across
+    threads). A task with a parked failure is not scheduled until `clear`.
+    Not thread-safe: the task manager calls it under its lock."""
+
+    def __init__(self) -> None:
+        self._by_task: dict[str, TaskFailedError] = {}
+        self._to_report: list[TaskFailedError] = []
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._by_task
+
+    def park(self, task_id: str, error: TaskFailedError, thread_name: str) -> None:
+        """The first failure of a task counts; a later one (another sharer of
+        a key-parallel task) is dropped, its task is failed already."""
+        if task_id not in self._by_task:
+            error.thread_name = thread_name
+            self._by_task[task_id] = error
+            self._to_report.append(error)
+
+    def drain(self) -> list[TaskFailedError]:
+        """Failures parked since the last call; their tasks stay failed."""
+        failures, self._to_report = self._to_report, []
+        return failures
+
+    def clear(self, task_id: str) -> None:
+        """The task is schedulable again (re-added, removed, or rewound)."""
+        self._by_task.pop(task_id, None)
+
+    def task_ids(self) -> set[str]:
+        return set(self._by_task)
 
 
 @dataclass(frozen=True)

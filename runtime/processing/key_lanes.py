@@ -35,6 +35,13 @@ its own, so that hypothesis can drive it through any interleaving:
   succeeds once no grab is active; `hold_dispatch` (the exactly-once commit
   barrier) stops dispatch so the in-flight records drain to zero.
 
+One cohesive thing, hence over 500 lines: dispatch, grabs, completion and
+the watermark share one lock and one set of counters (a record moves
+pending -> taken -> completed -> passed by the watermark, and each step
+checks the others' invariants); split, they would trade their state across
+modules under that lock. Its pure pieces are apart already (`RetryPolicy`,
+`record_cost.py`).
+
 Threads: every method takes the lanes' own lock; any processing thread holding
 a share of the task calls `take`/`complete`, the committer calls
 `hold_dispatch`/`resume_dispatch`, status readers read the counters racily.

@@ -8,9 +8,11 @@ one thread at a time in offset order while other keys run beside them. What
 changes against a `StreamTask`, and why:
 
 - The record being processed and the output made since the last hand-over
-  are per thread (`_ThreadRecord`, a `threading.local`): the graph's nodes
-  are shared, so `send`, `record_timestamp` and the stores' clock read the
-  calling thread's record.
+  are per thread (`ThreadContexts`, runtime.processing.record_context): the
+  graph's nodes are shared, so `send`, `record_timestamp` and the stores'
+  clock read the calling thread's record. A record is processed by the same
+  `_process_record` as in a one-thread task; only who runs it (the grab's
+  thread) and when it counts as done (the lanes' watermark) differ.
 - A grab's output is handed to the record collector before its keys are
   released, so the next record of a key (maybe on another thread) lands
   behind it: output keeps per-key order per output partition (rule 2).
@@ -34,6 +36,10 @@ changes against a `StreamTask`, and why:
   like the state writes they log); after the last attempt the processing
   exception handler decides.
 
+One cohesive thing, the key-parallel task, hence a little over 500 lines:
+its bookkeeping is in `key_lanes.py`, its record path shared with
+`StreamTask` in `record_context.py`.
+
 Threads: `process_shared` runs on every processing thread holding a share;
 `hold_dispatch`/`resume_dispatch`/`in_flight` are for the committer (polling
 thread); the rest as for `StreamTask`.
@@ -44,7 +50,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, TypeGuard
 
 from confluent_kafka import Message
 
@@ -52,9 +58,9 @@ from runtime.collector.collector import OutputRecord
 from runtime.logging import get_logger
 from runtime.processing.errors import TaskFailedError
 from runtime.processing.key_lanes import Grab, KeyLanes
-from runtime.processing.task import FlushListener, StreamTask, TaskSettings
+from runtime.processing.record_context import OutputSink, RecordContext
+from runtime.processing.task import StreamTask, TaskSettings
 from runtime.topology.context import PunctuationType
-from runtime.topology.record import Headers
 from runtime.topology.topology import Subtopology
 
 log = get_logger("runtime.task")
@@ -64,33 +70,6 @@ log = get_logger("runtime.task")
 _ITERATING = frozenset({"range", "all", "fetch", "fetch_all", "reverse_range", "reverse_all"})
 # Parallelism used is measured over windows of about this many seconds.
 _PARALLELISM_WINDOW_S = 1.0
-
-
-class OutputSink(Protocol):
-    """Where a grab's output goes (the record collector)."""
-
-    def hand_over(self, batch: Any) -> None: ...
-
-
-class _ThreadRecord:
-    """Per thread, per task: the record being processed, output not yet handed over.
-
-    A plain object reached once per call through `_PerThread` (attribute
-    access on a threading.local itself costs a lookup each time)."""
-
-    __slots__ = ("topic", "offset", "timestamp", "output", "sink")
-
-    def __init__(self) -> None:
-        self.topic = ""
-        self.offset = -1
-        self.timestamp = -1
-        self.output: list[OutputRecord] = []
-        self.sink: OutputSink | None = None
-
-
-class _PerThread(threading.local):
-    def __init__(self) -> None:
-        self.record = _ThreadRecord()
 
 
 class _LockedStore:
@@ -120,7 +99,7 @@ class _LockedStore:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             with lock:
-                record = task._per_thread.record
+                record = task._contexts.record
                 output = record.output
                 before = len(output)
                 result = fn(*args, **kwargs)
@@ -150,19 +129,17 @@ class KeyParallelTask(StreamTask):
             raise ValueError("KeyParallelTask needs TaskSettings.key_parallel")
         # Set before StreamTask.__init__: building the stores and the graph's
         # init reach the overrides below.
-        self._per_thread = _PerThread()
         self._store_lock = threading.RLock()
         self._locked: dict[str, _LockedStore] = {}
         self._wall_deadline = float("inf")
         self._failed = False
-        self._retry = kp.retry
         self.threads_per_task = kp.threads_per_task
         self._lanes = KeyLanes(topics, kp.window, kp.threads_per_task)
         self.retried_count = 0
         self._busy_s = 0.0
         self._sample = (time.monotonic(), 0.0)
         self._parallelism = 0.0
-        super().__init__(subtopology, partition, topics, settings)
+        super().__init__(subtopology, partition, topics, settings, kp.retry)
         # The watermark is the offsets a commit takes (prepare_commit).
         self._lanes.done_offsets = self.processed_offsets
         self._changelog_topics = frozenset(
@@ -279,51 +256,14 @@ class KeyParallelTask(StreamTask):
     def failed(self) -> bool:
         return self._failed
 
-    # --- TaskContext overrides: the calling thread's record --------------------------
-
-    def send(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        timestamp: int,
-        headers: Headers | None,
-        partition: int | None,
-    ) -> None:
-        if partition is None:
-            partition = self._default_partition(topic, key)
-        record = self._per_thread.record
-        record.output.append(
-            (
-                topic,
-                partition,
-                key,
-                value,
-                timestamp,
-                headers,
-                record.topic,
-                self.partition,
-                record.offset,
-            )
-        )
+    # --- TaskContext: what the threads share -------------------------------------------
 
     @property
-    def record_timestamp(self) -> int:
-        return self._per_thread.record.timestamp
-
-    def _current_timestamp(self) -> int:
-        return self._per_thread.record.timestamp
-
-    def _record_origin(self) -> tuple[str, int]:
-        record = self._per_thread.record
-        return record.topic, record.offset
-
-    def _set_record(self, topic: str, offset: int, timestamp: int) -> None:
-        record = self._per_thread.record
-        record.topic, record.offset, record.timestamp = topic, offset, timestamp
-
-    def _set_record_timestamp(self, timestamp: int) -> None:
-        self._per_thread.record.timestamp = timestamp
+    def last_record_timestamp(self) -> int:
+        """-1: a key-parallel task gives no figure for a named query's latency
+        (the task manager reads it at release; unchanged from before the record
+        path was shared, when this read a field only one-thread tasks set)."""
+        return -1
 
     def state_store(self, name: str) -> Any:
         locked = self._locked.get(name)
@@ -337,30 +277,11 @@ class KeyParallelTask(StreamTask):
         with self._store_lock:
             super().record_dropped(reason)
 
-    def _flush_dispatcher(self, store: str) -> FlushListener:
-        def dispatch(key: bytes, value: bytes | None, old: bytes | None, timestamp: int) -> None:
-            listener = self._flush_listeners.get(store)
-            if listener is not None:
-                record = self._per_thread.record
-                saved, record.timestamp = record.timestamp, timestamp
-                try:
-                    listener(key, value, old, timestamp)
-                finally:
-                    record.timestamp = saved
-
-        return dispatch
-
     def _handle_error(self, stage: str, exc: Exception, message: Message | None) -> None:
         with self._store_lock:  # its counters are shared by the threads
             super()._handle_error(stage, exc, message)
 
-    def take_output(self) -> list[OutputRecord]:
-        """Swap out the calling thread's output (the polling thread's at commit)."""
-        record = self._per_thread.record
-        output, record.output = record.output, []
-        return output
-
-    def _hand_over_now(self, record: _ThreadRecord) -> None:
+    def _hand_over_now(self, record: RecordContext) -> None:
         sink = record.sink
         if sink is not None and record.output:
             output, record.output = record.output, []
@@ -388,7 +309,7 @@ class KeyParallelTask(StreamTask):
         Raises TaskFailedError when a handler says fail (after completing what
         the grab finished; the failing record is not completed).
         """
-        record = self._per_thread.record
+        record = self._contexts.record
         record.sink = sink
         lanes = self._lanes
         total = 0
@@ -412,7 +333,7 @@ class KeyParallelTask(StreamTask):
     def _run_grab(
         self,
         grab: Grab,
-        record: _ThreadRecord,
+        record: RecordContext,
         deadline: float,
         contenders: Callable[[], int] | None,
     ) -> int:
@@ -425,15 +346,22 @@ class KeyParallelTask(StreamTask):
         started = monotonic()
         lanes = self._lanes
         failures_of = lanes.failures
-        single_topic = self._single_queue.topic if self._single_queue is not None else None
-        process_one = self._process_one
+        process_record = self._process_record
+        # One input topic: every record's topic and source node; several:
+        # each record's own (`sources`).
+        single = self._single_queue
+        topic = single.topic if single is not None else ""
+        source = self._single_source
+        sources = self._sources if single is None else None
         try:
             if grab.chunk is not None:
-                # Fast records, nothing else in flight: in offset order, one thread.
+                # Fast records, nothing else in flight: in offset order, one
+                # thread. Only a task with one input topic takes chunks.
+                assert source is not None
                 count = 0
                 for message in grab.chunk:
                     try:
-                        ok = process_one(record, message, single_topic, 0)
+                        ok = process_record(record, message, topic, source, 0)
                     except TaskFailedError as exc:
                         failure = exc
                         break
@@ -448,8 +376,12 @@ class KeyParallelTask(StreamTask):
                 count = 0
                 failures = failures_of.get(key, 0) if failures_of else 0
                 for message in messages:
+                    if sources is not None:
+                        topic = message.topic()
+                        source = sources[topic]
                     try:
-                        ok = process_one(record, message, single_topic, failures)
+                        # `source` is None only with several topics, set just above.
+                        ok = process_record(record, message, topic, source, failures)  # type: ignore[arg-type]
                     except TaskFailedError as exc:
                         failure = exc
                         break
@@ -488,47 +420,10 @@ class KeyParallelTask(StreamTask):
             raise failure
         return completed
 
-    def _process_one(
-        self, record: _ThreadRecord, message: Message, topic: str | None, failures: int
-    ) -> bool:
-        """Process one record; False when it failed and is to be retried."""
-        if topic is None:
-            topic = message.topic()
-            assert topic is not None
-        offset: int = message.offset()  # type: ignore[assignment]  # never None when consumed
-        timestamp = message.timestamp()[1]
-        record.topic = topic
-        record.offset = offset
-        record.timestamp = timestamp
-        source = self._sources[topic]
-        try:
-            value = source.deserialize(
-                message.key(),
-                message.value(),
-                timestamp,
-                message.headers(),  # type: ignore[arg-type]  # consumed: a list of pairs
-                topic,
-                self.partition,
-                offset,
-            )
-        except Exception as exc:
-            self._handle_error("deserialization", exc, message)
-            return True
-        output = record.output
-        mark = len(output)
-        try:
-            source.process(value)
-        except Exception as exc:
-            if failures < self._retry.attempts:
-                self._note_retry(exc, record, output, mark, failures + 1)
-                return False
-            self._handle_error("processing", exc, message)
-        return True
-
     def _note_retry(
         self,
         exc: Exception,
-        record: _ThreadRecord,
+        record: RecordContext,
         output: list[OutputRecord],
         mark: int,
         failures: int,
@@ -552,7 +447,7 @@ class KeyParallelTask(StreamTask):
             error=f"{type(exc).__name__}: {exc}",
         )
 
-    def _maybe_punctuate(self, record: _ThreadRecord) -> None:
+    def _maybe_punctuate(self, record: RecordContext) -> None:
         """Run due punctuations with the task alone (see KeyLanes.begin_exclusive)."""
         lanes = self._lanes
         if not (lanes.exclusive_wanted or self._punctuation_due()):
@@ -622,6 +517,13 @@ def make_task(
     if settings.key_parallel is not None and subtopology.key_parallel:
         return KeyParallelTask(subtopology, partition, topics, settings)
     return StreamTask(subtopology, partition, topics, settings)
+
+
+def is_key_parallel(task: StreamTask) -> TypeGuard[KeyParallelTask]:
+    """Whether several threads share `task` by key: its `key_parallel` kind,
+    so code that holds, runs or drains a task reaches the key-parallel members
+    typed (a test's stand-in sets the attribute and is taken at its word)."""
+    return task.key_parallel
 
 
 def key_parallel_figures(task: StreamTask) -> dict[str, Any]:

@@ -23,12 +23,15 @@ the holder of the lowest-priority task to end its batch after the current
 record (`StreamTask.yield_requested`). Equal priorities never preempt each
 other, so weights and the starvation rule share those as before.
 
+`QueryLatency` keeps each query's recent batch latencies.
+
 Not thread-safe: called under the task manager's lock only. No clock of its
 own: the task manager passes busy time measured on its (injectable) clock.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -214,3 +217,34 @@ def input_refill(
         else min(max_poll_records, PRIORITY_MAX_POLL_RECORDS)
     )
     return InputRefill(max(half, bound - PRIORITY_REFILL_RECORDS), batch)
+
+
+# Latency samples kept per named query (one per batch).
+LATENCY_SAMPLES = 2048
+
+
+class QueryLatency:
+    """Per named query: recent batch latencies, ms from the batch's last
+    record's timestamp to the batch's end (`QueryStatus.latency_p99_ms`).
+    Task manager lock only, like the ledger."""
+
+    def __init__(self) -> None:
+        self._samples: dict[str, deque[float]] = {}
+
+    def add(self, query: str, ms: float) -> None:
+        samples = self._samples.get(query)
+        if samples is None:
+            samples = self._samples[query] = deque(maxlen=LATENCY_SAMPLES)
+        samples.append(ms)
+
+    def forget(self, query: str) -> None:
+        self._samples.pop(query, None)
+
+    def sorted_samples(self) -> dict[str, list[float]]:
+        """A copy per query with samples, sorted (taken under the lock; the
+        percentile is read outside it, `p99`)."""
+        return {q: sorted(samples) for q, samples in self._samples.items() if samples}
+
+    @staticmethod
+    def p99(recent: Mapping[str, list[float]]) -> dict[str, float]:
+        return {q: s[min(len(s) - 1, int(len(s) * 0.99))] for q, s in recent.items()}

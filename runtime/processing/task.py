@@ -16,30 +16,20 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from confluent_kafka import Message
 
 from runtime.collector.collector import OutputRecord
 from runtime.logging import get_logger
-from runtime.partitioning.default import default_partition
-from runtime.processing.errors import (
-    DEAD_LETTER_QUEUE,
-    LOG_AND_CONTINUE,
-    ErrorPolicy,
-    TaskFailedError,
-    dead_letter_headers,
-)
-from runtime.processing.key_lanes import KeyParallelSettings
+from runtime.processing.errors import ErrorPolicy
+from runtime.processing.key_lanes import KeyParallelSettings, RetryPolicy
+from runtime.processing.record_context import NO_RETRY, FlushListener, RecordPath
 from runtime.state.builders import LayeredStore, build_task_stores, task_directory
 from runtime.state.cache import CacheBudget
 from runtime.state.checkpoint import checkpoint_path, read_checkpoint, write_checkpoint
 from runtime.topology.context import PunctuationType
-from runtime.topology.nodes import SourceNode
-from runtime.topology.record import Headers
 from runtime.topology.topology import Subtopology, TaskGraph
-
-FlushListener = Callable[[bytes, bytes | None, bytes | None, int], None]
 
 log = get_logger("runtime.task")
 
@@ -139,15 +129,21 @@ class TaskSettings:
         self.key_parallel = key_parallel
 
 
-class StreamTask:
-    """One subtopology x partition number; implements the graph's TaskContext.
+class StreamTask(RecordPath):
+    """One subtopology x partition number; implements the graph's TaskContext
+    (the record-dependent half in `RecordPath`, runtime.processing.record_context).
 
     Processed by one thread at a time (rule 1); `KeyParallelTask`
     (runtime.processing.key_parallel) is the variant several threads share.
     """
 
-    key_parallel = False
-    """Several threads may hold this task at once (the task manager asks)."""
+    key_parallel: ClassVar[bool] = False
+    """The task's kind, the one switch the task manager, the processing
+    threads and the committer read (`runtime.processing.key_parallel.
+    is_key_parallel`): False, one thread holds it at a time and runs `process`;
+    True (`KeyParallelTask`), up to `threads_per_task` threads hold it shared,
+    each running `process_shared`, and a commit drains its records in flight
+    (`hold_dispatch`). Test fakes set it too."""
     threads_per_task = 1
     yield_requested = False
     """Set by the task manager (under its lock) while a processing thread holds
@@ -162,14 +158,14 @@ class StreamTask:
         partition: int,
         topics: list[str],
         settings: TaskSettings,
+        retry: RetryPolicy = NO_RETRY,
     ) -> None:
-        self.id = task_id_of(subtopology.task_name, partition)
+        """`retry`: `processing.retry.*` (a key-parallel task's; one thread never retries)."""
+        super().__init__(task_id_of(subtopology.task_name, partition), partition, settings, retry)
         self.subtopology = subtopology
         # The named query it belongs to (None: the app runs one topology);
         # the scheduler reads it for query priorities and shares.
         self.query = subtopology.query
-        self.partition = partition
-        self._settings = settings
         self.queues: dict[str, InputQueue] = {t: InputQueue(t, partition) for t in topics}
         self._queue_list = list(self.queues.values())
         # Offsets: last processed per input topic. The holding processing
@@ -178,27 +174,18 @@ class StreamTask:
         self.processed_offsets: dict[str, int] = {}
         self.committed_offsets: dict[str, int] = {}
         self.stream_time = -1
-        self.output: list[OutputRecord] = []
         self.commit_requested = False
         self._pending_offsets: dict[str, int] = {}
         self.closed = False
-        # Counters, read racily by the status snapshot.
+        # Counters, read racily by the status snapshot (more in RecordPath).
         self.processed_count = 0
-        self.skipped_count = 0
-        self.dead_lettered_count = 0
         self._punctuations: list[_Punctuation] = []
         self.next_wall_punctuation = float("inf")  # time.monotonic() seconds
-        self._round_robin = partition
-        self._record_topic = ""
-        self._record_offset = -1
-        self._record_timestamp = -1
-        self.dropped: dict[str, int] = {}
         self.restored_records = 0  # set by the restoration thread when done
         # State: stores are opened here (polling thread) and read their
         # checkpoint; the restoration thread brings them up to date before the
         # task is handed to the task manager.
         self.directory = task_directory(settings.state_dir, settings.application_id, self.id)
-        self._flush_listeners: dict[str, FlushListener] = {}
         # changelog records logged per store at the last prepare_commit
         # (polling thread, task locked): which changelogs a commit wrote.
         self._logged_at_commit: dict[str, int] = {}
@@ -210,7 +197,7 @@ class StreamTask:
             settings.cache_budget,
             self.send,
             on_flush=self._flush_dispatcher,
-            clock=self._current_timestamp,
+            clock=self._store_clock(),
         )
         checkpoint = read_checkpoint(checkpoint_path(self.directory)) if self.stores else None
         # changelog (topic, partition) -> offset to restore from (None: beginning)
@@ -245,7 +232,7 @@ class StreamTask:
     def last_record_timestamp(self) -> int:
         """Timestamp (ms) of the record processed last; -1 before any. Read
         by the task manager at release, for a named query's latency figure."""
-        return self._record_timestamp
+        return self._contexts.record.timestamp
 
     @property
     def application_id(self) -> str:
@@ -262,39 +249,6 @@ class StreamTask:
     @property
     def static_partitioner(self) -> Any:
         return self._settings.static_partitioner
-
-    def send(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        timestamp: int,
-        headers: Headers | None,
-        partition: int | None,
-    ) -> None:
-        if partition is None:
-            partition = self._default_partition(topic, key)
-        self.output.append(
-            (
-                topic,
-                partition,
-                key,
-                value,
-                timestamp,
-                headers,
-                self._record_topic,
-                self.partition,
-                self._record_offset,
-            )
-        )
-
-    def _default_partition(self, topic: str, key: bytes | None) -> int:
-        """Kafka's default partitioner: murmur2 of the key; round robin without one."""
-        count = self._settings.partition_counts[topic]
-        if key is not None:
-            return default_partition(key, count)
-        self._round_robin += 1
-        return self._round_robin % count
 
     def partition_count(self, topic: str) -> int:
         try:
@@ -333,31 +287,6 @@ class StreamTask:
             raise KeyError(f"task {self.id} has no state store {store!r}")
         self._flush_listeners[store] = listener
 
-    @property
-    def record_timestamp(self) -> int:
-        return self._record_timestamp
-
-    def record_dropped(self, reason: str) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + 1
-
-    def _current_timestamp(self) -> int:
-        return self._record_timestamp
-
-    def _flush_dispatcher(self, store: str) -> FlushListener:
-        """The cache's listener for `store`: forwards to what a node registered."""
-
-        def dispatch(key: bytes, value: bytes | None, old: bytes | None, timestamp: int) -> None:
-            listener = self._flush_listeners.get(store)
-            if listener is not None:
-                # Writes the listener makes downstream carry the entry's time.
-                saved, self._record_timestamp = self._record_timestamp, timestamp
-                try:
-                    listener(key, value, old, timestamp)
-                finally:
-                    self._record_timestamp = saved
-
-        return dispatch
-
     # --- processing (processing thread holding the task) --------------------
 
     @property
@@ -388,6 +317,8 @@ class StreamTask:
         record is then not marked processed.
         """
         count = 0
+        record = self._contexts.record
+        process_record = self._process_record
         single = self._single_queue
         if single is not None:
             records = single.records
@@ -395,8 +326,7 @@ class StreamTask:
             assert source is not None
             topic = single.topic
             while records:
-                message = records.popleft()
-                self._process_message(message, topic, source)
+                process_record(record, records.popleft(), topic, source, 0)
                 count += 1
                 if self.yield_requested or (
                     count % _CLOCK_CHECK_EVERY == 0 and time.monotonic() >= deadline
@@ -407,8 +337,8 @@ class StreamTask:
                 queue = self._next_queue()
                 if queue is None:
                     break
-                message = queue.records.popleft()
-                self._process_message(message, queue.topic, self._sources[queue.topic])
+                topic = queue.topic
+                process_record(record, queue.records.popleft(), topic, self._sources[topic], 0)
                 count += 1
                 if self.yield_requested or (
                     count % _CLOCK_CHECK_EVERY == 0 and time.monotonic() >= deadline
@@ -430,77 +360,6 @@ class StreamTask:
                     best, best_ts = queue, ts
         return best
 
-    def _process_message(self, message: Message, topic: str, source: SourceNode) -> None:
-        offset: int = message.offset()  # type: ignore[assignment]  # never None for consumed records
-        timestamp: int = message.timestamp()[1]
-        self._record_topic = topic
-        self._record_offset = offset
-        self._record_timestamp = timestamp
-        try:
-            record = source.deserialize(
-                message.key(),
-                message.value(),
-                timestamp,
-                message.headers(),  # type: ignore[arg-type]  # consumed: a list of pairs
-                topic,
-                self.partition,
-                offset,
-            )
-        except Exception as exc:
-            self._handle_error("deserialization", exc, message)
-        else:
-            if timestamp > self.stream_time:
-                self.stream_time = timestamp
-            try:
-                source.process(record)
-            except Exception as exc:
-                self._handle_error("processing", exc, message)
-        self.processed_offsets[topic] = offset
-
-    def _record_origin(self) -> tuple[str, int]:
-        """(topic, offset) of the record being processed (error reports)."""
-        return self._record_topic, self._record_offset
-
-    def _set_record(self, topic: str, offset: int, timestamp: int) -> None:
-        """Make (topic, offset, timestamp) the current record (punctuations)."""
-        self._record_topic, self._record_offset = topic, offset
-        self._record_timestamp = timestamp
-
-    def _set_record_timestamp(self, timestamp: int) -> None:
-        self._record_timestamp = timestamp
-
-    def _handle_error(self, stage: str, exc: Exception, message: Message | None) -> None:
-        policy = self._settings.error_policy
-        handler = policy.handler_for(stage)
-        topic, offset = self._record_origin()
-        log.warning(
-            f"{stage}_error",
-            task_id=self.id,
-            topic=topic,
-            partition=self.partition,
-            offset=offset,
-            handler=handler,
-            error=f"{type(exc).__name__}: {exc}",
-        )
-        if policy.dead_letter_topic is not None and message is not None:
-            headers = dead_letter_headers(exc, stage, topic, self.partition, offset)
-            original = message.headers()
-            if original:
-                headers = list(original) + headers  # type: ignore[assignment]
-            self.send(
-                policy.dead_letter_topic,
-                message.key(),
-                message.value(),
-                message.timestamp()[1],
-                headers,
-                None,
-            )
-            self.dead_lettered_count += 1
-        if handler in (LOG_AND_CONTINUE, DEAD_LETTER_QUEUE):
-            self.skipped_count += 1
-            return
-        raise TaskFailedError(self.id, stage, exc) from exc
-
     def _punctuate(self) -> None:
         now_ms = int(time.time() * 1000)
         for punctuation in list(self._punctuations):
@@ -521,11 +380,13 @@ class StreamTask:
                     continue
                 fire_at = now_ms
             punctuation.next_ms = fire_at + punctuation.interval_ms
-            self._set_record_timestamp(fire_at)
+            # The callback's writes carry its time (the calling thread's context).
+            record = self._contexts.record
+            record.timestamp = fire_at
             try:
                 punctuation.callback(fire_at)
             except Exception as exc:
-                self._set_record("<punctuation>", -1, fire_at)
+                record.topic, record.offset, record.timestamp = "<punctuation>", -1, fire_at
                 self._handle_error("processing", exc, None)
         self._update_wall_deadline()
 
@@ -540,11 +401,6 @@ class StreamTask:
         else:
             delay_s = (min(wall) - time.time() * 1000) / 1000.0
             self.next_wall_punctuation = time.monotonic() + max(0.0, delay_s)
-
-    def take_output(self) -> list[OutputRecord]:
-        """Swap out the output accumulated since the last hand-over."""
-        output, self.output = self.output, []
-        return output
 
     # --- the commit (polling thread, task locked) ----------------------------
 

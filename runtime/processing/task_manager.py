@@ -38,20 +38,27 @@ routed input (`notify_work`) or a resumed query gives a higher-priority task
 work and no thread is idle, the holder of a lower-priority task is asked to
 end its batch after the current record (`_preempt_for_priority`, the rule in
 query_shares.preemptions); key-parallel tasks are not asked.
+
+What is not lock bookkeeping lives beside it: the policy (`scheduler.py`,
+pure), query shares and latency figures (`query_shares.py`), parked failures
+(`errors.ParkedFailures`). What stays is one thing, the table of who holds
+which task and everything that must change with it under the one condition
+variable (hand-out, release, pauses, the commit's lock, a query's exclusive
+hold, preemption), hence a little over 500 lines.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
 from runtime.logging import get_logger
-from runtime.processing.errors import TaskFailedError
-from runtime.processing.query_shares import QueryLedger, QueryShare, preemptions
+from runtime.processing.errors import ParkedFailures, TaskFailedError
+from runtime.processing.key_parallel import is_key_parallel
+from runtime.processing.query_shares import QueryLatency, QueryLedger, QueryShare, preemptions
 from runtime.processing.scheduler import SchedulingPolicy
 from runtime.processing.task import StreamTask
 
@@ -62,8 +69,6 @@ log = get_logger("runtime.processing")
 # Longest a waiting processing thread sleeps before looking again; wake-ups
 # normally come from notify_work, this only bounds punctuation lateness.
 _MAX_IDLE_WAIT = 0.1
-# Latency samples kept per named query (one per batch).
-_LATENCY_SAMPLES = 2048
 
 
 class TaskManager:
@@ -95,8 +100,7 @@ class TaskManager:
         # Processing threads holding a task now (written under the lock, read
         # racily: how many threads compete for the GIL, see `busy_threads`).
         self._busy = 0
-        self._failed: dict[str, TaskFailedError] = {}
-        self._failures_to_report: list[TaskFailedError] = []
+        self._failed = ParkedFailures()
         self._paused: set[str] = set()
         self._pause_all = False
         self._lock_all_future: Future[None] | None = None
@@ -106,8 +110,7 @@ class TaskManager:
         self._ledger = QueryLedger(shares)
         self._paused_queries: set[str] = set()
         self._taken_at: dict[tuple[str, str], float] = {}
-        # Per query: ms from the last record's timestamp to its batch's end.
-        self._latency: dict[str, deque[float]] = {}
+        self._latency = QueryLatency()
         # Processing threads waiting in acquire_next, and batches asked to
         # end early for a higher priority (preemption, named queries).
         self._idle = 0
@@ -122,7 +125,7 @@ class TaskManager:
             query = task.query
             if query is not None:
                 self._query_of[task.id] = query
-            self._failed.pop(task.id, None)
+            self._failed.clear(task.id)
             self._cond.notify_all()
 
     def remove_task(self, task_id: str) -> StreamTask | None:
@@ -133,7 +136,7 @@ class TaskManager:
             if self._sharers.get(task_id):
                 raise RuntimeError(f"task {task_id} is held by {self._sharers[task_id]}")
             self._sharers.pop(task_id, None)
-            self._failed.pop(task_id, None)
+            self._failed.clear(task_id)
             self._paused.discard(task_id)
             self._last_served.pop(task_id, None)
             self._query_of.pop(task_id, None)
@@ -202,18 +205,18 @@ class TaskManager:
         in-flight records completed (failed or paused tasks aside). True when
         none is left. Any thread but a processing thread."""
         with self._cond:
-            tasks = [t for t in self._tasks.values() if t.key_parallel]
+            tasks = [t for t in self._tasks.values() if is_key_parallel(t)]
         if not tasks:
             return True
         for task in tasks:
-            task.hold_dispatch()  # type: ignore[attr-defined]
+            task.hold_dispatch()
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 waiting = [
                     t
                     for t in tasks
-                    if t.in_flight  # type: ignore[attr-defined]
+                    if t.in_flight
                     and t.id in self._tasks
                     and t.id not in self._failed
                     and t.id not in self._paused
@@ -252,18 +255,17 @@ class TaskManager:
     def drain_failures(self) -> list[TaskFailedError]:
         """Failures parked since the last call; the tasks stay unscheduled."""
         with self._cond:
-            failures, self._failures_to_report = self._failures_to_report, []
-            return failures
+            return self._failed.drain()
 
     def clear_failure(self, task_id: str) -> None:
         """Make a failed task schedulable again (after the polling thread rewound it)."""
         with self._cond:
-            self._failed.pop(task_id, None)
+            self._failed.clear(task_id)
             self._cond.notify_all()
 
     def failed_task_ids(self) -> set[str]:
         with self._cond:
-            return set(self._failed)
+            return self._failed.task_ids()
 
     def pause(self, task_id: str | None = None) -> None:
         """Stop scheduling one task (or all when None) until resumed."""
@@ -304,7 +306,7 @@ class TaskManager:
         with self._cond:
             self._ledger.forget(query)
             self._paused_queries.discard(query)
-            self._latency.pop(query, None)
+            self._latency.forget(query)
 
     def pause_query(self, query: str) -> None:
         """Hand out none of `query`'s tasks until `resume_query`; the tasks
@@ -330,8 +332,8 @@ class TaskManager:
     def query_latency_p99_ms(self) -> dict[str, float]:
         """p99 of each query's recent batch latencies (see `QueryStatus`)."""
         with self._cond:
-            recent = {q: sorted(samples) for q, samples in self._latency.items() if samples}
-        return {q: s[min(len(s) - 1, int(len(s) * 0.99))] for q, s in recent.items()}
+            recent = self._latency.sorted_samples()
+        return QueryLatency.p99(recent)
 
     def query_of(self, task_id: str) -> str | None:
         with self._cond:
@@ -398,7 +400,7 @@ class TaskManager:
                 if task is not None:
                     if self._plain_query is not None or task.id in self._query_of:
                         self._taken_at[(task.id, thread_name)] = clock_now
-                    if task.key_parallel:
+                    if is_key_parallel(task):
                         self._sharers.setdefault(task.id, []).append(thread_name)
                     else:
                         self._owners[task.id] = thread_name
@@ -438,14 +440,9 @@ class TaskManager:
                 self._ledger.charge(query, now - taken)
                 stamp = task.last_record_timestamp
                 if stamp >= 0:
-                    samples = self._latency.get(query)
-                    if samples is None:
-                        samples = self._latency[query] = deque(maxlen=_LATENCY_SAMPLES)
-                    samples.append(time.time() * 1000.0 - stamp)
-            if error is not None and task.id not in self._failed:
-                error.thread_name = thread_name
-                self._failed[task.id] = error
-                self._failures_to_report.append(error)
+                    self._latency.add(query, time.time() * 1000.0 - stamp)
+            if error is not None:
+                self._failed.park(task.id, error, thread_name)
             future = self._lock_all_future
             if future is not None and not self._held() and not future.done():
                 future.set_result(None)

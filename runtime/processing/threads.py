@@ -4,8 +4,8 @@ A processing thread loops: lock the next task from the scheduler, process it
 for one time slice, hand its output to the record collector, release it. The
 hand-over comes before the release, so a commit (which locks every task) sees
 every processed record's output in the collector. A key-parallel task is held
-shared and hands its output over grab by grab (`KeyParallelTask.process_shared`). It never calls a Kafka
-client. The pool keeps thread names `<client.id>-ProcessingThread-<n>`
+shared and hands its output over grab by grab (`KeyParallelTask.process_shared`).
+It never calls a Kafka client. The pool keeps thread names `<client.id>-ProcessingThread-<n>`
 with the lowest free index, as Kafka Streams does for stream threads.
 """
 
@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from runtime.logging import get_logger
 from runtime.processing.errors import TaskFailedError
+from runtime.processing.key_parallel import is_key_parallel
 from runtime.processing.os_scheduling import ThreadSchedClass
 from runtime.processing.task_manager import TaskManager
 
@@ -104,11 +105,11 @@ class ProcessingThread(threading.Thread):
                 error: TaskFailedError | None = None
                 started = time.monotonic()
                 try:
-                    if task.key_parallel:
+                    if is_key_parallel(task):
                         # Shared with other threads: each grab's output goes
                         # to the collector before its keys are released.
                         # The polling thread competes for the GIL too.
-                        task.process_shared(  # type: ignore[attr-defined]
+                        task.process_shared(
                             started + self._timeslice_s, self._collector, self._contenders
                         )
                     else:
