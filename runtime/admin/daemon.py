@@ -58,14 +58,9 @@ from typing import Any
 
 import uvloop
 
+from runtime.admin.handler import AdminHandler
 from runtime.admin.paths import DefaultSocketError, choose_default_socket
-from runtime.admin.server import (
-    AdminHandler,
-    AdminLimits,
-    AdminServer,
-    AdminSocketError,
-    check_socket_path,
-)
+from runtime.admin.server import AdminLimits, AdminServer, AdminSocketError, check_socket_path
 from runtime.admin.signals import SHUTDOWN_SIGNALS, StartupSignals
 from runtime.config import StreamsConfig
 from runtime.logging import get_logger

@@ -22,18 +22,16 @@ from hypothesis import strategies as st
 from runtime import cli
 from runtime.admin import client as admin_client
 from runtime.admin import paths
-from runtime.admin.server import (
+from runtime.admin.handler import AdminHandler
+from runtime.admin.protocol import (
     COMMANDS,
     MAX_LINE_BYTES,
-    AdminHandler,
-    AdminServer,
-    AdminSocketError,
     ProtocolError,
     Request,
     encode_reply,
     parse_request,
-    read_lines,
 )
+from runtime.admin.server import AdminServer, AdminSocketError, read_lines
 from runtime.config import ConfigError, StreamsConfig, load_config
 from runtime.status import AppStatus
 from tests.kafka_helpers import wait_until

@@ -28,7 +28,9 @@ from runtime import Processor, PunctuationType, Record, StreamsBuilder, cli, ser
 from runtime.admin import client as admin_client
 from runtime.admin import paths
 from runtime.admin.daemon import preflight
-from runtime.admin.server import AdminHandler, AdminServer, Request
+from runtime.admin.handler import AdminHandler
+from runtime.admin.protocol import Request
+from runtime.admin.server import AdminServer
 from runtime.app_status import with_thread_warning
 from runtime.config import ConfigError, StreamsConfig, load_config
 from runtime.kafka.startup_checks import check_client_properties, check_startup
