@@ -14,6 +14,9 @@ on the loop's executor threads (named `admin_N`), never on the loop itself.
   command's table output (any thread; one connection per call).
 - `daemon`: signal handling (gunicorn's shape: handlers only enqueue), the
   admin socket and the metrics endpoint, the exit code.
+- `preflight`: what `run` checks before the app starts (admin socket path,
+  metrics address) and the open-files limit (main thread).
+- `autoscaler`: the thread autoscaler's pure decisions (admin loop).
 - `paths`: where the admin socket is when `admin.socket` is unset (the
   daemon's default, which the `admin` command finds by itself); any thread.
 - `signals`: SIGTERM/SIGINT of `run` outside the admin loop (start-up, and

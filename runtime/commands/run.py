@@ -46,11 +46,11 @@ def main(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, signals: StartupSignals) -> int:
     """`run` under `signals` (a StartupSignals), which may raise Interrupted
     until `App.start()` is called, and during its wait for the cluster."""
-    from runtime.admin.daemon import (
+    from runtime.admin.daemon import run_daemon
+    from runtime.admin.preflight import (
         DaemonSetupError,
         preflight,
         raise_open_files_limit,
-        run_daemon,
     )
     from runtime.app import App
     from runtime.config import ConfigError

@@ -27,8 +27,8 @@ from confluent_kafka import Message
 from runtime import Processor, PunctuationType, Record, StreamsBuilder, cli, serdes
 from runtime.admin import client as admin_client
 from runtime.admin import paths
-from runtime.admin.daemon import preflight
 from runtime.admin.handler import AdminHandler
+from runtime.admin.preflight import preflight
 from runtime.admin.protocol import Request
 from runtime.admin.server import AdminServer
 from runtime.app_status import with_thread_warning
