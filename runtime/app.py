@@ -15,6 +15,9 @@ per module:
 
 The names this module has always exported (AppState, IllegalStateError,
 ExceptionHandlerResponse and its members, ...) stay importable from here.
+It is over 500 lines because it is the whole public API, each method with
+its contract; every method is a state check and a call into one of the
+modules above.
 Its public methods may be called from any thread; state listeners run on the
 thread that caused the change.
 """
