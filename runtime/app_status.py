@@ -4,7 +4,7 @@
 any moment from any thread: everything here reads the threads' counters
 racily (each figure is a snapshot, the whole is not atomic) and copies what
 it keeps. One function per part of runtime.status.AppStatus, so that the App
-class only composes them.
+class only composes them; and `App.progress()`, the cheap running totals.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from runtime.state.restoration import RestorationThread
 from runtime.status import (
     NO_PROCESSING_THREADS,
     AppStatus,
+    Progress,
     QueryStatus,
     RestoreProgress,
     TaskStatus,
@@ -211,3 +212,27 @@ def with_thread_warning(status: AppStatus, live_threads: list[str]) -> AppStatus
     if status.waiting_for is not None:
         return status
     return dataclasses.replace(status, waiting_for=NO_PROCESSING_THREADS)
+
+
+def progress_of(
+    state: object,
+    failure: str | None,
+    live_tasks: Iterable[StreamTask],
+    polling: PollingThread | None,
+) -> Progress:
+    """`App.progress()`: running totals from the live tasks and the polling
+    thread's counters (None before the app started)."""
+    processed = sum(t.processed_count for t in live_tasks)
+    if polling is None:
+        return Progress(str(state), failure, 0, processed, 0, 0, None, None)
+    committer = polling.committer
+    return Progress(
+        state=str(state),
+        failure=failure,
+        consumed=polling.consumed_total,
+        processed=processed + polling.tasks.closed_totals["processed"],
+        produced=polling.output.produced_total,
+        commits=committer.commits_total,
+        last_commit=committer.last_commit_wall_time,
+        last_commit_duration_s=committer.last_commit_duration_s,
+    )

@@ -1,453 +1,38 @@
-"""The `streams-runtime` command: run, topics, admin, broker, demo, audit, backfill.
+"""The `streams-runtime` command line: parses arguments, then runs one command.
 
-Runs on the main thread. `run` starts the app, then hands the main thread to
-the admin loop (`runtime.admin.daemon.run_daemon`): signals in gunicorn's shape
-(SIGTERM/SIGINT close the app gracefully, SIGTTIN adds a processing thread,
-SIGTTOU removes one), the admin socket and the metrics endpoint. Exit codes:
-0 clean shutdown (SIGTERM or SIGINT once the app started included), 1 the
-app failed, 2 bad input (config, topology, topics), 130/143 SIGINT/SIGTERM
-before the app started anything (`runtime.admin.signals`).
-`topics create` makes a topology's missing source and sink topics; `expand`
-grows an input topic and everything downstream of it (partition expansion).
-`admin` talks to a running daemon over its socket (`runtime.admin.client`).
-`audit` and `backfill` are Spark jobs (`runtime.spark`): exit 0 on success,
-1 on a mismatch or a failed job, 2 on bad input (including no Java).
+Subcommands: run, topics create, expand, scale-down, admin, broker, demo,
+audit, backfill. Each one's body is `runtime.commands.<name>`, imported only
+when that subcommand runs (`_command`), so a quick `admin status` loads
+neither the app, Kafka's clients nor Spark. Exit codes are theirs
+(runtime.commands.common): 0 done, 1 failed, 2 bad input, 130/143 a signal
+before the daemon started anything; `main` adds argparse's 2 for a bad
+command line and 0 when stdout's reader went away.
+
+The main thread of the CLI process.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import importlib
 import os
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from runtime.topology.loading import load_topology
-
-if TYPE_CHECKING:
-    from runtime.admin.signals import StartupSignals
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT
+from runtime.commands.common import EXIT_OK
 
 
-def load_config_and_topology(
-    args: argparse.Namespace,
-    base: dict[str, Any] | None = None,
-    log_level: str | None = None,
-    named: bool = False,
-) -> tuple[Any, Any] | int:
-    """`--config`/`--set`/env and MODULE:ATTR, with logging set up; an exit
-    code (bad input) instead when either is wrong, the reason on stderr.
-    `base`: values the config sources override; `log_level`: instead of
-    `log.level` (a one-shot command's own output is what the user reads)."""
-    from runtime.config import ConfigError, load_config
-    from runtime.logging import configure_logging
+def _command(module: str, function: str = "main") -> Callable[[argparse.Namespace], int]:
+    """`runtime.commands.<module>.<function>`, imported when called."""
 
-    try:
-        config = load_config(args.config, args.set or (), base=base)
-    except ConfigError as exc:
-        print(f"streams-runtime: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    configure_logging(log_level or config.log_level)
-    try:
-        topology = load_topology(args.target, named=named)
-    except Exception as exc:
-        # One line whatever the target or the user's exception says.
-        from runtime.config_values import one_line
+    def command(args: argparse.Namespace) -> int:
+        body = getattr(importlib.import_module(f"runtime.commands.{module}"), function)
+        code: int = body(args)
+        return code
 
-        print(
-            f"streams-runtime: cannot load topology {one_line(args.target)}: {one_line(str(exc))}",
-            file=sys.stderr,
-        )
-        return EXIT_BAD_INPUT
-    return config, topology
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    # SIGTERM and SIGINT are handled before anything else is done: until the
-    # app starts they end the command with one line and 128 + the signal's
-    # number; from App.start() on they close the app gracefully, exit 0
-    # (runtime.admin.signals). Whatever the parent set (a shell's background
-    # job inherits SIGINT ignored).
-    from runtime.admin.signals import Interrupted, StartupSignals
-
-    signals = StartupSignals().install()
-    try:
-        return _run(args, signals)
-    except Interrupted as exc:
-        print(
-            f"streams-runtime: {exc.signal.name} during start-up; stopped before "
-            "the app started anything",
-            file=sys.stderr,
-        )
-        return exc.exit_code
-
-
-def _run(args: argparse.Namespace, signals: StartupSignals) -> int:
-    """`run` under `signals` (a StartupSignals), which may raise Interrupted
-    until `App.start()` is called, and during its wait for the cluster."""
-    from runtime.admin.daemon import (
-        DaemonSetupError,
-        preflight,
-        raise_open_files_limit,
-        run_daemon,
-    )
-    from runtime.app import App
-    from runtime.config import ConfigError
-    from runtime.kafka.cluster import wait_for_cluster
-    from runtime.kafka.topics import TopicError
-    from runtime.topology.errors import SerializationError
-    from runtime.topology.named_queries import QueryError
-
-    loaded = load_config_and_topology(args, named=True)
-    if isinstance(loaded, int):
-        return loaded
-    config, topology = loaded
-    try:
-        admin_socket = preflight(config)
-        raise_open_files_limit()
-        app = App(topology, config, source=args.target)
-        # From here a signal is recorded, and acted on by the daemon once
-        # start() returns (start() may be half-way through starting
-        # threads), except in the wait for the cluster: nothing started yet.
-        signals.defer(wait_for_cluster)
-        app.start()
-    except (ConfigError, TopicError, DaemonSetupError, SerializationError, QueryError) as exc:
-        print(f"streams-runtime: {str(exc).replace('MODULE:ATTR', args.target)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-
-    # The daemon owns its process: what start-up made (modules, the topology,
-    # the app) lives as long as the process, so the cyclic GC stops scanning
-    # it. Each full collection scanned all of it holding the GIL, every
-    # thread stopped: 24-35 ms per collection in the queries benchmark's
-    # daemon (four in 60 s), none over 5 ms once frozen.
-    gc.freeze()
-    code = run_daemon(app, signals=signals, admin_socket=admin_socket)
-    if code == EXIT_FAILED and app.failure is not None:
-        # The last line a user sees says why (the log has the details).
-        print(f"streams-runtime: the app failed: {_reason(app.failure)}", file=sys.stderr)
-    elif signals.first_shutdown is not None:
-        outcome = "shut down gracefully" if code == EXIT_OK else "the shutdown failed (see the log)"
-        print(f"streams-runtime: {signals.first_shutdown.name}: {outcome}", file=sys.stderr)
-    return code
-
-
-def _reason(failure: BaseException) -> str:
-    """A task failure says which task and stage and the user's error; other
-    failures get their type."""
-    if isinstance(getattr(failure, "cause", None), BaseException):
-        return str(failure)
-    return f"{type(failure).__name__}: {failure}"
-
-
-def cmd_topics_create(args: argparse.Namespace) -> int:
-    """Create the topology's missing source and sink topics; list them all."""
-    # application.id names nothing here (internal topics are the daemon's),
-    # so the run command's settings work as they are, and so does none.
-    loaded = load_config_and_topology(
-        args, base={"application.id": "streams-runtime-topics"}, log_level="warning"
-    )
-    if isinstance(loaded, int):
-        return loaded
-    config, topology = loaded
-    # Imported after logging is set up: module loggers keep the level they
-    # were first used with, and the created topics are printed below.
-    from runtime.config import ConfigError
-    from runtime.kafka.cluster import StartupAdmin
-    from runtime.kafka.startup_checks import check_client_properties
-    from runtime.kafka.topics import TopicError, create_user_topics
-
-    partitions = args.partitions or config.topics_create_partitions
-    replication = (
-        args.replication_factor
-        if args.replication_factor is not None
-        else config.replication_factor
-    )
-    try:
-        check_client_properties(config)
-        admin = StartupAdmin(config)
-        admin.wait_for_cluster()
-        topics = create_user_topics(admin.client, topology, partitions, replication)
-    except (ConfigError, TopicError) as exc:
-        print(f"streams-runtime topics: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("streams-runtime topics: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    width = max((len(t.name) for t in topics), default=0)
-    for topic in topics:
-        verb = "created" if topic.created else "exists "
-        plural = "s" if topic.partitions != 1 else ""
-        print(f"{verb}  {topic.name.ljust(width)}  {topic.partitions} partition{plural}")
-    if not topics:
-        print("the topology reads and writes no topics of its own")
-    return EXIT_OK
-
-
-def cmd_expand(args: argparse.Namespace) -> int:
-    """Grow an input topic and everything downstream of it, downstream first."""
-    loaded = load_config_and_topology(args, log_level="warning")
-    if isinstance(loaded, int):
-        return loaded
-    config, topology = loaded
-    from runtime.commands.expand import expand_topic
-    from runtime.config import ConfigError
-    from runtime.kafka.cluster import StartupAdmin
-    from runtime.kafka.startup_checks import check_client_properties
-    from runtime.kafka.topics import TopicError
-
-    if config.static_partitioner is None and not args.force:
-        print(
-            f"streams-runtime expand: static.partitioner is not set for {config.application_id!r}: "
-            "its running instances would stop when the topic grows (Kafka's default "
-            "partitioner moves keys away from their state). Set static.partitioner (here and "
-            "in the app's config), or pass --force and repartition the app offline.",
-            file=sys.stderr,
-        )
-        return EXIT_BAD_INPUT
-    try:
-        check_client_properties(config)
-        admin = StartupAdmin(config)
-        admin.wait_for_cluster()
-        topics = expand_topic(
-            admin.client, topology, config.application_id, args.topic, args.partitions
-        )
-    except (ConfigError, TopicError) as exc:
-        print(f"streams-runtime expand: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("streams-runtime expand: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    width = max((len(t.name) for t in topics), default=0)
-    for topic in topics:
-        verb = "expanded " if topic.grown else "unchanged"
-        counts = f"{topic.before} -> {topic.after}" if topic.grown else f"{topic.after}"
-        print(f"{verb}  {topic.name.ljust(width)}  {counts}  ({topic.role})")
-    return EXIT_OK
-
-
-def cmd_scale_down(args: argparse.Namespace) -> int:
-    """Ask `--fraction` of the instances to hand their tasks over and leave."""
-    from runtime.commands.scale_down import ScaleDownError, request_scale_down
-    from runtime.config import ConfigError, load_config
-
-    try:
-        config = load_config(args.config, args.set or ())
-        topic = request_scale_down(config, args.fraction)
-    except (ConfigError, ScaleDownError) as exc:
-        print(f"streams-runtime scale-down: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    print(
-        f"requested on {topic}: {args.fraction:g} of the instances hand their tasks over and exit"
-    )
-    return EXIT_OK
-
-
-def cmd_admin(args: argparse.Namespace) -> int:
-    from runtime.admin.client import locate_socket, run_admin
-    from runtime.admin.paths import DefaultSocketError
-
-    command = args.admin_command
-    arguments: dict[str, Any] = {}
-    if command == "threads" and args.action is not None:
-        command = f"threads.{args.action}"
-        if args.action == "set":
-            arguments["count"] = args.count
-        if args.action in ("remove", "set") and args.wait is not None:
-            arguments["timeout"] = args.wait
-    elif command in ("pause", "resume") and args.task is not None:
-        arguments["task"] = args.task
-    elif command == "query":
-        # `query add MODULE:ATTR --name N`; `query remove|pause|resume N`.
-        command = f"query.{args.action}"
-        if args.action == "add":
-            name = args.name or args.name_arg
-            if args.target is None or name is None:
-                print(
-                    "streams-runtime admin: usage: query add MODULE:ATTR --name N",
-                    file=sys.stderr,
-                )
-                return EXIT_BAD_INPUT
-            arguments["target"] = args.target
-            for key in ("priority", "weight", "max_threads", "isolation"):
-                if getattr(args, key) is not None:
-                    arguments[key] = getattr(args, key)
-        else:
-            name = args.name or args.target
-            if name is None or args.name_arg is not None:
-                print(f"streams-runtime admin: usage: query {args.action} N", file=sys.stderr)
-                return EXIT_BAD_INPUT
-        arguments["name"] = name
-        if args.action == "remove" and args.reset:
-            arguments["reset"] = True
-    try:
-        path = locate_socket(args.socket, args.config, args.application_id)
-    except DefaultSocketError as exc:
-        print(f"streams-runtime admin: no socket: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (OSError, ValueError) as exc:
-        print(f"streams-runtime admin: cannot read {args.config}: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    return run_admin(path, command, arguments, as_json=args.json, timeout=args.timeout)
-
-
-def cmd_broker(args: argparse.Namespace) -> int:
-    from runtime.brokers import run_foreground
-
-    return run_foreground(kind=args.kind, port=args.port, host=args.host)
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from runtime.demo import run_demo
-
-    return run_demo(
-        duration=args.duration,
-        rate=args.rate,
-        threads=args.threads,
-        partitions=args.partitions,
-        broker_kind=args.broker,
-    )
-
-
-def _spark_conf(pairs: Sequence[str] | None) -> dict[str, str]:
-    conf = {}
-    for pair in pairs or ():
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--spark-conf expects key=value, got {pair!r}")
-        conf[key.strip()] = value.strip()
-    return conf
-
-
-def _start_spark(args: argparse.Namespace, app_name: str) -> tuple[Any, bool]:
-    """(session, created): the active session if there is one, else a new one."""
-    from runtime.spark.session import check_pyspark, spark_session
-
-    check_pyspark()
-    from pyspark.sql import SparkSession
-
-    existed = SparkSession.getActiveSession() is not None
-    conf = _spark_conf(args.spark_conf)
-    if args.source is not None:
-        from runtime.spark.names import SOURCE_CONF
-
-        # Also tells spark_session() not to fetch the connector for streams-kafka.
-        conf[SOURCE_CONF] = args.source
-    spark = spark_session(args.master, app_name, conf, log_level=args.spark_log_level)
-    return spark, not existed
-
-
-def cmd_audit(args: argparse.Namespace) -> int:
-    from runtime.spark.kafka import KafkaSourceError
-    from runtime.spark.preflight import check_audit_topics
-    from runtime.spark.session import JavaMissingError, SparkUnavailableError
-
-    try:
-        check_audit_topics(args.bootstrap, args.input, args.output)  # seconds; Spark: a minute
-        spark, created = _start_spark(args, "streams-runtime audit")
-    except (JavaMissingError, KafkaSourceError, SparkUnavailableError, ValueError) as exc:
-        print(f"streams-runtime audit: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    try:
-        from runtime.spark.audit import report_json, run_audit
-
-        report = run_audit(
-            spark,
-            args.bootstrap,
-            args.input,
-            args.output,
-            relation=args.relation,
-            id_mode=args.id,
-            id_field=args.id_field,
-            key_field=args.key_field,
-            value_format=args.value_format,
-            isolation=args.isolation_level,
-            samples=args.samples,
-            source=args.source,
-        )
-    except (KafkaSourceError, ValueError) as exc:
-        print(f"streams-runtime audit: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except Exception as exc:  # Spark's errors: the worker's Python error, if there is one
-        from runtime.spark.failures import failure_reason
-
-        print(f"streams-runtime audit: failed: {failure_reason(exc)}", file=sys.stderr)
-        return EXIT_FAILED
-    finally:
-        if created:
-            spark.stop()
-    print(report_json(report) if args.json else report.render())
-    return EXIT_OK if report.ok else EXIT_FAILED
-
-
-def cmd_backfill(args: argparse.Namespace) -> int:
-    from runtime.kafka.topics import TopicError
-    from runtime.spark.plan import BackfillError
-    from runtime.spark.session import JavaMissingError, Progress, SparkUnavailableError
-
-    loaded = load_config_and_topology(args)
-    if isinstance(loaded, int):
-        return loaded
-    config, topology = loaded
-    try:
-        from runtime.spark.plan import check_nodes
-        from runtime.spark.preflight import check_backfill_topics
-
-        check_nodes(topology)  # unsupported steps fail before Spark starts
-        check_backfill_topics(topology, config, args.target)  # and so do missing topics
-        spark, created = _start_spark(args, f"streams-runtime backfill {config.application_id}")
-    except (BackfillError, JavaMissingError, SparkUnavailableError, TopicError, ValueError) as exc:
-        print(f"streams-runtime backfill: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    try:
-        from runtime.spark.backfill import run_backfill
-        from runtime.spark.graph import BackfillRecordError
-
-        run_backfill(
-            spark,
-            topology,
-            config,
-            progress=Progress("backfill", quiet=args.quiet),
-            commit=not args.no_commit,
-            source=args.source,
-        )
-    except BackfillRecordError as exc:
-        print(f"streams-runtime backfill: failed: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except (BackfillError, TopicError) as exc:
-        print(f"streams-runtime backfill: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except Exception as exc:  # Spark's errors; a worker's error arrives as text
-        reason = _find_cause(exc, BackfillRecordError)
-        if reason is None:
-            from runtime.spark.failures import failure_reason
-
-            reason = failure_reason(exc)
-        print(f"streams-runtime backfill: failed: {reason}", file=sys.stderr)
-        return EXIT_FAILED
-    finally:
-        if created:
-            spark.stop()
-    return EXIT_OK
-
-
-def _find_cause(exc: BaseException, kind: type[BaseException]) -> BaseException | str | None:
-    """`exc` or a cause of it of type `kind`; for errors raised in Spark's Python
-    workers (which reach the driver as text), the line naming `kind`."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, kind):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    marker = f"{kind.__name__}: "
-    for line in str(exc).splitlines():
-        if marker in line:
-            return line[line.index(marker) + len(marker) :].strip()
-    return None
+    command.__name__ = f"{module}.{function}"
+    return command
 
 
 def _positive_int(text: str) -> int:
@@ -547,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--set", action="append", metavar="key=value", help="a configuration value (repeatable)"
     )
-    run.set_defaults(func=cmd_run)
+    run.set_defaults(func=_command("run"))
 
     topics = sub.add_parser(
         "topics",
@@ -584,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--set", action="append", metavar="key=value", help="a configuration value (repeatable)"
     )
-    create.set_defaults(func=cmd_topics_create)
+    create.set_defaults(func=_command("topics", "create"))
 
     expand = sub.add_parser(
         "expand",
@@ -614,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     expand.add_argument(
         "--set", action="append", metavar="key=value", help="a configuration value (repeatable)"
     )
-    expand.set_defaults(func=cmd_expand)
+    expand.set_defaults(func=_command("expand"))
 
     scale_down = sub.add_parser(
         "scale-down",
@@ -632,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     scale_down.add_argument(
         "--set", action="append", metavar="key=value", help="a configuration value (repeatable)"
     )
-    scale_down.set_defaults(func=cmd_scale_down)
+    scale_down.set_defaults(func=_command("scale_down"))
 
     broker = sub.add_parser(
         "broker",
@@ -644,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--kind", choices=("kafka", "tansu", "auto"), default="auto")
     broker.add_argument("--port", type=int, default=9092)
     broker.add_argument("--host", default="127.0.0.1")
-    broker.set_defaults(func=cmd_broker)
+    broker.set_defaults(func=_command("broker"))
 
     demo = sub.add_parser("demo", help="broker + sample app + load, with a live view")
     demo.add_argument(
@@ -660,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto (default): Apache Kafka if Java and Maven (or a cached copy) are here, "
         "else Tansu",
     )
-    demo.set_defaults(func=cmd_demo)
+    demo.set_defaults(func=_command("demo"))
 
     admin = sub.add_parser(
         "admin",
@@ -722,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[options],
         help="task.assignment=runtime: hand this instance's tasks over, then exit 0",
     )
-    admin.set_defaults(func=cmd_admin)
+    admin.set_defaults(func=_command("admin"))
 
     audit = sub.add_parser(
         "audit",
@@ -766,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--samples", type=int, default=10, help="examples shown per kind")
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
     _add_spark_options(audit)
-    audit.set_defaults(func=cmd_audit)
+    audit.set_defaults(func=_command("audit"))
 
     backfill = sub.add_parser(
         "backfill",
@@ -793,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     backfill.add_argument("--quiet", action="store_true", help="no progress lines")
     _add_spark_options(backfill)
-    backfill.set_defaults(func=cmd_backfill)
+    backfill.set_defaults(func=_command("backfill"))
     return parser
 
 

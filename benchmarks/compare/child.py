@@ -17,7 +17,7 @@ partition assigned, the assignment balanced and unchanged for ``settle_s``).
 The runtime is gated with its public ``App.pause()``/``App.resume()``; its
 restoration (restore workload only) with a subclass of ``RestorationThread``
 that holds ``add_task`` calls until ``go`` (installed as
-``runtime.app.RestorationThread`` in this process only: a benchmark hook, the
+``runtime.assembly.RestorationThread`` in this process only: a benchmark hook, the
 runtime has no public one). The baseline has gates of its own.
 """
 
@@ -127,10 +127,10 @@ class _Model:
             from runtime import App
 
             if self.gate_restore:
-                import runtime.app
+                import runtime.assembly
 
                 self._gated_cls = _gated_restoration_class()
-                runtime.app.RestorationThread = self._gated_cls  # type: ignore[attr-defined]
+                runtime.assembly.RestorationThread = self._gated_cls  # type: ignore[attr-defined]
             self.app = App(topology, config)
             self.app.pause()
         else:

@@ -29,14 +29,15 @@ default path (`runtime.admin.paths`) that `preflight` chooses before the app
 starts and `streams-runtime admin` finds by itself; the log says where
 (`admin_socket_listening`, `admin_socket_default`). `admin.socket=none`: none.
 
-File descriptors (issue 31): `raise_open_files_limit` raises the soft
-RLIMIT_NOFILE to the hard limit before the app starts, and the metrics
-endpoint's connection cap is lowered (logged) if it and the admin socket's
-would together exceed a quarter of it (`_FD_SHARE`), so that the app's own
-files (RocksDB, checkpoints, Kafka sockets) always have room.
+File descriptors (issue 31): the metrics endpoint's connection cap is lowered
+(logged) if it and the admin socket's would together exceed a quarter of the
+open-files limit (`_FD_SHARE`), so that the app's own files (RocksDB,
+checkpoints, Kafka sockets) always have room. What `run` does before the app
+starts (the admin socket path, the metrics address, raising the open-files
+limit) is runtime.admin.preflight; the autoscaler's decisions are
+runtime.admin.autoscaler.
 
-Threads: `run_daemon` and `raise_open_files_limit` must be called on the main
-thread (signal handlers, before the app's threads start);
+Threads: `run_daemon` must be called on the main thread (signal handlers);
 `Daemon.request_shutdown` may be called from any.
 """
 
@@ -46,43 +47,29 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import resource
 import signal
-import socket
 import threading
 import time
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import uvloop
 
-from runtime.admin.paths import DefaultSocketError, choose_default_socket
-from runtime.admin.server import (
-    AdminHandler,
-    AdminLimits,
-    AdminServer,
-    AdminSocketError,
-    check_socket_path,
-)
+from runtime.admin.autoscaler import AutoscalePolicy, Autoscaler
+from runtime.admin.handler import AdminHandler
+from runtime.admin.preflight import DaemonSetupError, open_files_limit
+from runtime.admin.server import AdminLimits, AdminServer, AdminSocketError
 from runtime.admin.signals import SHUTDOWN_SIGNALS, StartupSignals
 from runtime.config import StreamsConfig
 from runtime.logging import get_logger
 from runtime.metrics import MetricsLimits, MetricsServer
-from runtime.status import AppStatus
 
 __all__ = [
-    "AutoscalePolicy",
-    "Autoscaler",
-    "Decision",
     "EXIT_BAD_INPUT",
     "EXIT_FAILED",
     "EXIT_OK",
     "Daemon",
-    "DaemonSetupError",
-    "preflight",
-    "raise_open_files_limit",
     "run_daemon",
 ]
 
@@ -100,105 +87,6 @@ _CLOSE_TASK = "close"  # the name of the graceful-shutdown task
 # The endpoints' clients (metrics and admin socket) may hold at most this
 # share of the open-files limit; the rest stays with the app's own files.
 _FD_SHARE = 4
-_NR_OPEN_FALLBACK = 1 << 20  # Linux's default fs.nr_open
-
-
-class DaemonSetupError(RuntimeError):
-    """The admin socket or the metrics endpoint cannot be set up (exit code 2)."""
-
-
-def preflight(config: StreamsConfig) -> str | None:
-    """Check, before `app.start()`, what would stop the daemon's set-up; the
-    admin socket path the daemon will listen on (None: no socket).
-
-    A stale admin socket is removed; a live one (another daemon), a path that is
-    not a socket or is too long, or a metrics address that cannot be bound
-    raise DaemonSetupError. With `admin.socket` unset the path is the default
-    one (`runtime.admin.paths.choose_default_socket`; its directory is made if
-    missing); when none can be used the daemon runs without a socket, which
-    is logged (`admin_socket_unavailable`), rather than not at all. Called on
-    the main thread by `streams-runtime run`; pass the path to `run_daemon`.
-    """
-    if config.processing_threads_autoscale and (
-        config.processing_threads_min > config.processing_threads_max
-    ):
-        raise DaemonSetupError(
-            f"processing.threads.min ({config.processing_threads_min}) is above "
-            f"processing.threads.max ({config.processing_threads_max})"
-        )
-    path: str | None = None
-    if config.admin_socket:
-        path = os.path.abspath(config.admin_socket)
-        try:
-            check_socket_path(path)
-        except AdminSocketError as exc:
-            raise DaemonSetupError(str(exc)) from None
-    elif config.admin_socket is None:
-        path = _default_socket(config.application_id)
-    if config.metrics_port:  # 0 (any free port) always binds
-        try:
-            infos = socket.getaddrinfo(
-                config.metrics_host, config.metrics_port, type=socket.SOCK_STREAM
-            )
-            family, kind, proto, _, address = infos[0]
-            with socket.socket(family, kind, proto) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                probe.bind(address)
-        except (OSError, UnicodeError) as exc:  # UnicodeError: a name IDNA cannot encode
-            raise DaemonSetupError(
-                f"cannot listen on metrics {config.metrics_host}:{config.metrics_port}: {exc}"
-            ) from None
-    return path
-
-
-def _default_socket(application_id: str) -> str | None:
-    """The default admin socket path (issue 32), a stale socket there removed;
-    None, logged, when there is none to use."""
-    try:
-        path = choose_default_socket(application_id)
-        check_socket_path(path)  # a daemon that started since: the next try is ours
-    except (DefaultSocketError, AdminSocketError) as exc:
-        log.warning(
-            "admin_socket_unavailable",
-            reason=str(exc),
-            hint="set admin.socket to a path in a directory of your own, or admin.socket=none",
-        )
-        return None
-    return path
-
-
-def raise_open_files_limit() -> int:
-    """Raise the soft RLIMIT_NOFILE to the hard limit; the soft limit in force.
-
-    Main thread, before the app opens anything. Why: a Linux soft limit is
-    often 1024 while the hard one is far higher (systemd's 524288); RocksDB's
-    files, the Kafka clients' sockets, checkpoints and the endpoints' clients
-    all draw on it, and whichever meets EMFILE first fails (issue 31: a
-    checkpoint write). Nothing in the process uses select() (FD_SETSIZE 1024),
-    so a higher limit is safe. A limit that cannot be raised is kept, logged.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard
-    if hard == resource.RLIM_INFINITY:  # Linux takes at most fs.nr_open
-        try:
-            with open("/proc/sys/fs/nr_open") as f:
-                target = int(f.read())
-        except (OSError, ValueError):
-            target = _NR_OPEN_FALLBACK
-    if soft != resource.RLIM_INFINITY and soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (OSError, ValueError) as exc:
-            log.warning("open_files_limit_not_raised", soft=soft, hard=hard, error=str(exc))
-            return soft
-        log.info("open_files_limit_raised", soft=target, was=soft, hard=hard)
-        return target
-    return soft
-
-
-def _open_files_limit() -> int:
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return _NR_OPEN_FALLBACK if soft == resource.RLIM_INFINITY else soft
 
 
 _FROM_CONFIG = "<from config>"
@@ -510,7 +398,7 @@ class Daemon:
         limit (what the admin socket may hold counts against it)."""
         config = self.config
         limits = MetricsLimits.from_config(config)
-        open_files = _open_files_limit()
+        open_files = open_files_limit()
         admin = config.admin_socket_max_connections if self.admin_socket is not None else 0
         allowed = max(1, open_files // _FD_SHARE - admin)
         if limits.max_connections <= allowed:
@@ -530,154 +418,3 @@ class Daemon:
             await self.admin.stop()
         if self.metrics is not None:
             await self.metrics.stop()
-
-
-# --- autoscaling (pure decisions; the daemon carries them out) ------------------------------
-
-
-@dataclass(frozen=True)
-class AutoscalePolicy:
-    """When the autoscaler acts. Counts are in observation intervals."""
-
-    min_threads: int = 1
-    max_threads: int = 8
-    interval_s: float = 10.0
-    busy_fraction: float = 0.9
-    """A thread is busy when it spent at least this share of the interval in batches."""
-    idle_fraction: float = 0.05
-    """A thread is idle when it spent at most this share of the interval in batches."""
-    grow_intervals: int = 3
-    """Total lag must have grown this many intervals in a row (and all threads be busy)."""
-    idle_intervals: int = 6
-    """A thread must have been idle this many intervals in a row to remove one."""
-    min_gain: float = 0.1
-    """An added thread must raise throughput by this share, or it is taken back."""
-    backoff_intervals: int = 30
-    """After taking back a thread that did not help, no adding for this many intervals."""
-
-    @classmethod
-    def from_config(cls, config: StreamsConfig) -> AutoscalePolicy:
-        return cls(
-            min_threads=config.processing_threads_min, max_threads=config.processing_threads_max
-        )
-
-
-@dataclass(frozen=True)
-class Decision:
-    action: str  # "add" or "remove"
-    reason: str
-    facts: dict[str, Any] = field(default_factory=dict)
-
-
-class Autoscaler:
-    """Decides processing-thread changes from successive `App.status()` snapshots.
-
-    Pure: it never calls the app, so tests feed it snapshots. One decision at a
-    time; after any change in the thread set it starts observing afresh.
-
-    CPython's GIL caveat: for pure-Python processing, threads waiting for the GIL
-    look busy, so "lag grows and every thread is busy" also holds when one more
-    thread cannot help. Hence the check after each addition: if throughput did
-    not rise by `min_gain` within `grow_intervals`, the thread is taken back and
-    adding pauses for `backoff_intervals`.
-    """
-
-    def __init__(self, policy: AutoscalePolicy) -> None:
-        self.policy = policy
-        self._last: AppStatus | None = None
-        self._last_time = 0.0
-        self._lag_grew = 0
-        self._idle: dict[str, int] = {}
-        self._trial: tuple[float, int] | None = None  # (rate before, intervals since add)
-        self._backoff = 0
-
-    def observe(self, status: AppStatus, now: float) -> Decision | None:
-        """Take one snapshot (taken at monotonic `now`); a decision or None."""
-        last, last_time = self._last, self._last_time
-        self._last, self._last_time = status, now
-        alive = [t for t in status.threads if t.alive]
-        count = len(alive)
-        policy = self.policy
-        if status.state != "RUNNING":
-            self._reset()
-            return None
-        if count < policy.min_threads:
-            return self._decide("add", f"{count} threads, below processing.threads.min", count)
-        if count > policy.max_threads:
-            return self._decide("remove", f"{count} threads, above processing.threads.max", count)
-        if last is None or now <= last_time:
-            return None
-        names = {t.name for t in alive}
-        before = {t.name: t for t in last.threads if t.alive}
-        if names != set(before):
-            self._reset(keep_trial=True)  # the set changed (our decision, admin, a failure)
-            return None
-        elapsed = now - last_time
-        busy = {
-            t.name: max(0.0, t.busy_seconds - before[t.name].busy_seconds) / elapsed for t in alive
-        }
-        rate = max(0, status.processed - last.processed) / elapsed
-        lag, lag_before = status.total_lag, last.total_lag
-        self._lag_grew = self._lag_grew + 1 if lag > lag_before else 0
-        for name, fraction in busy.items():
-            self._idle[name] = (
-                self._idle.get(name, 0) + 1 if fraction <= policy.idle_fraction else 0
-            )
-        self._backoff = max(0, self._backoff - 1)
-        facts = {"threads": count, "total_lag": lag, "records_per_s": round(rate, 1)}
-
-        if self._trial is not None:
-            rate_before, waited = self._trial
-            waited += 1
-            self._trial = (rate_before, waited)
-            if waited >= policy.grow_intervals:
-                self._trial = None
-                no_gain = rate < rate_before * (1 + policy.min_gain)
-                if no_gain and lag > 0 and count > policy.min_threads:
-                    self._backoff = policy.backoff_intervals
-                    return self._decide(
-                        "remove",
-                        f"the last added thread did not raise throughput "
-                        f"({rate_before:.0f} -> {rate:.0f} records/s); adding pauses for "
-                        f"{policy.backoff_intervals} intervals",
-                        count,
-                        facts,
-                    )
-        idle = sorted(name for name, n in self._idle.items() if n >= policy.idle_intervals)
-        if idle and count > policy.min_threads:
-            return self._decide(
-                "remove",
-                f"{idle[0]} idle for {policy.idle_intervals} intervals "
-                f"(busy {busy[idle[0]]:.0%} of the last)",
-                count,
-                facts,
-            )
-        least_busy = min(busy.values(), default=1.0)  # no threads: vacuously all busy
-        all_busy = least_busy >= policy.busy_fraction
-        if (
-            self._lag_grew >= policy.grow_intervals
-            and all_busy
-            and count < policy.max_threads
-            and self._backoff == 0
-        ):
-            self._trial = (rate, 0)
-            return self._decide(
-                "add",
-                f"total lag grew {self._lag_grew} intervals in a row and every thread was "
-                f"busy (least {least_busy:.0%})",
-                count,
-                facts,
-            )
-        return None
-
-    def _decide(
-        self, action: str, reason: str, count: int, facts: dict[str, Any] | None = None
-    ) -> Decision:
-        self._reset(keep_trial=True)
-        return Decision(action, reason, {"threads": count, **(facts or {})})
-
-    def _reset(self, keep_trial: bool = False) -> None:
-        self._lag_grew = 0
-        self._idle.clear()
-        if not keep_trial:
-            self._trial = None

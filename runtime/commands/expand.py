@@ -11,17 +11,28 @@ itself last, so nothing is ever written to a partition that does not exist
 yet. Topics that already have the count are left alone, so running it again
 completes an interrupted expansion.
 
-Runs on the CLI's main thread with a short-lived admin client.
+`main` is the command (`streams-runtime expand MODULE:ATTR TOPIC --partitions
+N`): it refuses without `static.partitioner` unless `--force`, and prints
+each topic looked at. Runs on the CLI's main thread with a short-lived admin
+client.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewPartitions
 
+from runtime.commands.common import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    load_config_and_topology,
+)
 from runtime.kafka.topics import TopicError, user_topics
 from runtime.partitioning.expansion_plan import (
     changelog_topics,
@@ -30,7 +41,7 @@ from runtime.partitioning.expansion_plan import (
 )
 from runtime.topology.topology import Topology
 
-__all__ = ["ExpandedTopic", "expand_topic"]
+__all__ = ["ExpandedTopic", "expand_topic", "main"]
 
 
 @dataclass(frozen=True)
@@ -142,3 +153,43 @@ def _wait_for_counts(admin: AdminClient, counts: dict[str, int], timeout: float)
         if time.monotonic() >= deadline:
             raise TopicError(f"expanded topics not visible after {timeout:.0f} s: {sorted(short)}")
         time.sleep(0.1)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Grow an input topic and everything downstream of it, downstream first."""
+    loaded = load_config_and_topology(args, log_level="warning")
+    if isinstance(loaded, int):
+        return loaded
+    config, topology = loaded
+    from runtime.config import ConfigError
+    from runtime.kafka.cluster import StartupAdmin
+    from runtime.kafka.startup_checks import check_client_properties
+
+    if config.static_partitioner is None and not args.force:
+        print(
+            f"streams-runtime expand: static.partitioner is not set for {config.application_id!r}: "
+            "its running instances would stop when the topic grows (Kafka's default "
+            "partitioner moves keys away from their state). Set static.partitioner (here and "
+            "in the app's config), or pass --force and repartition the app offline.",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    try:
+        check_client_properties(config)
+        admin = StartupAdmin(config)
+        admin.wait_for_cluster()
+        topics = expand_topic(
+            admin.client, topology, config.application_id, args.topic, args.partitions
+        )
+    except (ConfigError, TopicError) as exc:
+        print(f"streams-runtime expand: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("streams-runtime expand: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    width = max((len(t.name) for t in topics), default=0)
+    for topic in topics:
+        verb = "expanded " if topic.grown else "unchanged"
+        counts = f"{topic.before} -> {topic.after}" if topic.grown else f"{topic.after}"
+        print(f"{verb}  {topic.name.ljust(width)}  {counts}  ({topic.role})")
+    return EXIT_OK

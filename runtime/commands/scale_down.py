@@ -3,18 +3,21 @@
 Writes one request on the application's status topic; the placer (runtime-owned
 placement, `task.assignment=runtime`) picks that fraction of the instances in
 the group (at least one always stays), names them in its next plan, and each of
-them hands its tasks over and exits as after `admin prepare-leave`. Runs on the
-CLI's main thread.
+them hands its tasks over and exits as after `admin prepare-leave`. `main` is
+the command. Runs on the CLI's main thread.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 import time
 
 from confluent_kafka import Producer
 
-from runtime.config import StreamsConfig
+from runtime.commands.common import EXIT_BAD_INPUT, EXIT_OK
+from runtime.config import ConfigError, StreamsConfig, load_config
 from runtime.kafka.clients import producer_config
 from runtime.placement.records import SCALE_DOWN_KEY, status_topic_name
 
@@ -44,3 +47,18 @@ def request_scale_down(config: StreamsConfig, fraction: float, timeout: float = 
     if failures:
         raise ScaleDownError(f"the request to {topic!r} failed: {failures[0]}")
     return topic
+
+
+def main(args: argparse.Namespace) -> int:
+    """Ask `--fraction` of the instances to hand their tasks over and leave."""
+
+    try:
+        config = load_config(args.config, args.set or ())
+        topic = request_scale_down(config, args.fraction)
+    except (ConfigError, ScaleDownError) as exc:
+        print(f"streams-runtime scale-down: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(
+        f"requested on {topic}: {args.fraction:g} of the instances hand their tasks over and exit"
+    )
+    return EXIT_OK

@@ -60,7 +60,7 @@ def main() -> int:
         _write(out, write_lock, "failed", error=f"{type(exc).__name__}: {exc}")
         return 2
     # As `streams-runtime run` does: what start-up made lives as long as the
-    # process, so full collections stop scanning it (runtime.cli.cmd_run).
+    # process, so full collections stop scanning it (runtime.commands.run).
     gc.freeze()
     _write(out, write_lock, "started", pid=os.getpid())
 

@@ -1,7 +1,7 @@
 """A fake app behind the real admin server, and that server on its own loop thread.
 
 For tests of the admin socket that need no Kafka: the socket, the line reader, the
-limits and the handler are the real ones (`runtime.admin.server`); only the app is
+limits and the handler are the real ones (`runtime.admin.server`, `handler`); only the app is
 fake. `ServerThread` runs the server's asyncio loop on a daemon thread so tests can
 talk to it with blocking sockets from the test's thread.
 """
@@ -15,7 +15,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from runtime.admin.server import MAX_THREADS, AdminHandler, AdminLimits, AdminServer
+from runtime.admin.handler import AdminHandler
+from runtime.admin.protocol import MAX_THREADS
+from runtime.admin.server import AdminLimits, AdminServer
 from runtime.status import AppStatus
 
 STATUS: dict[str, Any] = {

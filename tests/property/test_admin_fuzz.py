@@ -22,7 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.admin.server import COMMANDS, AdminLimits
+from runtime.admin.protocol import COMMANDS
+from runtime.admin.server import AdminLimits
 from tests.fakes.admin import FakeAdminApp, ServerThread, connect, read_replies
 
 EXAMPLES = 90

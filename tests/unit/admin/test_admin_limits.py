@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime.admin.server import AdminHandler, AdminLimits, _show, encode_reply
+from runtime.admin.handler import AdminHandler
+from runtime.admin.protocol import _show, encode_reply
+from runtime.admin.server import AdminLimits
 from runtime.config import StreamsConfig
 from runtime.logging import configure_logging
 from tests.fakes.admin import FakeAdminApp, ServerThread, connect, read_replies

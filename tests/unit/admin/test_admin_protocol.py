@@ -22,18 +22,16 @@ from hypothesis import strategies as st
 from runtime import cli
 from runtime.admin import client as admin_client
 from runtime.admin import paths
-from runtime.admin.server import (
+from runtime.admin.handler import AdminHandler
+from runtime.admin.protocol import (
     COMMANDS,
     MAX_LINE_BYTES,
-    AdminHandler,
-    AdminServer,
-    AdminSocketError,
     ProtocolError,
     Request,
     encode_reply,
     parse_request,
-    read_lines,
 )
+from runtime.admin.server import AdminServer, AdminSocketError, read_lines
 from runtime.config import ConfigError, StreamsConfig, load_config
 from runtime.status import AppStatus
 from tests.kafka_helpers import wait_until
@@ -613,7 +611,7 @@ class Load:
 
 
 def test_autoscaler_adds_while_lag_grows_and_all_busy_then_checks_the_gain() -> None:
-    from runtime.admin.daemon import AutoscalePolicy, Autoscaler
+    from runtime.admin.autoscaler import AutoscalePolicy, Autoscaler
 
     scaler = Autoscaler(AutoscalePolicy(min_threads=1, max_threads=4))
     load = Load(2)
@@ -638,7 +636,7 @@ def test_autoscaler_adds_while_lag_grows_and_all_busy_then_checks_the_gain() -> 
 
 
 def test_autoscaler_keeps_a_thread_that_helped() -> None:
-    from runtime.admin.daemon import AutoscalePolicy, Autoscaler
+    from runtime.admin.autoscaler import AutoscalePolicy, Autoscaler
 
     scaler = Autoscaler(AutoscalePolicy(min_threads=1, max_threads=3))
     load = Load(1)
@@ -654,7 +652,7 @@ def test_autoscaler_keeps_a_thread_that_helped() -> None:
 
 
 def test_autoscaler_removes_an_idle_thread_down_to_min_and_respects_bounds() -> None:
-    from runtime.admin.daemon import AutoscalePolicy, Autoscaler
+    from runtime.admin.autoscaler import AutoscalePolicy, Autoscaler
 
     scaler = Autoscaler(AutoscalePolicy(min_threads=2, max_threads=4))
     load = Load(3)
@@ -687,7 +685,7 @@ def test_autoscale_keys() -> None:
         sets=["processing.threads.autoscale=true", "processing.threads.max=3"], base=REQUIRED
     )
     assert c.processing_threads_autoscale and c.processing_threads_max == 3
-    from runtime.admin.daemon import DaemonSetupError, preflight
+    from runtime.admin.preflight import DaemonSetupError, preflight
 
     with pytest.raises(DaemonSetupError, match="processing.threads.min"):
         preflight(c.with_overrides(processing_threads_min=5))

@@ -144,13 +144,13 @@ def test_metrics_connections_stay_within_a_quarter_of_the_open_files_limit(
             super().__init__()
             self.config = StreamsConfig.from_dict(settings)
 
-    monkeypatch.setattr(daemon_module, "_open_files_limit", lambda: 1024)
+    monkeypatch.setattr(daemon_module, "open_files_limit", lambda: 1024)
     # 1024 / 4 = 256 descriptors for the endpoints' clients, 32 of them the admin socket's.
     assert Daemon(App(config))._metrics_limits().max_connections == 224
     assert Daemon(App({**config, "metrics.max.connections": "64"}))._metrics_limits() == (
         daemon_module.MetricsLimits(max_connections=64, idle_timeout_s=10.0)
     )
-    monkeypatch.setattr(daemon_module, "_open_files_limit", lambda: 64)
+    monkeypatch.setattr(daemon_module, "open_files_limit", lambda: 64)
     assert Daemon(App(config))._metrics_limits().max_connections == 1  # never 0
 
 
@@ -158,7 +158,7 @@ def test_the_soft_open_files_limit_is_raised_to_the_hard_one() -> None:
     # In a child: this test process keeps its own limits.
     script = (
         "import resource\n"
-        "from runtime.admin.daemon import raise_open_files_limit\n"
+        "from runtime.admin.preflight import raise_open_files_limit\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (256, 2048))\n"
         "print(raise_open_files_limit(), *resource.getrlimit(resource.RLIMIT_NOFILE))\n"
         "print(raise_open_files_limit())\n"

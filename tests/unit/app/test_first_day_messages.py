@@ -27,8 +27,10 @@ from confluent_kafka import Message
 from runtime import Processor, PunctuationType, Record, StreamsBuilder, cli, serdes
 from runtime.admin import client as admin_client
 from runtime.admin import paths
-from runtime.admin.daemon import preflight
-from runtime.admin.server import AdminHandler, AdminServer, Request
+from runtime.admin.handler import AdminHandler
+from runtime.admin.preflight import preflight
+from runtime.admin.protocol import Request
+from runtime.admin.server import AdminServer
 from runtime.app_status import with_thread_warning
 from runtime.config import ConfigError, StreamsConfig, load_config
 from runtime.kafka.startup_checks import check_client_properties, check_startup
@@ -36,6 +38,7 @@ from runtime.librdkafka_properties import librdkafka_role
 from runtime.processing.errors import ErrorPolicy, TaskFailedError, preview
 from runtime.processing.task import StreamTask, TaskSettings
 from runtime.status import NO_PROCESSING_THREADS, AppStatus
+from runtime.topology.loading import load_topology
 from runtime.topology.topology import Topology
 
 # This file as the failure line names it (relative to the working directory).
@@ -236,12 +239,12 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 def test_a_misspelt_attribute_gets_a_did_you_mean(project: Path) -> None:
     with pytest.raises(ValueError) as info:
-        cli.load_topology("wordsplit_fd:topolgy")
+        load_topology("wordsplit_fd:topolgy")
     assert str(info.value) == (
         "module 'wordsplit_fd' has no attribute 'topolgy' (did you mean 'topology'?)"
     )
     with pytest.raises(ValueError, match=r"no attribute 'zzz' \(it has: topology\)"):
-        cli.load_topology("wordsplit_fd:zzz")
+        load_topology("wordsplit_fd:zzz")
 
 
 def test_a_misspelt_module_names_the_working_directory_and_a_close_file(
@@ -249,7 +252,7 @@ def test_a_misspelt_module_names_the_working_directory_and_a_close_file(
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", "/somewhere")
     with pytest.raises(ValueError) as info:
-        cli.load_topology("wordsplt_fd:topology")
+        load_topology("wordsplt_fd:topology")
     text = str(info.value)
     assert text.startswith("cannot import 'wordsplt_fd': No module named 'wordsplt_fd'")
     assert f"the working directory {project}" in text
@@ -260,7 +263,7 @@ def test_a_misspelt_module_names_the_working_directory_and_a_close_file(
 def test_a_missing_import_of_the_module_is_told_apart(project: Path) -> None:
     (project / "broken_fd.py").write_text("import no_such_dependency_fd\n")
     with pytest.raises(ValueError) as info:
-        cli.load_topology("broken_fd:topology")
+        load_topology("broken_fd:topology")
     assert "No module named 'no_such_dependency_fd'" in str(info.value)
     assert "imported by 'broken_fd': install it" in str(info.value)
     sys.modules.pop("broken_fd", None)
@@ -270,28 +273,28 @@ def test_a_missing_import_of_the_module_is_told_apart(project: Path) -> None:
     "target", ["./wordsplit_fd.py:topology", "wordsplit_fd.py:topology", "./wordsplit_fd:topology"]
 )
 def test_a_file_path_works(project: Path, target: str) -> None:
-    assert cli.load_topology(target).subtopologies
+    assert load_topology(target).subtopologies
     assert sys.modules["helper_first_day"].X == 1
 
 
 def test_a_file_elsewhere_imports_its_own_neighbours(project: Path) -> None:
-    assert cli.load_topology("sub/other_fd.py:topology").subtopologies
+    assert load_topology("sub/other_fd.py:topology").subtopologies
     assert sys.path[0] == str(project / "sub")
     assert sys.modules["helper_first_day"].X == 2  # sub/'s, not the working directory's
 
 
 def test_file_paths_that_cannot_work_say_why(project: Path) -> None:
     with pytest.raises(ValueError, match=r"no such file './nope\.py'.*e\.g\. nope:topology"):
-        cli.load_topology("./nope.py:topology")
+        load_topology("./nope.py:topology")
     (project / "shadow").mkdir()
     (project / "shadow" / "json.py").write_text("topology = None\n")
     with pytest.raises(ValueError, match="would be imported as 'json'.*rename the file"):
-        cli.load_topology("shadow/json.py:topology")
+        load_topology("shadow/json.py:topology")
     (project / "my-app.py").write_text("topology = None\n")
     with pytest.raises(ValueError, match="not a Python module name"):
-        cli.load_topology("my-app.py:topology")
+        load_topology("my-app.py:topology")
     with pytest.raises(ValueError, match=r"expected MODULE:ATTR \(e\.g\. wordsplit_fd:topology\)"):
-        cli.load_topology("wordsplit_fd.py")
+        load_topology("wordsplit_fd.py")
 
 
 # --- client properties ----------------------------------------------------------------------

@@ -27,6 +27,7 @@ from runtime import cli
 from runtime.config import ConfigError, StreamsConfig, load_config
 from runtime.config_values import MAX_CONFIG_FILE_BYTES
 from runtime.kafka.startup_checks import check_admin_socket_dir, check_startup
+from runtime.topology.loading import load_topology
 
 REPO = Path(__file__).resolve().parents[3]
 REQUIRED = {"application.id": "app", "bootstrap.servers": "127.0.0.1:1"}
@@ -177,7 +178,7 @@ def _refusal(case: Case, tmp: Path) -> Exception:
     attempt: Callable[[], Any]
     if case.kind == "target":
         with pytest.raises(ValueError) as refused:
-            cli.load_topology(case.payload)
+            load_topology(case.payload)
         assert not isinstance(refused.value, ConfigError)
         return refused.value
     if case.kind == "dict":
@@ -295,8 +296,8 @@ def test_a_users_topology_function_is_still_called(
         )
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert cli.load_topology("my_topology_app:build").subtopologies
-    assert set(cli.load_topology("my_topology_app:build_queries", named=True)) == {"q"}
+    assert load_topology("my_topology_app:build").subtopologies
+    assert set(load_topology("my_topology_app:build_queries", named=True)) == {"q"}
 
 
 def test_a_user_module_named_like_the_stdlib_is_the_users(
@@ -314,7 +315,7 @@ def test_a_user_module_named_like_the_stdlib_is_the_users(
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        assert cli.load_topology("xdrlib:topology").subtopologies
+        assert load_topology("xdrlib:topology").subtopologies
     finally:
         sys.modules.pop("xdrlib", None)
 

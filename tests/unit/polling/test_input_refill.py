@@ -126,10 +126,10 @@ def test_the_app_retunes_the_refill_as_queries_come_and_go() -> None:
         },
     )
     spy = _PollingSpy()
-    app._polling = spy  # type: ignore[assignment]
-    app._apply_query_priorities()  # start()
+    app._queries.attach(spy, {}, {})  # type: ignore[arg-type]
+    app._queries.apply_priorities()  # start()
     app._named.remove("light")  # remove_query()
-    app._apply_query_priorities()
+    app._queries.apply_priorities()
     app._named.add("light", _copy("l-in", "l-out"), QueryShare(priority=10))  # add_query()
-    app._apply_query_priorities()
+    app._queries.apply_priorities()
     assert spy.priorities == [[0, 10], [0], [0, 10]]

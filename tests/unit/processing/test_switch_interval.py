@@ -69,21 +69,21 @@ def test_different_priorities_shorten_the_interval_until_they_are_equal_again(
     from runtime.processing.query_shares import QueryShare
 
     app = _app({"query.light.priority": 10})
-    app._apply_query_priorities()  # what start() does once the checks passed
+    app._queries.apply_priorities()  # what start() does once the checks passed
     assert sys.getswitchinterval() == pytest.approx(PRIORITY_SWITCH_INTERVAL_S)
     app._named.remove("light")  # as remove_query() does, then re-applies
-    app._apply_query_priorities()
+    app._queries.apply_priorities()
     assert sys.getswitchinterval() == pytest.approx(process_interval)
     app._named.add("light", _copy("l-in", "l-out"), QueryShare(priority=10))
-    app._apply_query_priorities()
+    app._queries.apply_priorities()
     assert sys.getswitchinterval() == pytest.approx(PRIORITY_SWITCH_INTERVAL_S)
 
 
 def test_equal_priorities_leave_the_interval_alone(process_interval: float) -> None:
-    _app({"query.light.weight": 3})._apply_query_priorities()
+    _app({"query.light.weight": 3})._queries.apply_priorities()
     assert sys.getswitchinterval() == pytest.approx(process_interval)
 
 
 def test_a_configured_interval_is_used_whatever_the_priorities(process_interval: float) -> None:
-    _app({"gil.switch.interval.us": 2000})._apply_query_priorities()
+    _app({"gil.switch.interval.us": 2000})._queries.apply_priorities()
     assert sys.getswitchinterval() == pytest.approx(0.002)

@@ -10,7 +10,8 @@ Layers, bottom first (a module may import its own layer and those below):
     4  collector, kafka
     5  processing       tasks, locks, the scheduler, processing threads
     6  placement, polling
-    7  the app and its front ends: app, status, metrics, queries, isolation,
+    7  the app and its front ends: app (lifecycle, assembly, failure_policy,
+       query_operations, store_lookup), status, metrics, queries, isolation,
        admin, commands, cli, demo, spark
 
 Imports under `if TYPE_CHECKING:` are type names only and do not count.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from runtime import App, StreamsBuilder, serdes
-from runtime.admin.server import ProtocolError, parse_request
+from runtime.admin.protocol import ProtocolError, parse_request
 from runtime.config import ConfigError, StreamsConfig, config_table_markdown
 from runtime.partitioning.expansion_plan import changelog_topics
 from runtime.processing.query_shares import QueryShare

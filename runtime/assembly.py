@@ -1,0 +1,269 @@
+"""The app's wiring: the start-up checks, then every part of one running app
+built and connected, started, and taken down again in order.
+
+`App.start` calls `assemble` (under the app's state lock, on the caller's
+thread): it checks the cluster and topics, builds the restoration thread, the
+polling thread (with the app's hooks), remote-state capture and the cleanup
+thread, and returns them as one `Assembly`; any check that fails raises before
+a thread starts. The processing thread pool, task manager and record collector
+exist from `App.__init__` on and are passed in. `Assembly.take_down` is the
+supervisor thread's half: once the polling thread has ended, the rest stops
+in the reverse order.
+
+`assemble` and `start`: the thread calling `App.start`. `take_down`: the
+supervisor thread. `closing_on`: any thread (racy reads, for the log).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime.collector.collector import RecordCollector
+from runtime.config import StreamsConfig
+from runtime.isolation.offsets import carry_back_from_children
+from runtime.isolation.queries import IsolatedQueries
+from runtime.kafka.clients import admin_config, restore_consumer_config
+from runtime.kafka.cluster import StartupAdmin
+from runtime.kafka.serde_check import check_serdes_on_samples
+from runtime.kafka.startup_checks import check_startup
+from runtime.kafka.topics import TopicError, TopicLayout, create_user_topics, resolve_topics
+from runtime.logging import get_logger
+from runtime.partitioning.expansion_marker import finish_interrupted_callbacks
+from runtime.partitioning.static import open_static_partitioner
+from runtime.placement.records import status_topic_name
+from runtime.placement.status_view import StatusTopicView
+from runtime.polling.polling_thread import PollingThread, PollingThreadHooks
+from runtime.processing.errors import ErrorPolicy
+from runtime.processing.key_lanes import key_parallel_settings
+from runtime.processing.task import TaskSettings
+from runtime.processing.task_manager import TaskManager
+from runtime.processing.threads import ProcessingThreadPool
+from runtime.state.cache import CacheBudget
+from runtime.state.cleanup import CleanupThread
+from runtime.state.remote.capture import SnapshotCapture
+from runtime.state.remote.manager import RemoteState
+from runtime.state.remote.settings import RemoteSettings
+from runtime.state.restoration import RestorationThread
+from runtime.topology.topology import Topology
+
+log = get_logger("runtime.app")
+
+
+@dataclass
+class Assembly:
+    """The parts `App.start` built, and the order they start and stop in."""
+
+    layout: TopicLayout
+    restoration: RestorationThread
+    polling: PollingThread
+    # Remote state (state.remote.url) and a stateful topology only.
+    capture: SnapshotCapture | None
+    # A topology with state only.
+    cleanup: CleanupThread | None
+    # Undoes static.partitioner's open() (FirstSeenPartitioner's reader).
+    close_partitioner: Callable[[], None]
+    # Topics the runtime writes besides the topologies' (add_query resolves
+    # them again with a new query's).
+    extra_outputs: dict[str, int]
+    extra_configs: dict[str, dict[str, str]]
+    # What the supervisor thread does after the polling thread ended (for
+    # `closing_on`); written by the supervisor, read racily.
+    supervisor_step: str | None = None
+
+    def start(self) -> None:
+        """Start the restoration, cleanup and polling threads (in that order:
+        the polling thread hands tasks to the restoration thread)."""
+        self.restoration.start()
+        if self.cleanup is not None:
+            self.cleanup.start()
+        self.polling.start()
+
+    def take_down(
+        self, pool: ProcessingThreadPool, isolated: IsolatedQueries, timeout_s: float
+    ) -> None:
+        """Wait for the polling thread to end, then stop everything else
+        (supervisor thread); each wait up to `timeout_s`."""
+        self.polling.join()
+        self.supervisor_step = "stopping the processing threads"
+        pool.stop_all(timeout=timeout_s)
+        if self.cleanup is not None:
+            self.cleanup.request_stop()
+        self.supervisor_step = "stopping the restoration thread"
+        self.restoration.request_stop()
+        self.restoration.join(timeout=timeout_s)
+        self.supervisor_step = "stopping the query processes"
+        isolated.stop_all(timeout=timeout_s)
+        self.supervisor_step = "closing the static partitioner"
+        self.close_partitioner()  # no thread partitions any more
+        self.supervisor_step = None
+
+    def closing_on(self, pool: ProcessingThreadPool) -> list[str]:
+        """What a close still waits for (threads alive and their step), for
+        the log. Any thread; racy reads."""
+        waiting: list[str] = []
+        polling = self.polling
+        if polling.is_alive():
+            step = polling.shutdown_step or "its loop (the stop request not seen yet)"
+            waiting.append(f"polling thread: {step}")
+        names = [t.name for t in pool.threads() if t.is_alive()]
+        if names:
+            waiting.append(f"processing threads: {', '.join(names)}")
+        if self.restoration.is_alive():
+            waiting.append("restoration thread")
+        if self.supervisor_step is not None:
+            waiting.append(f"supervisor: {self.supervisor_step}")
+        return waiting
+
+
+def assemble(
+    config: StreamsConfig,
+    topology: Topology,
+    *,
+    named_queries: bool,
+    query_priorities: list[int],
+    task_manager: TaskManager,
+    collector: RecordCollector,
+    error_policy: ErrorPolicy,
+    hooks: PollingThreadHooks,
+    instance_id: str,
+) -> Assembly:
+    """Check the cluster and topics and build the parts of a running app
+    (none started). `named_queries`: the app runs a mapping of queries.
+
+    Raises ConfigError (`state.dir` not writable, a client property
+    librdkafka refuses; see `runtime.kafka.startup_checks`), TopicError (the
+    cluster cannot be reached, missing topics, co-partitioning, a static
+    partitioner that cannot open) and SerializationError (a sink's serde
+    refuses what the topology makes of the newest input record;
+    `runtime.kafka.serde_check`).
+    """
+    has_state = bool(topology.store_specs())
+    check_startup(config, uses_state_dir=has_state or config.exactly_once)
+    startup_admin = StartupAdmin(config)
+    startup_admin.wait_for_cluster()
+    admin = startup_admin.client
+    extra = {config.dead_letter_queue_topic: 1} if config.dead_letter_queue_topic else {}
+    extra_configs: dict[str, dict[str, str]] = {}
+    # Every instance publishes its tasks on the status topic and reads
+    # everyone's (standby placement, SHUTDOWN_APPLICATION requests).
+    status_topic = status_topic_name(config.application_id)
+    extra[status_topic] = 1
+    extra_configs[status_topic] = {"cleanup.policy": "compact"}
+    if config.topics_create_missing:
+        create_user_topics(
+            admin,
+            topology,
+            config.topics_create_partitions,
+            config.replication_factor,
+        )
+    layout = resolve_topics(
+        admin,
+        topology,
+        config.application_id,
+        config.replication_factor,
+        extra,
+        extra_configs=extra_configs,
+    )
+    # A sink serde that cannot take what the topology makes fails
+    # here, on the newest input, instead of on the first record later.
+    check_serdes_on_samples(config, topology, layout)
+    if named_queries:
+        # A query that ran in a child process before resumes from
+        # its commits there (runtime.isolation.offsets).
+        carry_back_from_children(config, topology)
+    settings = TaskSettings(
+        application_id=config.application_id,
+        default_key_serde=config.default_key_serde,
+        default_value_serde=config.default_value_serde,
+        error_policy=error_policy,
+        partition_counts=layout.partitions,
+        state_dir=config.state_dir,
+        cache_budget=CacheBudget(config.cache_max_bytes),
+        static_partitioner=config.static_partitioner,
+        key_parallel=key_parallel_settings(config),
+    )
+    if config.static_partitioner is not None:
+        for sink, topic in topology.partitioned_sinks():
+            log.warning(
+                "sink_partitioner_ignored",
+                sink=sink,
+                topic=topic,
+                reason="static.partitioner is set: it partitions every sink",
+            )
+    # An expansion callback whose runner stopped before recording it
+    # done runs again here (runtime.partitioning.expansion_marker).
+    finish_interrupted_callbacks(
+        admin,
+        config.application_id,
+        config.static_partitioner,
+        config.replication_factor,
+    )
+    # A partitioner with a map in Kafka (FirstSeenPartitioner) reads
+    # it whole before any record is partitioned.
+    try:
+        close_partitioner = open_static_partitioner(
+            config.static_partitioner,
+            config.application_id,
+            admin_config(config),
+            config.replication_factor,
+        )
+    except Exception as exc:  # the partitioner's own code or its topic
+        raise TopicError(
+            f"static.partitioner {config.static_partitioner!r} could not open: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    # The state manager's thread; it also reads the status topic, so
+    # even a stateless app has one (its consumer is the third client).
+    # Remote state (state.remote.url): snapshots are taken at commits
+    # and uploaded/downloaded by the restoration thread.
+    remote_settings = RemoteSettings.from_config(config)
+    remote = (
+        RemoteState(remote_settings, config.state_dir, instance_id)
+        if remote_settings is not None and has_state
+        else None
+    )
+    status_view = StatusTopicView()
+    restoration = RestorationThread(
+        f"{config.client_id}-RestorationThread",
+        restore_consumer_config(config),
+        status_topic,
+        remote=remote,
+        status_view=status_view,
+    )
+    polling = PollingThread(
+        config,
+        topology,
+        layout,
+        settings,
+        task_manager,
+        collector,
+        hooks,
+        restoration,
+        instance_id,
+        query_priorities=query_priorities,
+        status_view=status_view,
+    )
+    capture = None
+    if remote is not None:
+        capture = remote.capture(restoration.add_upload)
+        polling.committer.after_commit = capture.after_commit
+    cleanup = None
+    if has_state:
+        cleanup = CleanupThread(
+            f"{config.client_id}-CleanupThread",
+            Path(config.state_dir) / config.application_id,
+            config.state_cleanup_delay_ms,
+            owned=lambda: polling.owned,
+        )
+    return Assembly(
+        layout=layout,
+        restoration=restoration,
+        polling=polling,
+        capture=capture,
+        cleanup=cleanup,
+        close_partitioner=close_partitioner,
+        extra_outputs=extra,
+        extra_configs=extra_configs,
+    )
