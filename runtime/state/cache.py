@@ -17,6 +17,22 @@ through). Emptying every cache at commit gives each store a fresh share each
 commit interval: an idle task cannot pin budget for longer than that.
 `cache.max.bytes=0` turns caching off: each write is emitted at once.
 
+Values as objects: the node that owns a store (an aggregation) binds its
+value serde once (`use_values`) and then reads and writes values, not bytes
+(`get_value`, `put_value`), so a key updated many times between commits is
+neither deserialized nor serialized per update. An entry holds its value's
+bytes, its object, or both; bytes are made on demand (a byte-level `get`,
+`range`/`all`, interactive queries) and at emission (flush or eviction), once
+per emitted entry. Only serdes with a `fixed_size` (INT64: every value is 8
+bytes) keep an object without its bytes: an entry is charged its serialized
+size as of its last serialization (`entry_size`), re-measured whenever it is
+serialized again, and for a fixed-size serde that size cannot change between
+serializations, so the charge is exact and the bound holds. A small Python int
+(28-36 bytes) is covered by the per-entry overhead charged. With any other
+serde, `put_value` serializes at once (a value's size may grow, as a list
+aggregate's does, and the charge must follow it) and keeps the bytes only;
+`get_value` then deserializes per read, as a byte-level caller would.
+
 Threads: a store's layer as the store (see the package docstring); only
 `CacheBudget` is shared, and it locks.
 """
@@ -26,6 +42,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from runtime.state.changelog import ChangeLoggingKeyValueStore, wall_clock_ms
 from runtime.state.store import KeyValue, KeyValueStore, SortedKeys, merge_overlay
@@ -80,14 +97,35 @@ class CacheBudget:
         return self._used > self._max
 
 
-class _Entry:
-    __slots__ = ("value", "dirty", "timestamp", "size")
+class _Unset:
+    """An entry's bytes not made yet, or its object not read yet."""
 
-    def __init__(self, value: bytes | None, dirty: bool, timestamp: int, size: int) -> None:
-        self.value = value  # None: a delete not yet emitted
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
+
+
+class _Entry:
+    """One cached key. `value`: the bytes, None for a delete not yet emitted,
+    or UNSET (only the object is held); `obj`: the value as an object, None
+    for a delete, or UNSET (not deserialized yet). At least one is set."""
+
+    __slots__ = ("value", "obj", "dirty", "timestamp", "size")
+
+    def __init__(self, value: Any, obj: Any, dirty: bool, timestamp: int, size: int) -> None:
+        self.value = value
+        self.obj = obj
         self.dirty = dirty
         self.timestamp = timestamp
         self.size = size
+
+
+def _unbound(data: Any) -> Any:
+    raise RuntimeError("the store's value serde is not bound: call use_values(serde) first")
 
 
 class CachingKeyValueStore:
@@ -98,6 +136,14 @@ class CachingKeyValueStore:
     that timestamp (in the runtime: the record being processed). With
     `send_old_values`, `on_flush` also gets the inner store's previous value
     (one extra inner read per emitted entry).
+
+    Counters (plain ints, written by the thread holding the task, read
+    racily): `hits`/`misses` of byte and value reads alike (together: every
+    read), `puts`/`deletes` of every write, `evictions`, `emitted`. The
+    metered layer above reads its figures from them instead of counting again.
+    `emitting` is the object of the entry being handed to `on_flush` (UNSET
+    when only its bytes are known), for a listener that would otherwise
+    deserialize the bytes it was given.
     """
 
     def __init__(
@@ -120,8 +166,17 @@ class CachingKeyValueStore:
         self._dirty: dict[bytes, None] = {}
         self._keys = SortedKeys()
         self._bytes = 0
+        self._serde: Any = None
+        self._ser: Callable[[Any], Any] = _unbound
+        self._de: Callable[[Any], Any] = _unbound
+        self._objects = False  # entries may hold an object without its bytes
+        self._fixed_size = 0
+        self._holds: Callable[[Any], bool] = bool
+        self.emitting: Any = UNSET
         self.hits = 0
         self.misses = 0
+        self.puts = 0
+        self.deletes = 0
         self.evictions = 0
         self.emitted = 0
 
@@ -141,17 +196,126 @@ class CachingKeyValueStore:
     def dirty_count(self) -> int:
         return len(self._dirty)
 
+    # --- values as objects -----------------------------------------------------
+
+    def use_values(self, serde: Any) -> bool:
+        """Bind the serde of this store's values, for `get_value`/`put_value`;
+        returns True (the store reads and writes objects).
+
+        Called once by the node that owns the store (at its `init`); binding
+        the same serde again is a no-op, another one is refused (the entries'
+        objects would be serialized with the wrong serde)."""
+        if self._serde is not None:
+            if self._serde is not serde:
+                raise ValueError(
+                    f"store {self.name!r}: value serde already bound to {self._serde!r}"
+                )
+            return True
+        self._serde = serde
+        self._ser = serde.serialize
+        self._de = serde.deserialize
+        fixed = getattr(serde, "fixed_size", None)
+        holds = getattr(serde, "holds", None)
+        if isinstance(fixed, int) and not isinstance(fixed, bool) and fixed > 0 and holds:
+            self._objects = True
+            self._fixed_size = fixed
+            self._holds = holds
+        return True
+
+    def get_value(self, key: bytes) -> Any:
+        """The value of `key` as an object, or None.
+
+        With a fixed-size serde an entry is deserialized once and its object
+        kept; otherwise each call deserializes the entry's bytes."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            obj = entry.obj
+            if obj is UNSET:
+                value = entry.value
+                obj = None if value is None else self._de(value)
+                if self._objects:
+                    entry.obj = obj
+            return obj
+        self.misses += 1
+        value = self.inner.get(key)
+        if value is None:
+            return None
+        obj = self._de(value)
+        if not self._pass_through:
+            size = entry_size(key, value)
+            self._entries[key] = _Entry(value, obj if self._objects else UNSET, False, 0, size)
+            self._keys.add(key)
+            self._bytes += size
+            if self._budget.charge(size):
+                self._evict()
+        return obj
+
+    def put_value(self, key: bytes, obj: Any) -> None:
+        """Write `key`'s value as an object; None deletes the key.
+
+        A value a fixed-size serde `holds` is kept as the object and
+        serialized when the entry is emitted or read as bytes; any other is
+        serialized now, so a serde error is raised here, by the write that
+        caused it, as with a byte-level `put`."""
+        if obj is None:
+            self.deletes += 1
+            self._write(key, None)
+            return
+        self.puts += 1
+        if self._objects and not self._pass_through and self._holds(obj):
+            entry = self._entries.get(key)
+            if entry is None or entry.value is None:  # new, or replacing a delete
+                self._write(key, UNSET, obj, len(key) + self._fixed_size + ENTRY_OVERHEAD_BYTES)
+                return
+            # Charged as a fixed-size value already: no trip to the budget.
+            self._entries.move_to_end(key)
+            entry.value = UNSET
+            entry.obj = obj
+            entry.timestamp = self._clock()
+            dirty = self._dirty
+            if entry.dirty:
+                del dirty[key]  # re-insert: dirty order is order of last write
+            else:
+                entry.dirty = True
+            dirty[key] = None
+            return
+        value = self._ser(obj)
+        if value is None:
+            raise ValueError(f"store {self.name!r}: value serde gave None for {obj!r}")
+        self._write(key, value, obj if self._objects else UNSET)
+
+    # --- bytes ---------------------------------------------------------------
+
+    def _bytes_of(self, key: bytes, entry: _Entry) -> bytes | None:
+        """The bytes of a cached entry, made now from its object if need be.
+
+        A serialization re-measures the entry: its charge becomes its size
+        now (for a fixed-size serde it was that already, unless the bytes it
+        replaced had another length). Not for an entry already evicted."""
+        value = entry.value
+        if value is UNSET:
+            value = entry.value = self._ser(entry.obj)
+            size = entry_size(key, value)
+            delta = size - entry.size
+            if delta:
+                entry.size = size
+                self._bytes += delta
+                self._budget.charge(delta)
+        return value
+
     def get(self, key: bytes) -> bytes | None:
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
             self.hits += 1
-            return entry.value
+            return self._bytes_of(key, entry)
         self.misses += 1
         value = self.inner.get(key)
         if value is not None and not self._pass_through:
             size = entry_size(key, value)
-            self._entries[key] = _Entry(value, False, 0, size)
+            self._entries[key] = _Entry(value, UNSET, False, 0, size)
             self._keys.add(key)
             self._bytes += size
             if self._budget.charge(size):
@@ -161,27 +325,36 @@ class CachingKeyValueStore:
     def put(self, key: bytes, value: bytes) -> None:
         if value is None:
             raise ValueError("put(key, None): use delete(key)")
+        self.puts += 1
         self._write(key, value)
 
     def delete(self, key: bytes) -> None:
+        self.deletes += 1
         self._write(key, None)
 
-    def _write(self, key: bytes, value: bytes | None) -> None:
+    def _write(self, key: bytes, value: Any, obj: Any = UNSET, size: int = -1) -> None:
+        """Write bytes (None: delete; UNSET: only `obj`, charged `size`)."""
         timestamp = self._clock()
+        if value is None:
+            obj = None
         if self._pass_through:
-            self._emit(key, value, timestamp)
+            if value is UNSET:
+                value = self._ser(obj)
+            self._emit(key, value, timestamp, obj)
             return
-        size = entry_size(key, value)
+        if size < 0:
+            size = entry_size(key, value)
         entries = self._entries
         entry = entries.get(key)
         if entry is None:
-            entries[key] = _Entry(value, True, timestamp, size)
+            entries[key] = _Entry(value, obj, True, timestamp, size)
             self._keys.add(key)
             delta = size
         else:
             entries.move_to_end(key)
             delta = size - entry.size
             entry.value = value
+            entry.obj = obj
             entry.dirty = True
             entry.timestamp = timestamp
             entry.size = size
@@ -208,9 +381,12 @@ class CachingKeyValueStore:
             if entry.dirty:
                 entry.dirty = False
                 self._dirty.pop(key, None)
-                self._emit(key, entry.value, entry.timestamp)
+                value = entry.value
+                if value is UNSET:  # evicted already: nothing to re-measure
+                    value = self._ser(entry.obj)
+                self._emit(key, value, entry.timestamp, entry.obj)
 
-    def _emit(self, key: bytes, value: bytes | None, timestamp: int) -> None:
+    def _emit(self, key: bytes, value: bytes | None, timestamp: int, obj: Any = UNSET) -> None:
         """Write one folded update down and hand it to `on_flush`."""
         old = self.inner.get(key) if self._send_old_values else None
         logged = self._logged
@@ -224,14 +400,20 @@ class CachingKeyValueStore:
         else:
             self.inner.put(key, value)
         self.emitted += 1
-        if self._on_flush is not None:
-            self._on_flush(key, value, old, timestamp)
+        on_flush = self._on_flush
+        if on_flush is not None:
+            self.emitting = obj
+            try:
+                on_flush(key, value, old, timestamp)
+            finally:
+                self.emitting = UNSET
 
     def range(self, lo: bytes | None, hi: bytes | None) -> Iterator[KeyValue]:
         if not self._entries:
             return self.inner.range(lo, hi)
         entries = self._entries
-        overlay = [(k, entries[k].value) for k in self._keys.between(lo, hi)]
+        bytes_of = self._bytes_of
+        overlay = [(k, bytes_of(k, entries[k])) for k in self._keys.between(lo, hi)]
         return merge_overlay(overlay, self.inner.range(lo, hi))
 
     def all(self) -> Iterator[KeyValue]:
@@ -251,7 +433,7 @@ class CachingKeyValueStore:
                 if entry is None or not entry.dirty:
                     continue  # evicted (and emitted) meanwhile
                 entry.dirty = False
-                self._emit(key, entry.value, entry.timestamp)
+                self._emit(key, self._bytes_of(key, entry), entry.timestamp, entry.obj)
         self._drop_entries()
 
     def flush(self) -> None:

@@ -27,6 +27,7 @@ Threads: as every store (see the package docstring).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from runtime.state.store import KeyValueStore
 
@@ -97,6 +98,36 @@ class WindowStore:
         if window_start < self.expired_before:
             return None
         return self.store.get(window_key(key, window_start))
+
+    # --- values as objects (over a store with a caching layer) ---------------
+
+    def use_values(self, serde: Any) -> bool:
+        """Bind the value serde for `get_value`/`put_value`; False when the
+        stack below cannot hold objects (no caching layer), then use bytes."""
+        use = getattr(self.store, "use_values", None)
+        return bool(use(serde)) if use is not None else False
+
+    @property
+    def emitting(self) -> Any:
+        """The object of the update the cache below is emitting (UNSET: none)."""
+        return self.store.emitting  # type: ignore[attr-defined]
+
+    def get_value(self, key: bytes, window_start: int) -> Any:
+        """`get`, as an object (see `runtime.state.cache`); None when absent."""
+        if window_start < self.expired_before:
+            return None
+        return self.store.get_value(window_key(key, window_start))  # type: ignore[attr-defined]
+
+    def put_value(self, key: bytes, window_start: int, obj: Any) -> None:
+        """`put`, as an object; None deletes."""
+        composite = window_key(key, window_start)
+        self.store.put_value(composite, obj)  # type: ignore[attr-defined]
+        if obj is None:
+            return
+        if window_start < self._unflushed_min:
+            self._unflushed_min = window_start
+        if self._earliest is not None and window_start < self._earliest:
+            self._earliest = window_start
 
     def fetch(self, key: bytes, time_from: int, time_to: int) -> Iterator[tuple[int, bytes]]:
         """`(window start, value)` of `key`'s windows starting in [time_from, time_to]."""

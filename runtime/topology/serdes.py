@@ -52,6 +52,8 @@ class StringSerde:
     name = "string"
 
     def serialize(self, obj: Any) -> bytes | None:
+        if type(obj) is str:  # the common case first
+            return obj.encode()
         if obj is None:
             return None
         if not isinstance(obj, str):
@@ -59,21 +61,32 @@ class StringSerde:
         return obj.encode("utf-8")
 
     def deserialize(self, data: bytes | None) -> str | None:
-        return None if data is None else data.decode("utf-8")
+        return None if data is None else data.decode()
 
     def __repr__(self) -> str:
         return "serdes.STRING"
 
 
 _INT64 = struct.Struct(">q")
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
 
 
 class Int64Serde:
-    """Signed 64-bit integer, 8 bytes big-endian, as Kafka's LongSerializer."""
+    """Signed 64-bit integer, 8 bytes big-endian, as Kafka's LongSerializer.
+
+    A fixed-size serde: every value is `fixed_size` bytes, and `holds(obj)`
+    says whether `serialize(obj)` succeeds. A store cache may then keep such
+    values as (immutable) ints and serialize them when it emits them
+    (`runtime.state.cache`).
+    """
 
     name = "int64"
+    fixed_size = 8
 
     def serialize(self, obj: Any) -> bytes | None:
+        if type(obj) is int:  # the common case first: no isinstance walk
+            return _INT64.pack(obj)
         if obj is None:
             return None
         if isinstance(obj, bool) or not isinstance(obj, int):
@@ -87,6 +100,10 @@ class Int64Serde:
             raise ValueError(f"INT64 serde expects 8 bytes, got {len(data)}")
         value: int = _INT64.unpack(data)[0]
         return value
+
+    def holds(self, obj: Any) -> bool:
+        """True when `serialize(obj)` gives 8 bytes without an error."""
+        return type(obj) is int and _INT64_MIN <= obj <= _INT64_MAX
 
     def __repr__(self) -> str:
         return "serdes.INT64"

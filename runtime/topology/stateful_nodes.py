@@ -14,6 +14,12 @@ locked; either way no other thread touches the task's graph meanwhile.
 
 Keys and values are serialized with the serdes the DSL gave the node, or the
 task's configured defaults (resolved once in `init`).
+
+Aggregations read and write their store's values as objects when the store
+can (`use_values`: a caching layer below, see `runtime.state.cache`), so a
+key updated many times between commits is deserialized and serialized once
+per commit, not per record; otherwise through bytes. `count` and `reduce`
+take a direct path (no fold call, no MISSING); `aggregate` folds.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.state.cache import UNSET
 from runtime.topology.context import TaskContext
 from runtime.topology.nodes import Node, _not_initialized, resolve_serde
 from runtime.topology.record import Record
@@ -49,13 +56,21 @@ def count_fold(key: Any, value: Any, agg: Any) -> int:
     return 1 if agg is MISSING else agg + 1
 
 
-def reduce_fold(reducer: Callable[[Any, Any], Any]) -> Fold:
+class ReduceFold:
     """The first value is the aggregate; later ones are `reducer(agg, value)`."""
 
-    def fold(key: Any, value: Any, agg: Any) -> Any:
-        return value if agg is MISSING else reducer(agg, value)
+    __slots__ = ("reducer",)
 
-    return fold
+    def __init__(self, reducer: Callable[[Any, Any], Any]) -> None:
+        self.reducer = reducer
+
+    def __call__(self, key: Any, value: Any, agg: Any) -> Any:
+        return value if agg is MISSING else self.reducer(agg, value)
+
+
+def reduce_fold(reducer: Callable[[Any, Any], Any]) -> Fold:
+    """The first value is the aggregate; later ones are `reducer(agg, value)`."""
+    return ReduceFold(reducer)
 
 
 def aggregate_fold(
@@ -67,6 +82,18 @@ def aggregate_fold(
         return aggregator(key, value, initializer() if agg is MISSING else agg)
 
     return fold
+
+
+# How an aggregation node applies a record (chosen from its fold at init).
+_FOLD, _COUNT, _REDUCE = 0, 1, 2
+
+
+def _fold_kind(fold: Fold) -> tuple[int, Callable[[Any, Any], Any] | None]:
+    if fold is count_fold:
+        return _COUNT, None
+    if type(fold) is ReduceFold:
+        return _REDUCE, fold.reducer
+    return _FOLD, None
 
 
 class KeySelectNode(Node):
@@ -114,6 +141,8 @@ class _StoreWriterNode(Node):
         "_value_ser",
         "_value_de",
         "_dropped",
+        "_get_value",
+        "_put_value",
     )
 
     def __init__(self, name: str, store: str, key_serde: Any, value_serde: Any) -> None:
@@ -127,6 +156,9 @@ class _StoreWriterNode(Node):
         self._value_ser: Callable[[Any], bytes | None] = _not_initialized
         self._value_de: Callable[[bytes | None], Any] = _not_initialized
         self._dropped: Callable[[str], None] = _not_initialized
+        # The store's get_value/put_value, when it holds values as objects.
+        self._get_value: Callable[..., Any] | None = None
+        self._put_value: Callable[..., None] = _not_initialized
 
     def init(self, ctx: TaskContext) -> None:
         self._store = ctx.state_store(self.store_name)
@@ -137,13 +169,32 @@ class _StoreWriterNode(Node):
         self._dropped = ctx.record_dropped
         ctx.register_flush_listener(self.store_name, self.on_flush)
 
+    def _bind_values(self, ctx: TaskContext) -> None:
+        """Read and write the store's values as objects if it can (aggregations)."""
+        use_values = getattr(self._store, "use_values", None)
+        value = resolve_serde(self.value_serde, ctx.default_value_serde, self.name, "value")
+        if use_values is not None and use_values(value):
+            self._get_value = self._store.get_value
+            self._put_value = self._store.put_value
+
+    def _emitted_value(self, new: bytes | None) -> Any:
+        """The value of the update being emitted: the cache's object when it
+        has one (no deserialization), else `new` deserialized."""
+        if new is None:
+            return None
+        if self._get_value is not None:
+            obj = self._store.emitting
+            if obj is not UNSET:
+                return obj
+        return self._value_de(new)
+
     def on_flush(self, key: bytes, new: bytes | None, old: bytes | None, timestamp: int) -> None:
         """The store emitted `key`'s update: forward it (see the module docstring)."""
-        value = None if new is None else self._value_de(new)
-        self._emit(Record(self._key_de(key), value, timestamp))
+        self._emit(Record(self._key_de(key), self._emitted_value(new), timestamp))
 
     def close(self) -> None:
         self._store = None
+        self._get_value = None
 
 
 class TableSourceNode(_StoreWriterNode):
@@ -172,11 +223,16 @@ class AggregateNode(_StoreWriterNode):
     the key.
     """
 
-    __slots__ = ("fold",)
+    __slots__ = ("fold", "_kind", "_reducer")
 
     def __init__(self, name: str, store: str, key_serde: Any, value_serde: Any, fold: Fold) -> None:
         super().__init__(name, store, key_serde, value_serde)
         self.fold = fold
+        self._kind, self._reducer = _fold_kind(fold)
+
+    def init(self, ctx: TaskContext) -> None:
+        super().init(ctx)
+        self._bind_values(ctx)
 
     def process(self, record: Record) -> None:
         key = record.key
@@ -187,10 +243,22 @@ class AggregateNode(_StoreWriterNode):
         if value is None:
             self._dropped("null_value")
             return
-        store = self._store
         key_bytes = self._key_ser(key)
-        old = store.get(key_bytes)
-        agg = self.fold(key, value, MISSING if old is None else self._value_de(old))
+        get_value = self._get_value
+        if get_value is not None:
+            old = get_value(key_bytes)
+            kind = self._kind
+            if kind == _COUNT:
+                agg = 1 if old is None else old + 1
+            elif kind == _REDUCE:
+                agg = value if old is None else self._reducer(old, value)  # type: ignore[misc]
+            else:
+                agg = self.fold(key, value, MISSING if old is None else old)
+            self._put_value(key_bytes, agg)  # None deletes
+            return
+        store = self._store
+        data = store.get(key_bytes)
+        agg = self.fold(key, value, MISSING if data is None else self._value_de(data))
         if agg is None:
             store.delete(key_bytes)
         else:
@@ -230,6 +298,7 @@ class WindowAggregateNode(_StoreWriterNode):
 
     def init(self, ctx: TaskContext) -> None:
         super().init(ctx)
+        self._bind_values(ctx)
         self._ctx = ctx
 
     def process(self, record: Record) -> None:
@@ -254,20 +323,24 @@ class WindowAggregateNode(_StoreWriterNode):
         store = self._store
         key_bytes = self._key_ser(key)
         fold = self.fold
-        value_de = self._value_de
+        get_value = self._get_value
         for start in self.windows.window_starts(timestamp):
             if start + size <= close_time:
                 self._dropped("late")
                 continue
-            old = store.get(key_bytes, start)
-            agg = fold(key, value, MISSING if old is None else value_de(old))
+            if get_value is not None:
+                old = get_value(key_bytes, start)
+                self._put_value(key_bytes, start, fold(key, value, MISSING if old is None else old))
+                continue
+            data = store.get(key_bytes, start)
+            agg = fold(key, value, MISSING if data is None else self._value_de(data))
             store.put(key_bytes, start, None if agg is None else self._value_ser(agg))
         store.expire(stream_time - self._retention)
 
     def on_flush(self, key: bytes, new: bytes | None, old: bytes | None, timestamp: int) -> None:
         # Store keys are composite: key bytes + window start (8 bytes big-endian).
         start = int.from_bytes(key[-8:], "big")
-        value = None if new is None else self._value_de(new)
+        value = self._emitted_value(new)
         windowed = Windowed(self._key_de(key[:-8]), start, start + self._size)
         self._emit(Record(windowed, value, timestamp))
 
