@@ -71,7 +71,10 @@ class WindowStore:
         self.retention_ms = retention_ms
         self.expired_before = 0  # windows starting before this are gone
         self._earliest: int | None = None  # earliest start possibly stored; None: unknown
-        self._unflushed_min = _NONE  # earliest start written since the last flush
+        # Window starts written since the last flush: those writes are in the
+        # layers above `base` (the cache) until the flush, so an expiry scan of
+        # `base` does not see them. Few distinct values (windows share starts).
+        self._unflushed_starts: set[int] = set()
         self.expired_count = 0
 
     @property
@@ -89,8 +92,7 @@ class WindowStore:
             self.store.delete(composite)
             return
         self.store.put(composite, value)
-        if window_start < self._unflushed_min:
-            self._unflushed_min = window_start
+        self._unflushed_starts.add(window_start)
         if self._earliest is not None and window_start < self._earliest:
             self._earliest = window_start
 
@@ -124,8 +126,7 @@ class WindowStore:
         self.store.put_value(composite, obj)  # type: ignore[attr-defined]
         if obj is None:
             return
-        if window_start < self._unflushed_min:
-            self._unflushed_min = window_start
+        self._unflushed_starts.add(window_start)
         if self._earliest is not None and window_start < self._earliest:
             self._earliest = window_start
 
@@ -178,7 +179,13 @@ class WindowStore:
                 deleted += 1
             elif start < remaining:
                 remaining = start
-        self._earliest = min(remaining, self._unflushed_min)
+        # Unflushed windows starting before `before` reach `base` at the next
+        # flush, which then lowers `_earliest` (see `flush`). Counting them here
+        # would make every later call scan the whole store again until that
+        # flush (a backlog whose commit interval spans more event time than
+        # the retention scanned once per record).
+        alive = [start for start in self._unflushed_starts if start >= before]
+        self._earliest = min(remaining, min(alive, default=_NONE))
         self.expired_count += deleted
         return deleted
 
@@ -191,7 +198,13 @@ class WindowStore:
 
     def flush(self) -> None:
         self.store.flush()
-        self._unflushed_min = _NONE
+        starts = self._unflushed_starts
+        if starts:
+            written = min(starts)
+            if written < self.expired_before and self._earliest is not None:
+                # Expired windows just reached `base`: the next expiry removes them.
+                self._earliest = min(self._earliest, written)
+            starts.clear()
 
     def close(self) -> None:
         self.store.close()

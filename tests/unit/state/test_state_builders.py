@@ -234,3 +234,29 @@ def test_build_task_stores_closes_what_it_opened_on_failure(tmp_path: Path) -> N
     with pytest.raises(ValueError):
         build_task_stores([StoreSpec("a"), StoreSpec("a")], tmp_path, "app", 0, None, task.send)
     RocksDBKeyValueStore("a", rocksdb_path(tmp_path, "a")).close()
+
+
+def test_expiry_scans_once_per_window_not_per_record_between_commits(tmp_path: Path) -> None:
+    """A backlog whose commit interval spans more event time than the retention:
+    records expire windows written since the last flush (still in the cache).
+    The store is scanned when the bound passes a window start, not on every
+    record (before the fix: once per record, a whole-store scan each)."""
+    task = Task()
+    spec = StoreSpec("win", kind="window", window_size_ms=100, retention_ms=100)
+    built = build(spec, tmp_path, task)
+    windows = built.store
+    assert isinstance(windows, WindowStore)
+    for start in range(0, 1000, 100):  # a flushed history: 10 windows
+        windows.put(b"k", start, b"old")
+    built.flush()
+    scans: list[int] = []
+    real_all = built.base.all
+    built.base.all = lambda: (scans.append(1), real_all())[1]  # type: ignore[method-assign]
+    for time in range(1000, 3000):  # one record per ms, no flush in between
+        windows.put(b"k", time - time % 100, b"new")
+        windows.expire(time - 100)
+    assert len(scans) <= 21, len(scans)  # 20 window starts crossed, not 2,000 records
+    built.flush()
+    windows.expire(2900)
+    assert [split_window_key(k)[1] for k, _ in built.base.all()] == [2900]
+    built.close()
