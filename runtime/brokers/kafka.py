@@ -16,6 +16,9 @@ broker auto-creates, which could hide a missing create). Pass ``properties`` to 
 
 Threads: a broker is driven by one thread (a test session, the CLI's main thread); ``stop()``
 is also safe from any thread and more than once, and runs at interpreter exit.
+
+A little over 500 lines as one thing: a node's properties, its process and
+its readiness checks change together whenever Kafka's start-up changes.
 """
 
 from __future__ import annotations

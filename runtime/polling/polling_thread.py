@@ -16,6 +16,10 @@ requests), `expansion.PartitionExpansion` (partition increases),
 `stall_watch.StallWatch` (input partitions that stopped fetching).
 This class decides what happens when: on a failed transaction it rewinds
 every task; on any other failure it stops without committing.
+
+Over 500 lines as one thing: the loop, its steps in their order and the
+rebalance callbacks are the one place where the polling thread's order of
+events is decided; split, that order would be spread over files.
 """
 
 from __future__ import annotations

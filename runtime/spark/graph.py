@@ -23,6 +23,9 @@ is folded by Spark SQL instead (`runtime.spark.backfill`).
 
 Runs inside Spark's Python workers (and in unit tests); one runner per
 Arrow partition, single-threaded.
+
+Over 500 lines as one thing: the context, the stand-in and the three passes
+share the one record layout (OUTPUT and RESULT rows) defined here.
 """
 
 from __future__ import annotations

@@ -44,9 +44,9 @@ from runtime.topology.nodes import (
     MapValuesNode,
     PassThroughNode,
     PeekNode,
-    SinkNode,
     SourceNode,
 )
+from runtime.topology.sink_node import SinkNode
 from runtime.topology.stateful_nodes import (
     AggregateNode,
     KeySelectNode,

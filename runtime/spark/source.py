@@ -75,6 +75,7 @@ from pyspark.sql.types import (
 
 from runtime.spark import kafka as k
 from runtime.spark.names import STREAMS_KAFKA
+from runtime.spark.row_producer import RowProducer, header_pairs
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -332,7 +333,7 @@ class KafkaBatchWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[Any]) -> KafkaCommitMessage:
         o = self.options
-        producer = k.RowProducer(k.producer_settings(o.bootstrap, dict(o.overrides)))
+        producer = RowProducer(k.producer_settings(o.bootstrap, dict(o.overrides)))
         for batch in iterator:
             n = batch.num_rows
             names = [name.lower() for name in batch.schema.names]
@@ -348,7 +349,7 @@ class KafkaBatchWriter(DataSourceArrowWriter):
                 topic = topics[i] or o.topic
                 if not topic:
                     raise k.KafkaSourceError("a row has no topic and no 'topic' option is set")
-                produce(topic, keys[i], values[i], parts[i], stamps[i], k.header_pairs(headers[i]))
+                produce(topic, keys[i], values[i], parts[i], stamps[i], header_pairs(headers[i]))
         return KafkaCommitMessage(producer.close())
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -366,7 +367,7 @@ class KafkaStreamWriter(DataSourceStreamWriter):
 
     def write(self, iterator: Iterator[Any]) -> KafkaCommitMessage:
         o = self.options
-        producer = k.RowProducer(k.producer_settings(o.bootstrap, dict(o.overrides)))
+        producer = RowProducer(k.producer_settings(o.bootstrap, dict(o.overrides)))
         for row in iterator:
             d = row.asDict()
             topic = d.get("topic") or o.topic
@@ -381,7 +382,7 @@ class KafkaStreamWriter(DataSourceStreamWriter):
                 _as_bytes(d.get("value")),
                 d.get("partition"),
                 stamp,
-                k.header_pairs(d.get("headers")),
+                header_pairs(d.get("headers")),
             )
         return KafkaCommitMessage(producer.close())
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from runtime.topology import serdes as _serdes
 from runtime.topology.errors import TopologyError
 from runtime.topology.graph import NodeDef, NodeKind, NodeSpec, StateStoreDef
-from runtime.topology.nodes import Node, Partitioner, SinkNode, SourceNode
+from runtime.topology.nodes import Node, Partitioner, SourceNode
+from runtime.topology.sink_node import SinkNode
 from runtime.topology.topology import Topology
 
 if TYPE_CHECKING:

@@ -36,10 +36,10 @@ from runtime.topology.nodes import (
     MapValuesNode,
     Node,
     PassThroughNode,
-    SinkNode,
     SourceNode,
 )
 from runtime.topology.record import Headers
+from runtime.topology.sink_node import SinkNode
 from runtime.topology.stateful_nodes import KeySelectNode, NullKeyFilterNode
 from runtime.topology.topology import Subtopology
 

@@ -14,6 +14,10 @@ operations (`group_by_key`, stream-table `join`) then insert a repartition topic
 Stateful operations: `group_by_key`/`group_by` lead to aggregations
 (`runtime.topology.grouped`), and `join`/`left_join` look records up in a
 `KTable` (`runtime.topology.ktable`).
+
+Over 500 lines as one thing: `KStream` is the DSL's fluent API, one method
+per operator as Kafka Streams' `KStream` has, each a few lines that add a
+node; `BranchedKStream` is its `split()`.
 """
 
 from __future__ import annotations
