@@ -34,6 +34,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from benchmarks.child import OtherLoad, cpu_seconds, usage, usage_since
+from runtime.gc_tuning import tune_for_app_process
 
 
 def _resolve(path: str) -> Callable[[bytes], bytes]:
@@ -98,6 +99,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     first_record_at: float | None = None
     deadline = time.monotonic() + float(spec.get("deadline_s", 600))
 
+    # The GC settings every model gets (runtime.gc_tuning): like for like.
+    tune_for_app_process()
     other = OtherLoad(spec.get("broker_pid"))
     other.start()
     cpu0 = cpu_seconds()

@@ -36,6 +36,7 @@ from typing import Any
 
 from benchmarks.compare.child_protocol import Commands, Events
 from benchmarks.compare.workloads import build_topology
+from runtime.gc_tuning import tune_for_app_process
 
 
 def _gated_restoration_class() -> Any:
@@ -153,6 +154,9 @@ class _Model:
 
     def start(self) -> None:
         self.app.start()
+        # The GC settings `streams-runtime run` gives the daemon once started
+        # (runtime.gc_tuning), for every model alike: ratios stay like for like.
+        tune_for_app_process()
 
     def release(self) -> None:
         if self.kind == RAW_MODEL:

@@ -39,6 +39,7 @@ from benchmarks.harness import (
     wait_for_quiet,
 )
 from benchmarks.outputs import add_output_arguments, output_dir
+from runtime.gc_tuning import tune_for_app_process
 from runtime.topology.serdes import JSON as _JSON
 
 NAME = "stateless"
@@ -146,6 +147,9 @@ def run_runtime(spec: dict[str, Any]) -> dict[str, Any]:
     usage0 = usage()
     started = time.perf_counter()
     app.start()
+    # The GC settings `streams-runtime run` gives the daemon once started
+    # (runtime.gc_tuning), for every model alike: ratios stay like for like.
+    tune_for_app_process()
     try:
         deadline = started + deadline_s
         while True:

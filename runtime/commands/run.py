@@ -12,11 +12,11 @@ SIGINT/SIGTERM before the app started anything (`runtime.admin.signals`).
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 from typing import TYPE_CHECKING
 
 from runtime.commands.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, load_config_and_topology
+from runtime.gc_tuning import tune_for_app_process
 
 if TYPE_CHECKING:
     from runtime.admin.signals import StartupSignals
@@ -76,12 +76,8 @@ def _run(args: argparse.Namespace, signals: StartupSignals) -> int:
         print(f"streams-runtime: {str(exc).replace('MODULE:ATTR', args.target)}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
-    # The daemon owns its process: what start-up made (modules, the topology,
-    # the app) lives as long as the process, so the cyclic GC stops scanning
-    # it. Each full collection scanned all of it holding the GIL, every
-    # thread stopped: 24-35 ms per collection in the queries benchmark's
-    # daemon (four in 60 s), none over 5 ms once frozen.
-    gc.freeze()
+    # The daemon owns its process: its GC settings are ours (runtime.gc_tuning).
+    tune_for_app_process()
     code = run_daemon(app, signals=signals, admin_socket=admin_socket)
     if code == EXIT_FAILED and app.failure is not None:
         # The last line a user sees says why (the log has the details).

@@ -14,13 +14,14 @@ reader thread takes the commands.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import signal
 import sys
 import threading
 from typing import IO, Any
+
+from runtime.gc_tuning import tune_for_app_process
 
 STATUS_INTERVAL_S = 0.5
 
@@ -59,9 +60,8 @@ def main() -> int:
     except BaseException as exc:  # any start-up failure is the query's, reported as such
         _write(out, write_lock, "failed", error=f"{type(exc).__name__}: {exc}")
         return 2
-    # As `streams-runtime run` does: what start-up made lives as long as the
-    # process, so full collections stop scanning it (runtime.commands.run).
-    gc.freeze()
+    # As `streams-runtime run` does (runtime.gc_tuning).
+    tune_for_app_process()
     _write(out, write_lock, "started", pid=os.getpid())
 
     def read_commands() -> None:

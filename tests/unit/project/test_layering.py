@@ -3,7 +3,7 @@ cycles outside the DSL, and no upward import from a lower layer.
 
 Layers, bottom first (a module may import its own layer and those below):
 
-    0  logging, config_values, error_handlers, librdkafka_properties, brokers
+    0  logging, config_values, error_handlers, librdkafka_properties, gc_tuning, brokers
     1  state            stores, caching, changelogging, restoration
     2  topology         the DSL, processor graph, serdes (uses state's stores)
     3  config, partitioning   typed settings (naming serdes and partitioners)
@@ -30,6 +30,7 @@ LAYER = {
     "config_values": 0,
     "librdkafka_properties": 0,
     "error_handlers": 0,
+    "gc_tuning": 0,
     "brokers": 0,
     "state": 1,
     "topology": 2,
