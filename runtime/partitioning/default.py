@@ -68,48 +68,45 @@ def _load_librdkafka_partitioner() -> Callable[[bytes, int], int] | None:
             # PyDLL keeps the GIL across the call: the hash takes nanoseconds,
             # while dropping and re-taking the GIL (what CDLL does) costs
             # microseconds and invites a thread switch per record.
-            lib = ctypes.PyDLL(path)
-            fn = lib.rd_kafka_msg_partitioner_murmur2
+            fn = ctypes.PyDLL(path).rd_kafka_msg_partitioner_murmur2
         except (OSError, AttributeError):
             continue
         fn.restype = ctypes.c_int32
-        fn.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_char_p,
-            ctypes.c_size_t,
-            ctypes.c_int32,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-        ]
+        # No `argtypes`: converting six declared arguments cost 0.52 us a call,
+        # undeclared 0.22 (measured on the development machine). The
+        # signature is (topic, key, key length as size_t, partition count,
+        # two opaques): None is NULL, bytes a pointer to their buffer, and an
+        # int a C int, which libffi widens with its sign to the register's 64
+        # bits: right for a key length below 2 GiB. The check below proves it
+        # on this machine before the function is used.
 
         def partition(key: bytes, partitions: int, _fn: Any = fn) -> int:
             result: int = _fn(None, key, len(key), partitions, None, None)
             return result
 
-        return partition
+        if all(partition(k, n) == partition_python(k, n) for k, n in _SELF_CHECK):
+            return partition
     return None
 
+
+# Keys of every length class murmur2 treats apart (the 4-byte body and each
+# tail length), and partition counts up to a large topic.
+_SELF_CHECK = [
+    (bytes(range(length)) * 3, count) for length in range(0, 9) for count in (1, 7, 64, 1000)
+]
 
 _native = _load_librdkafka_partitioner()
 _hash_partition: Callable[[bytes, int], int] = _native or partition_python
 
-# Keys repeat (per user, per word, per device): remember recent answers.
-# Racy use from several threads is harmless: entries are pure functions of
-# their key, and a clear() only costs recomputation.
-_CACHE_LIMIT = 65536
-_cache: dict[tuple[bytes, int], int] = {}
-
 
 def default_partition(key: bytes, partitions: int) -> int:
-    """The Java client's default partition for a serialized key."""
-    cache_key = (key, partitions)
-    partition = _cache.get(cache_key)
-    if partition is None:
-        partition = _hash_partition(key, partitions)
-        if len(_cache) >= _CACHE_LIMIT:
-            _cache.clear()
-        _cache[cache_key] = partition
-    return partition
+    """The Java client's default partition for a serialized key.
+
+    No cache in front of it: the C call costs about what a dictionary lookup
+    with its key tuple does, and a bounded cache cleared when full missed on
+    nearly every record once an app had more keys than it held.
+    """
+    return _hash_partition(key, partitions)
 
 
 uses_librdkafka = _native is not None
