@@ -247,21 +247,31 @@ class FakeProducer:
         self.fatal: KafkaError | None = None
         cluster.producers.append(self)
 
-    def produce(self, topic: str, value: Any, key: Any, **kwargs: Any) -> None:
+    def produce(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int = -1,
+        callback: Any = None,
+        on_delivery: Any = None,
+        timestamp: int = 0,
+        headers: Any = None,
+    ) -> None:
+        """confluent-kafka's signature, positional order included."""
         if self.dead:
             raise KafkaException(KafkaError(KafkaError._FATAL, "Local: Fatal error", fatal=True))
         size = len(key or b"") + len(value or b"")
         if size > int(self.settings.get("message.max.bytes", 1_000_000)):
             raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
-        partition = kwargs.get("partition", -1)
         self.queue.append(
             {
                 "topic": topic,
                 "partition": 0 if partition < 0 else partition,
                 "key": key,
                 "value": value,
-                "timestamp": kwargs.get("timestamp", 0) or NOW,
-                "headers": kwargs.get("headers"),
+                "timestamp": timestamp or NOW,
+                "headers": headers,
             }
         )
 
