@@ -24,6 +24,7 @@ from runtime.processing.threads import ProcessingThread
 from runtime.query_control import NamedQueries
 from runtime.state.remote.capture import SnapshotCapture
 from runtime.state.restoration import RestorationThread
+from runtime.state.rocksdb_metrics import RocksDBMetricsThread
 from runtime.status import (
     NO_PROCESSING_THREADS,
     AppStatus,
@@ -122,6 +123,13 @@ def remote_state_figures(
         figures["captures"] = capture.captured
         figures["capture_seconds"] = round(capture.capture_seconds, 3)
     return figures
+
+
+def state_memory_figures(metrics: RocksDBMetricsThread | None) -> dict[str, Any] | None:
+    """The RocksDB metrics thread's last figures (None: no RocksDB state, or
+    not read yet)."""
+    figures = metrics.figures if metrics is not None else None
+    return figures.as_dict() if figures is not None else None
 
 
 def query_statuses(

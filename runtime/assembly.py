@@ -3,8 +3,9 @@ built and connected, started, and taken down again in order.
 
 `App.start` calls `assemble` (under the app's state lock, on the caller's
 thread): it checks the cluster and topics, builds the restoration thread, the
-polling thread (with the app's hooks), remote-state capture and the cleanup
-thread, and returns them as one `Assembly`; any check that fails raises before
+polling thread (with the app's hooks), remote-state capture, the cleanup
+thread and the RocksDB metrics thread (with the app's one `RocksDBMemory`:
+the block cache and write-buffer budget every store shares), and returns them as one `Assembly`; any check that fails raises before
 a thread starts. The processing thread pool, task manager and record collector
 exist from `App.__init__` on and are passed in. `Assembly.take_down` is the
 supervisor thread's half: once the polling thread has ended, the rest stops
@@ -46,6 +47,8 @@ from runtime.state.remote.capture import SnapshotCapture
 from runtime.state.remote.manager import RemoteState
 from runtime.state.remote.settings import RemoteSettings
 from runtime.state.restoration import RestorationThread
+from runtime.state.rocksdb_memory import RocksDBMemory, RocksDBMemorySettings
+from runtime.state.rocksdb_metrics import RocksDBMetricsThread
 from runtime.topology.topology import Topology
 
 log = get_logger("runtime.app")
@@ -62,6 +65,8 @@ class Assembly:
     capture: SnapshotCapture | None
     # A topology with state only.
     cleanup: CleanupThread | None
+    # The RocksDB metrics thread (a topology with state only).
+    rocksdb_metrics: RocksDBMetricsThread | None
     # Undoes static.partitioner's open() (FirstSeenPartitioner's reader).
     close_partitioner: Callable[[], None]
     # Topics the runtime writes besides the topologies' (add_query resolves
@@ -73,11 +78,13 @@ class Assembly:
     supervisor_step: str | None = None
 
     def start(self) -> None:
-        """Start the restoration, cleanup and polling threads (in that order:
-        the polling thread hands tasks to the restoration thread)."""
+        """Start the restoration, cleanup, RocksDB metrics and polling threads
+        (in that order: the polling thread hands tasks to the restoration thread)."""
         self.restoration.start()
         if self.cleanup is not None:
             self.cleanup.start()
+        if self.rocksdb_metrics is not None:
+            self.rocksdb_metrics.start()
         self.polling.start()
 
     def take_down(
@@ -90,6 +97,8 @@ class Assembly:
         pool.stop_all(timeout=timeout_s)
         if self.cleanup is not None:
             self.cleanup.request_stop()
+        if self.rocksdb_metrics is not None:
+            self.rocksdb_metrics.request_stop()
         self.supervisor_step = "stopping the restoration thread"
         self.restoration.request_stop()
         self.restoration.join(timeout=timeout_s)
@@ -183,6 +192,14 @@ def assemble(
         cache_budget=CacheBudget(config.cache_max_bytes),
         static_partitioner=config.static_partitioner,
         key_parallel=key_parallel_settings(config),
+        rocksdb_memory=RocksDBMemory(
+            RocksDBMemorySettings(
+                memory_bytes=config.state_rocksdb_memory_bytes,
+                write_buffer_ratio=config.state_rocksdb_write_buffer_ratio,
+                config_setter=config.state_rocksdb_config_setter,
+                statistics=config.state_rocksdb_statistics,
+            )
+        ),
     )
     if config.static_partitioner is not None:
         for sink, topic in topology.partitioned_sinks():
@@ -250,6 +267,7 @@ def assemble(
         capture = remote.capture(restoration.add_upload)
         polling.committer.after_commit = capture.after_commit
     cleanup = None
+    rocksdb_metrics = None
     if has_state:
         cleanup = CleanupThread(
             f"{config.client_id}-CleanupThread",
@@ -257,12 +275,19 @@ def assemble(
             config.state_cleanup_delay_ms,
             owned=lambda: polling.owned,
         )
+        assert settings.rocksdb_memory is not None
+        rocksdb_metrics = RocksDBMetricsThread(
+            f"{config.client_id}-RocksDBMetricsThread",
+            settings.rocksdb_memory,
+            config.state_rocksdb_metrics_interval_ms / 1000.0,
+        )
     return Assembly(
         layout=layout,
         restoration=restoration,
         polling=polling,
         capture=capture,
         cleanup=cleanup,
+        rocksdb_metrics=rocksdb_metrics,
         close_partitioner=close_partitioner,
         extra_outputs=extra,
         extra_configs=extra_configs,

@@ -182,6 +182,16 @@ class AppStatus:
     # "seconds"), installed (task id -> "snapshot", "standby", "bytes",
     # "seconds": the newest snapshot an active task or a standby started from).
     remote_state: dict[str, Any] | None = None
+    # RocksDB memory and per-store figures (runtime.state.rocksdb_metrics,
+    # read by the RocksDB metrics thread at its interval), None without
+    # RocksDB stores or before the first read: read_at, memory_bytes (the
+    # budget), write_buffer_limit_bytes, block_cache_usage_bytes,
+    # block_cache_pinned_bytes, write_buffer_usage_bytes, write_stalls, and
+    # stores (one dict per open store: task, store, estimated_keys,
+    # memtable_bytes, table_readers_bytes, pending_compaction_bytes,
+    # live_sst_bytes, delayed_write_rate, write_stopped; gets, get_seconds,
+    # writes, write_seconds with state.rocksdb.statistics).
+    state_memory: dict[str, Any] | None = None
     dropped: dict[str, int] = field(default_factory=dict)  # records dropped, by reason
     # Start-up (runtime.polling.startup): joining_group, awaiting_assignment,
     # restoring, then processing; `waiting_for` says what in words (None once

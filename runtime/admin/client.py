@@ -395,6 +395,9 @@ def format_status(status: Mapping[str, Any], now: float | None = None) -> str:
                 f"{status.get('tasks_created_by_expansion', 0)} tasks created by them",
             )
         )
+    memory = status.get("state_memory")
+    if memory:
+        lines.append(("state memory", format_state_memory(memory)))
     if status.get("failed_threads"):
         lines.append(("failed threads", status["failed_threads"]))
     if status.get("failure"):
@@ -405,6 +408,36 @@ def format_status(status: Mapping[str, Any], now: float | None = None) -> str:
     width = max(len(k) for k, _ in lines)
     head = "\n".join(f"{k.ljust(width)}  {v}" for k, v in lines)
     return head + "\n\n" + format_tasks(tasks)
+
+
+def _mib(n: Any) -> str:
+    return f"{float(n or 0) / (1 << 20):.1f} MiB"
+
+
+def format_state_memory(memory: Mapping[str, Any]) -> str:
+    """The `state memory` line of `admin status`: RocksDB's shared budget and
+    its use, the stores, and write stalls (runtime.state.rocksdb_metrics)."""
+    stores = memory.get("stores") or []
+    keys = sum(int(s.get("estimated_keys", 0)) for s in stores)
+    sst = sum(int(s.get("live_sst_bytes", 0)) for s in stores)
+    readers = sum(int(s.get("table_readers_bytes", 0)) for s in stores)
+    stalled = [
+        f"{s.get('task')}/{s.get('store')} {'stopped' if s.get('write_stopped') else 'delayed'}"
+        for s in stores
+        if s.get("write_stopped") or s.get("delayed_write_rate")
+    ]
+    text = (
+        f"RocksDB {_mib(memory.get('block_cache_usage_bytes'))} of "
+        f"{_mib(memory.get('memory_bytes'))} (memtables "
+        f"{_mib(memory.get('write_buffer_usage_bytes'))} of "
+        f"{_mib(memory.get('write_buffer_limit_bytes'))}, pinned "
+        f"{_mib(memory.get('block_cache_pinned_bytes'))}; outside it: SST readers "
+        f"{_mib(readers)}), {len(stores)} stores, {keys} keys, SST {_mib(sst)}; write stalls: "
+    )
+    text += f"{len(stalled)} ({', '.join(stalled[:4])})" if stalled else "none"
+    if memory.get("stall_seconds"):
+        text += f"; waited {float(memory['stall_seconds']):.1f} s for memtable flushes"
+    return text
 
 
 def format_placement(placement: Mapping[str, Any]) -> str:

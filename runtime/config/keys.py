@@ -66,12 +66,13 @@ class _Required:
 
 REQUIRED: Any = _Required()
 
-Kind = Literal["str", "int", "bool", "enum", "serde", "partitioner"]
+Kind = Literal["str", "int", "float", "bool", "enum", "serde", "partitioner", "callable"]
 Default = Any  # a plain value, REQUIRED, or Callable[[Mapping[str, Any]], Any]
 
 # ASCII digits only: Python's int() also takes "５" and "1_000", which no other
 # Kafka tool would read as a number.
 INT_TEXT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+FLOAT_TEXT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)", re.ASCII)
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 
@@ -84,8 +85,8 @@ class ConfigKey:
     kind: Kind
     default: Default
     doc: str
-    min: int | None = None
-    max: int | None = None
+    min: float | None = None  # ints: whole numbers
+    max: float | None = None
     also: tuple[int, ...] = ()  # integers allowed outside [min, max], e.g. -1
     choices: tuple[str, ...] = ()
     pattern: str | None = None
@@ -97,6 +98,10 @@ class ConfigKey:
     # Strings (compared lower-cased, stripped) that turn the setting off: parsed
     # as "" (admin.socket's "" or "none": no socket, while unset means a default).
     off_words: tuple[str, ...] = ()
+    # kind "callable": turns `module:attr` into the object (raises ValueError),
+    # and checks an object given from code (raises ValueError).
+    resolve: Callable[[str], Any] | None = None
+    check_object: Callable[[Any], Any] | None = None
     attr: str = ""  # the StreamsConfig attribute; filled in from the field name
 
     @property
@@ -122,10 +127,14 @@ class ConfigKey:
             if self.also:
                 text += " or " + " or ".join(str(n) for n in self.also)
             return text
+        if self.kind == "float":
+            return f"a number between {self.min} and {self.max}"
         if self.kind == "bool":
             return "true or false"
         if self.kind == "enum":
             return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.kind == "callable":
+            return "'module:attr' naming a callable"
         if self.kind == "serde":
             return f"a serde: one of {sorted(BUILTIN)} or 'module:attr'"
         if self.kind == "partitioner":
@@ -147,6 +156,10 @@ class ConfigKey:
             return ""
         if self.kind == "int":
             return self._parse_int(value)
+        if self.kind == "float":
+            return self._parse_float(value)
+        if self.kind == "callable":
+            return self._parse_callable(value)
         if self.kind == "bool":
             return self._parse_bool(value)
         if self.kind == "enum":
@@ -185,6 +198,45 @@ class ConfigKey:
         if self.clamp is not None:
             number = min(number, self.clamp)
         return number
+
+    def _parse_float(self, value: Any) -> float:
+        """A finite number within [min, max] (both set for float keys)."""
+        if isinstance(value, bool):
+            raise self._bad(value)
+        if isinstance(value, int) and value.bit_length() > 64:
+            raise self._bad(value)  # float() of a huge int overflows
+        if isinstance(value, int | float):
+            number = float(value)
+        elif (
+            isinstance(value, str)
+            and len(value) <= MAX_INT_DIGITS
+            and FLOAT_TEXT.fullmatch(value.strip())
+        ):
+            number = float(value.strip())
+        else:
+            raise self._bad(value)
+        if not (self.min is not None and self.max is not None and self.min <= number <= self.max):
+            raise self._bad(value)
+        return number
+
+    def _parse_callable(self, value: Any) -> Any:
+        """`module:attr` (imported by `resolve`) or, from code, the object itself."""
+        assert self.resolve is not None and self.check_object is not None
+        if isinstance(value, str):
+            if len(value) > MAX_SERDE_CHARS:
+                raise self._bad(value)
+            try:
+                return self.resolve(value)
+            except ValueError as exc:
+                raise _Invalid(str(exc)) from None
+            except (Exception, SystemExit) as exc:  # the user's module failed
+                raise _Invalid(
+                    f"cannot resolve {show_value(value)}: {type(exc).__name__}: {exc}"
+                ) from None
+        try:
+            return self.check_object(value)
+        except ValueError as exc:
+            raise _Invalid(str(exc)) from None
 
     def _parse_bool(self, value: Any) -> bool:
         if isinstance(value, bool):
@@ -272,6 +324,10 @@ class ConfigKey:
         if self.kind == "serde":
             return "serde: " + ", ".join(f"`{n}`" for n in BUILTIN) + " or `module:attr`"
         if self.kind == "partitioner":
+            return "`module:attr` or unset"
+        if self.kind == "float":
+            return f"number between {self.min} and {self.max}"
+        if self.kind == "callable":
             return "`module:attr` or unset"
         text = "string"
         if self.pattern is not None:

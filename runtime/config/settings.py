@@ -57,6 +57,13 @@ from runtime.config_values import (
     show_value,
 )
 from runtime.config_values import Invalid as _Invalid
+from runtime.state.rocksdb_memory import (
+    DEFAULT_MEMORY_BYTES,
+    DEFAULT_WRITE_BUFFER_RATIO,
+    MIN_MEMORY_BYTES,
+    check_config_setter,
+    config_setter_from_name,
+)
 from runtime.topology.serdes import BUILTIN, Serde
 
 ProcessingGuarantee = Literal["at_least_once", "exactly_once_v2"]
@@ -171,6 +178,11 @@ class StreamsConfig:
     acceptable_recovery_lag: int = setting("acceptable.recovery.lag", "int", 10000, "With `task.assignment=runtime`: changelog records a learner may still lag behind and be caught up enough to take its task over (Kafka Streams' meaning).", min=0, max=JAVA_LONG_MAX)
     max_warmup_replicas: int = setting("max.warmup.replicas", "int", 2, "With `task.assignment=runtime`: learners (warm-up replicas) restoring at once across the application, besides standbys (Kafka Streams' meaning).", min=1, max=JAVA_INT_MAX)
     state_cleanup_delay_ms: int = setting("state.cleanup.delay.ms", "int", 600000, "How long (ms) a task's state directory may stay unused here before it is deleted.", min=0, max=JAVA_LONG_MAX)
+    state_rocksdb_memory_bytes: int = setting("state.rocksdb.memory.bytes", "int", DEFAULT_MEMORY_BYTES, "Bytes of RocksDB memory shared by ALL RocksDB stores of the process: one block cache of this size holds data, index and filter blocks, and the memtables are charged to it too (their share: `state.rocksdb.write.buffer.ratio`), so RocksDB's memory stays about this large whatever the number of tasks and stores. 256 MiB: a few hundred stores' index and filter blocks and a useful share of hot data blocks, and a daemon with 256 tasks still fits a 1 GiB container. What it does not bound, and a measurement: the docs, State stores.", min=MIN_MEMORY_BYTES, max=JAVA_LONG_MAX)
+    state_rocksdb_write_buffer_ratio: float = setting("state.rocksdb.write.buffer.ratio", "float", DEFAULT_WRITE_BUFFER_RATIO, "Share of `state.rocksdb.memory.bytes` for memtables (write buffers) of all stores together: past 90% of it RocksDB flushes the largest memtable. Each store's memtable is a quarter of this share, between 1 and 16 MiB (not RocksDB's 64 MiB).", min=0.05, max=0.9)
+    state_rocksdb_config_setter: Any = setting("state.rocksdb.config.setter", "callable", None, "Per-store RocksDB options (Kafka Streams' `rocksdb.config.setter`): `module:attr` naming a callable `setter(store_name, options)` (or a class made with no arguments whose instances are) that changes the `rocksdict.Options` each RocksDB store opens with, after the runtime's own settings. Resolved at start-up (a bad name stops it naming this key); an exception it raises stops the app naming the store. Replacing the block-based table factory or the write-buffer manager takes that store out of the shared budget.", nullable=True, resolve=config_setter_from_name, check_object=lambda value: check_config_setter(value, show_value(value)))
+    state_rocksdb_statistics: bool = setting("state.rocksdb.statistics", "bool", False, "Turn on RocksDB's statistics in every store, for the read and write latency metrics (`streams_rocksdb_get_seconds`, `streams_rocksdb_write_seconds`). Off by default: RocksDB counts every operation into shared counters and histograms (measured here: 10-30% slower RocksDB gets and writes in a loop of RocksDB calls alone; a smaller, unmeasured share of a record's whole cost), and the metrics thread parses each store's statistics text (about 0.2 ms per store and interval).")
+    state_rocksdb_metrics_interval_ms: int = setting("state.rocksdb.metrics.interval.ms", "int", 5000, "How often (ms) the RocksDB metrics thread reads each store's properties (keys, memtables, SST size, pending compaction, write stalls) for `/metrics` and `admin status`.", min=100, max=3_600_000)
     state_remote_url: str | None = setting("state.remote.url", "str", None, "Remote state: `s3://bucket/prefix` where snapshots of each task's RocksDB stores go (needs the `remote` extra, boto3). Credentials and region come from the usual AWS variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`, `AWS_PROFILE`, ...). Unset: off.", nullable=True, max_length=1024, check=check_remote_url)
     state_remote_endpoint: str | None = setting("state.remote.endpoint", "str", None, "Endpoint URL of an S3-compatible server (`http://host:port`; path-style addressing); unset: AWS S3.", nullable=True, max_length=1024, check=check_http_url)
     state_remote_checkpoint_interval_ms: int = setting("state.remote.checkpoint.interval.ms", "int", 300000, "How often (ms) each task's stores are snapshotted to `state.remote.url` (at the first commit after the interval; a task whose stores did not change is skipped).", min=1000, max=JAVA_LONG_MAX)
@@ -273,7 +285,7 @@ class StreamsConfig:
             value = getattr(self, spec.attr)
             if spec.kind == "serde":
                 value = _serde_name(value, self.raw.get(spec.name))
-            elif spec.kind == "partitioner" and value is not None:
+            elif spec.kind in ("partitioner", "callable") and value is not None:
                 given = self.raw.get(spec.name)
                 value = given if isinstance(given, str) else repr(value)
             out[spec.name] = value

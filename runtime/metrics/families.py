@@ -92,6 +92,68 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "gauge",
         "Wall-clock time the newest uploaded snapshot of each task was taken.",
     ),
+    # RocksDB (runtime.state.rocksdb_metrics), read by the RocksDB metrics
+    # thread every state.rocksdb.metrics.interval.ms: the shared budget once,
+    # then per open store (labels task, store).
+    "streams_rocksdb_memory_budget_bytes": (
+        "gauge",
+        "state.rocksdb.memory.bytes: the shared block cache's capacity, memtables included.",
+    ),
+    "streams_rocksdb_block_cache_usage_bytes": (
+        "gauge",
+        "Bytes charged to the shared RocksDB block cache (data, index and filter blocks, "
+        "memtable reservations).",
+    ),
+    "streams_rocksdb_block_cache_pinned_bytes": (
+        "gauge",
+        "Bytes of the shared block cache pinned (in use: memtable reservations, blocks read now).",
+    ),
+    "streams_rocksdb_memtable_limit_bytes": (
+        "gauge",
+        "The memtables' share of the budget (state.rocksdb.write.buffer.ratio).",
+    ),
+    "streams_rocksdb_memtable_usage_bytes": (
+        "gauge",
+        "Bytes of memtables of all RocksDB stores (the write-buffer manager's count).",
+    ),
+    "streams_rocksdb_forced_flushes": (
+        "counter",
+        "Memtables of idle stores the runtime flushed to keep all memtables within their share.",
+    ),
+    "streams_rocksdb_memtable_stall_seconds": (
+        "counter",
+        "Time commits and restores waited for memtable flushes (writes faster than RocksDB "
+        "flushes).",
+    ),
+    "streams_rocksdb_estimated_keys": ("gauge", "RocksDB's estimate of a store's keys."),
+    "streams_rocksdb_store_memtable_bytes": ("gauge", "Bytes of a store's memtables."),
+    "streams_rocksdb_table_readers_bytes": (
+        "gauge",
+        "Memory of a store's open SST readers outside the block cache (not bounded by the "
+        "budget; grows with the number of SST files).",
+    ),
+    "streams_rocksdb_pending_compaction_bytes": (
+        "gauge",
+        "Bytes RocksDB estimates compaction has to rewrite in a store.",
+    ),
+    "streams_rocksdb_live_sst_bytes": ("gauge", "Bytes of a store's live SST files."),
+    "streams_rocksdb_delayed_write_rate_bytes": (
+        "gauge",
+        "Write rate (bytes/s) RocksDB slows a store's writes to; 0 when writes are not delayed.",
+    ),
+    "streams_rocksdb_write_stopped": (
+        "gauge",
+        "1 while RocksDB stops a store's writes (too many L0 files, memtables or pending "
+        "compaction bytes), else 0.",
+    ),
+    "streams_rocksdb_get_seconds": (
+        "summary",
+        "RocksDB gets of a store: count and total time (state.rocksdb.statistics only).",
+    ),
+    "streams_rocksdb_write_seconds": (
+        "summary",
+        "RocksDB write batches of a store: count and total time (state.rocksdb.statistics only).",
+    ),
     "streams_dropped_records": ("counter", "Records a node dropped on purpose, by reason."),
     "streams_last_commit_timestamp_seconds": (
         "gauge",
@@ -306,6 +368,7 @@ class AppCollector(Collector):
                 remaining.add_metric([task.id], float(task.restore.remaining))
         yield remaining
         yield from _remote_state_metrics(status)
+        yield from _rocksdb_families(status)
         dropped = CounterMetricFamily(
             "streams_dropped_records", FAMILIES["streams_dropped_records"][1], labels=["reason"]
         )
@@ -381,6 +444,50 @@ def make_registry(app: Any, process_metrics: bool = True) -> CollectorRegistry:
     if process_metrics:
         ProcessCollector(registry=registry)
     return registry
+
+
+_ROCKSDB_STORE_GAUGES = (
+    ("streams_rocksdb_estimated_keys", "estimated_keys"),
+    ("streams_rocksdb_store_memtable_bytes", "memtable_bytes"),
+    ("streams_rocksdb_table_readers_bytes", "table_readers_bytes"),
+    ("streams_rocksdb_pending_compaction_bytes", "pending_compaction_bytes"),
+    ("streams_rocksdb_live_sst_bytes", "live_sst_bytes"),
+    ("streams_rocksdb_delayed_write_rate_bytes", "delayed_write_rate"),
+    ("streams_rocksdb_write_stopped", "write_stopped"),
+)
+
+
+def _rocksdb_families(status: AppStatus) -> Iterator[Any]:
+    """RocksDB's figures (runtime.state.rocksdb_metrics): zero before the
+    metrics thread's first read or without RocksDB stores, so every family
+    is always exposed; per-store samples for the stores open at that read."""
+    memory = status.state_memory or {}
+    yield _gauge("streams_rocksdb_memory_budget_bytes", memory.get("memory_bytes", 0))
+    yield _gauge("streams_rocksdb_block_cache_usage_bytes", memory.get("block_cache_usage_bytes"))
+    yield _gauge("streams_rocksdb_block_cache_pinned_bytes", memory.get("block_cache_pinned_bytes"))
+    yield _gauge("streams_rocksdb_memtable_limit_bytes", memory.get("write_buffer_limit_bytes"))
+    yield _gauge("streams_rocksdb_memtable_usage_bytes", memory.get("write_buffer_usage_bytes"))
+    yield _counter("streams_rocksdb_forced_flushes", memory.get("forced_flushes", 0))
+    yield _counter("streams_rocksdb_memtable_stall_seconds", memory.get("stall_seconds", 0.0))
+    stores = memory.get("stores") or []
+    for name, key in _ROCKSDB_STORE_GAUGES:
+        family = _gauge(name, labels=["task", "store"])
+        for store in stores:
+            family.add_metric([store["task"], store["store"]], float(store.get(key, 0)))
+        yield family
+    for name, count, seconds in (
+        ("streams_rocksdb_get_seconds", "gets", "get_seconds"),
+        ("streams_rocksdb_write_seconds", "writes", "write_seconds"),
+    ):
+        summary = SummaryMetricFamily(name, FAMILIES[name][1], labels=["task", "store"])
+        for store in stores:
+            if count in store:
+                summary.add_metric(
+                    [store["task"], store["store"]],
+                    count_value=store[count],
+                    sum_value=store[seconds],
+                )
+        yield summary
 
 
 def _key_parallel_families(status: AppStatus) -> Iterator[Any]:

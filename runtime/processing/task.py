@@ -28,6 +28,7 @@ from runtime.processing.record_context import NO_RETRY, FlushListener, RecordPat
 from runtime.state.builders import LayeredStore, build_task_stores, task_directory
 from runtime.state.cache import CacheBudget
 from runtime.state.checkpoint import checkpoint_path, read_checkpoint, write_checkpoint
+from runtime.state.rocksdb_memory import RocksDBMemory
 from runtime.topology.context import PunctuationType
 from runtime.topology.topology import Subtopology, TaskGraph
 
@@ -115,6 +116,7 @@ class TaskSettings:
         cache_budget: CacheBudget | None,
         static_partitioner: Any = None,
         key_parallel: KeyParallelSettings | None = None,
+        rocksdb_memory: RocksDBMemory | None = None,
     ) -> None:
         self.application_id = application_id
         self.default_key_serde = default_key_serde
@@ -127,6 +129,9 @@ class TaskSettings:
         self.static_partitioner = static_partitioner
         # None: every task is a plain StreamTask (today's path, exactly).
         self.key_parallel = key_parallel
+        # The block cache and write-buffer budget every RocksDB store of the
+        # app shares (None: the process's default, runtime.state.rocksdb_memory).
+        self.rocksdb_memory = rocksdb_memory
 
 
 class StreamTask(RecordPath):
@@ -198,6 +203,7 @@ class StreamTask(RecordPath):
             self.send,
             on_flush=self._flush_dispatcher,
             clock=self._store_clock(),
+            rocksdb_memory=settings.rocksdb_memory,
         )
         checkpoint = read_checkpoint(checkpoint_path(self.directory)) if self.stores else None
         # changelog (topic, partition) -> offset to restore from (None: beginning)

@@ -2,7 +2,10 @@
 
 Owns the stores (RocksDB via rocksdict, in-memory, windowed), the layers a
 store is wrapped in (metered -> cached -> change-logged -> inner), the
-process-wide cache budget, per-task checkpoint files, and `build_store`, which
+process-wide cache budget, the app's shared RocksDB memory (one block cache
+and write-buffer budget for every RocksDB store, `rocksdb_memory`) and the
+RocksDB metrics thread reading the stores' properties (`rocksdb_metrics`),
+per-task checkpoint files, and `build_store`, which
 turns a `StoreSpec` into a layered store. Local state is trusted only as far
 as it goes: a store whose files are gone restores from its changelog's start
 whatever its checkpoint says, one RocksDB cannot open stops the app with
@@ -12,8 +15,9 @@ the changelog does not have wipes the store and restores it from scratch.
 Threads: a store of a task is called only by the processing thread holding
 that task; `flush` (commit) and `close` by the polling thread while every task
 is locked (or the task is closed); `restore_batch` by the restoration thread
-before the task is handed to processing. Only `CacheBudget` is shared between
-threads, and it locks. Nothing here touches a Kafka client: changelog records
+before the task is handed to processing. Only `CacheBudget` and
+`RocksDBMemory` are shared between threads, and they lock; the RocksDB
+metrics thread reads stores' properties under each store's own lock. Nothing here touches a Kafka client: changelog records
 go to an injected sink (in the runtime, `TaskContext.send`).
 """
 

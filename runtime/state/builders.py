@@ -39,6 +39,7 @@ from runtime.state.changelog import (
 from runtime.state.checkpoint import Offsets, checkpoint_path, drop_checkpoint_entries
 from runtime.state.memory_store import InMemoryKeyValueStore
 from runtime.state.metered import MeteredKeyValueStore, metered
+from runtime.state.rocksdb_memory import RocksDBMemory
 from runtime.state.rocksdb_store import RocksDBKeyValueStore
 from runtime.state.store import KeyValueStore, ReadOnlyKeyValueStore
 from runtime.state.windowed_store import ReadOnlyWindowStore, WindowStore
@@ -296,18 +297,25 @@ def build_store(
     changelog_sink: ChangelogSink | None,
     on_flush: FlushListener | None = None,
     clock: Callable[[], int] = wall_clock_ms,
+    rocksdb_memory: RocksDBMemory | None = None,
 ) -> LayeredStore:
     """Open (creating if needed) one store of a task and wrap it in its layers.
 
     `changelog_sink` is the task's `send` (required when `spec.changelog`);
     `on_flush(key, value, old_value, timestamp)` receives the folded
-    downstream updates; `clock` gives the current record's timestamp.
+    downstream updates; `clock` gives the current record's timestamp;
+    `rocksdb_memory` the app's shared RocksDB memory (default: the process's).
     """
     base: RocksDBKeyValueStore | InMemoryKeyValueStore
     if spec.kind == "memory":
         base = InMemoryKeyValueStore(spec.name)
     else:
-        base = RocksDBKeyValueStore(spec.name, rocksdb_path(task_dir, spec.name))
+        base = RocksDBKeyValueStore(
+            spec.name,
+            rocksdb_path(task_dir, spec.name),
+            rocksdb_memory,
+            task_id=Path(task_dir).name,
+        )
     stack: KeyValueStore = base
     changelog = None
     if spec.changelog:
@@ -342,6 +350,7 @@ def build_task_stores(
     changelog_sink: ChangelogSink | None,
     on_flush: Callable[[str], FlushListener | None] | None = None,
     clock: Callable[[], int] = wall_clock_ms,
+    rocksdb_memory: RocksDBMemory | None = None,
 ) -> dict[str, LayeredStore]:
     """All stores of one task, by name; `on_flush(store name)` picks each listener.
 
@@ -362,6 +371,7 @@ def build_task_stores(
                 changelog_sink,
                 listener,
                 clock,
+                rocksdb_memory,
             )
     except BaseException:
         for built in stores.values():

@@ -33,6 +33,16 @@ the directory should be, no permission) raise `StoreUnopenableError`, whose
 message names the directory and the fix. An existing database is never
 opened with `create_if_missing`: RocksDB would otherwise start an empty one
 over what is left of the old (CURRENT gone, the rest there) without a word.
+
+Memory: every store opens with the options of its app's `RocksDBMemory`
+(runtime.state.rocksdb_memory): the shared block cache and write-buffer
+budget, small memtables, `state.rocksdb.config.setter`'s changes. An open
+store is registered there, so the metrics thread
+(runtime.state.rocksdb_metrics) can read its RocksDB properties; it does so
+through `rocksdb_properties` under the store's `_lock`, which `close`, `wipe`
+and `replace_with` also take while they swap the database, so a read never
+meets a database being closed. Reads and writes do not take it (their thread
+owns the store).
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import threading
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
@@ -48,6 +59,7 @@ from typing import cast
 from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from runtime.logging import get_logger
+from runtime.state.rocksdb_memory import RocksDBMemory, default_memory
 from runtime.state.store import KeyValue, SortedKeys, StoreClosedError, merge_overlay
 
 log = get_logger("runtime.state.rocksdb")
@@ -62,12 +74,6 @@ _CHUNK = 1024
 # claim changelog offsets whose writes a power loss could still take back.
 _SYNC = WriteOptions()
 _SYNC.sync = True
-
-
-def _options(create: bool) -> Options:
-    options = Options(raw_mode=True)
-    options.create_if_missing(create)
-    return options
 
 
 # The files that make a database (as opposed to RocksDB's LOG, LOCK, IDENTITY,
@@ -123,8 +129,12 @@ def _unopenable(store: str, directory: Path, exc: BaseException) -> StoreUnopena
     return error
 
 
-def open_database(name: str, path: Path) -> tuple[Rdict, bool]:
-    """Open the database of store `name` at `path`; True when it was created now.
+def open_database(
+    name: str, path: Path, memory: RocksDBMemory | None = None
+) -> tuple[Rdict, bool, Options]:
+    """Open the database of store `name` at `path` with `memory`'s options
+    (default: `default_memory()`); True when it was created now, and the
+    options it opened with (their statistics, when on, are read from them).
 
     Created means there were no database files: the directory was missing or
     empty (see the module docstring). Raises `StoreUnopenableError` for
@@ -136,11 +146,12 @@ def open_database(name: str, path: Path) -> tuple[Rdict, bool]:
     except OSError as exc:
         raise _unopenable(name, path, exc) from None
     created = not any(_DATABASE_FILE.match(entry) for entry in entries)
+    options = (memory or default_memory()).options(name, create=created)
     try:
-        db = Rdict(str(path), _options(create=created))
+        db = Rdict(str(path), options)
     except Exception as exc:  # rocksdict raises plain Exception with RocksDB's status text
         raise _unopenable(name, path, exc) from None
-    return db, created
+    return db, created, options
 
 
 class RocksDBKeyValueStore:
@@ -151,17 +162,34 @@ class RocksDBKeyValueStore:
     it): whatever a checkpoint says about the store, it holds nothing.
     """
 
-    def __init__(self, name: str, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        path: str | os.PathLike[str],
+        memory: RocksDBMemory | None = None,
+        task_id: str | None = None,
+    ) -> None:
+        """`memory`: the app's shared RocksDB memory (default: the process's
+        `default_memory()`); `task_id` labels its metrics (default: the task
+        directory's name, `<task dir>/rocksdb/<store>`)."""
         self._name = name
         self.path = Path(path)
-        db, self.created = open_database(name, self.path)
+        self._memory = memory or default_memory()
+        self._task_id = task_id if task_id is not None else self.path.parent.parent.name
+        self._lock = threading.Lock()
+        db, self.created, self._options = open_database(name, self.path, self._memory)
         self._db: Rdict | None = db
         self._pending: dict[bytes, bytes | None] = {}
         self._pending_keys = SortedKeys()
+        self._memory.register(self)
 
     @property
     def name(self) -> str:
         return self._name
+
+    @property
+    def task_id(self) -> str:
+        return self._task_id
 
     @property
     def persistent(self) -> bool:
@@ -251,6 +279,7 @@ class RocksDBKeyValueStore:
         count = len(pending)
         self._pending = {}
         self._pending_keys.clear()
+        self._memory.relieve_write_buffers()
         return count
 
     def flush(self) -> None:
@@ -274,6 +303,7 @@ class RocksDBKeyValueStore:
             count += 1
         if count:
             db.write(batch)
+            self._memory.relieve_write_buffers()
         return count
 
     def sync(self) -> None:
@@ -311,22 +341,27 @@ class RocksDBKeyValueStore:
         dropped. If the new database does not open, an empty one is opened
         instead and the error is raised: the caller then restores from the
         changelog's beginning. Restoration thread, before processing."""
-        db, self._db = self._db, None
         self._pending = {}
         self._pending_keys.clear()
-        if db is not None:
-            db.close()
-        shutil.rmtree(self.path, ignore_errors=True)
-        os.replace(directory, self.path)
-        try:
-            # Never create: a checkpoint without its CURRENT is no database,
-            # and an empty one opened in its place would claim the position.
-            self._db = Rdict(str(self.path), _options(create=False))
-            self.created = False
-        except Exception:
+        with self._lock:
+            db, self._db = self._db, None
+            if db is not None:
+                db.close()
             shutil.rmtree(self.path, ignore_errors=True)
-            self._db, self.created = open_database(self._name, self.path)
-            raise
+            os.replace(directory, self.path)
+            try:
+                # Never create: a checkpoint without its CURRENT is no database,
+                # and an empty one opened in its place would claim the position.
+                options = self._memory.options(self._name, create=False)
+                self._db = Rdict(str(self.path), options)
+                self._options = options
+                self.created = False
+            except Exception:
+                shutil.rmtree(self.path, ignore_errors=True)
+                self._db, self.created, self._options = open_database(
+                    self._name, self.path, self._memory
+                )
+                raise
 
     def wipe(self) -> None:
         """Drop the whole database and open a new, empty one (`created`).
@@ -336,23 +371,66 @@ class RocksDBKeyValueStore:
         placed in the changelog, so it restores from the changelog's start.
         Pending writes are dropped. Raises `StoreUnopenableError` if the
         directory cannot be deleted or the new database not opened."""
-        db, self._db = self._db, None
         self._pending = {}
         self._pending_keys.clear()
-        if db is not None:
-            db.close()
-        try:
-            shutil.rmtree(self.path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise _unopenable(self._name, self.path, exc) from None
-        self._db, self.created = open_database(self._name, self.path)
+        with self._lock:
+            db, self._db = self._db, None
+            if db is not None:
+                db.close()
+            try:
+                shutil.rmtree(self.path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise _unopenable(self._name, self.path, exc) from None
+            self._db, self.created, self._options = open_database(
+                self._name, self.path, self._memory
+            )
 
     def close(self) -> None:
         """Close the database; writes not committed are dropped."""
-        db, self._db = self._db, None
+        self._memory.unregister(self)
         self._pending = {}
         self._pending_keys.clear()
-        if db is not None:
-            db.close()
+        with self._lock:
+            db, self._db = self._db, None
+            if db is not None:
+                db.close()
+
+    # --- metrics (the metrics thread; any thread) -------------------------------
+
+    def rocksdb_properties(self, names: tuple[str, ...]) -> dict[str, int] | None:
+        """RocksDB's integer properties `names` (missing ones as 0), or None
+        when the store is closed. RocksDB's property reads are thread-safe;
+        the lock keeps the database from closing meanwhile."""
+        with self._lock:
+            db = self._db
+            if db is None:
+                return None
+            return {name: int(db.property_int_value(name) or 0) for name in names}
+
+    def flushable_memtable_bytes(self) -> int:
+        """Bytes of the active memtable, 0 when closed or when a flush is
+        already pending (an immutable memtable waits): what `request_flush`
+        would free. Any thread (`RocksDBMemory.relieve_write_buffers`)."""
+        with self._lock:
+            db = self._db
+            if db is None or db.property_int_value("rocksdb.num-immutable-mem-table"):
+                return 0
+            return int(db.property_int_value("rocksdb.cur-size-active-mem-table") or 0)
+
+    def request_flush(self) -> None:
+        """Ask RocksDB to flush the memtable in the background (returns at once).
+        Any thread: committed writes only are in the memtable, and a flush
+        changes no content."""
+        with self._lock:
+            if self._db is not None:
+                self._db.flush(False)
+
+    def rocksdb_statistics(self) -> str | None:
+        """RocksDB's statistics text (`state.rocksdb.statistics`), None when off or closed."""
+        with self._lock:
+            if self._db is None or not self._memory.settings.statistics:
+                return None
+            text: str | None = self._options.get_statistics()
+            return text

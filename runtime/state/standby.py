@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from runtime.state.builders import LayeredStore, StoreSpec, build_task_stores, task_directory
 from runtime.state.checkpoint import checkpoint_path, read_checkpoint, write_checkpoint
+from runtime.state.rocksdb_memory import RocksDBMemory
 
 
 def _no_writes(
@@ -36,9 +37,11 @@ class StandbyTask:
         state_dir: str,
         application_id: str,
         changelog_prefix: str | None = None,
+        rocksdb_memory: RocksDBMemory | None = None,
     ) -> None:
         """`changelog_prefix`: what its changelog topics start with
-        (`Subtopology.topic_prefix`; default `application_id`)."""
+        (`Subtopology.topic_prefix`; default `application_id`);
+        `rocksdb_memory`: the app's shared RocksDB memory."""
         self.id = task_id
         self.partition = partition
         self.directory = task_directory(state_dir, application_id, task_id)
@@ -52,6 +55,7 @@ class StandbyTask:
             partition,
             None,
             _no_writes,
+            rocksdb_memory=rocksdb_memory,
         )
         checkpoint = read_checkpoint(checkpoint_path(self.directory))
         self.restore_from: dict[tuple[str, int], int | None] = {}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+from rocksdict import Options
+
 from runtime import StreamsBuilder, Topology, serdes
 
 
@@ -23,3 +25,9 @@ def topology() -> Topology:
         .to(os.environ["STREAMS_TEST_OUTPUT"], value_serde=serdes.INT64)
     )
     return builder.build()
+
+
+def rocksdb_setter(store_name: str, options: Options) -> None:
+    """`state.rocksdb.config.setter=tests.apps.count_app:rocksdb_setter`: a
+    visible change (three memtables at most) in each store's OPTIONS file."""
+    options.set_max_write_buffer_number(3)

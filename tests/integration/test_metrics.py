@@ -61,6 +61,16 @@ FULL_STATUS = AppStatus(
     remote_state={"snapshots_uploaded": 2, "snapshot_failures": 0, "bytes_uploaded": 300,
                   "bytes_downloaded": 100, "snapshot_restore_failures": 0,
                   "last_snapshot": {"0_0": {"created": 1_700_000_002.0}}},
+    state_memory={"read_at": 1_700_000_003.0, "memory_bytes": 268435456,
+                  "write_buffer_limit_bytes": 67108864, "block_cache_usage_bytes": 5000,
+                  "block_cache_pinned_bytes": 4000, "write_buffer_usage_bytes": 3000,
+                  "forced_flushes": 2, "stalls": 1, "stall_seconds": 0.5, "write_stalls": 1,
+                  "stores": [{"task": "0_0", "store": "counts", "estimated_keys": 10,
+                              "memtable_bytes": 3000, "table_readers_bytes": 100,
+                              "pending_compaction_bytes": 0, "live_sst_bytes": 2000,
+                              "delayed_write_rate": 16777216, "write_stopped": 0,
+                              "gets": 7, "get_seconds": 0.001, "writes": 2,
+                              "write_seconds": 0.002}]},
     queries=(QueryStatus("orders", "FAILED", priority=10, tasks=2, processed=7,
                          records_per_s=3.5, busy_seconds=1.5, busy_share=0.75, lag=4,
                          p99_latency_ms=12.0, failure="boom"),),
@@ -121,6 +131,13 @@ def test_collector_exports_every_name() -> None:
     assert got["streams_tasks_created_by_expansion_total"][0].value == 4
     assert got["streams_held_partitions"][0].value == 1
     assert got["streams_partition_expansion_waiting"][0].value == 1
+    assert got["streams_rocksdb_memory_budget_bytes"][0].value == 268435456
+    assert got["streams_rocksdb_block_cache_usage_bytes"][0].value == 5000
+    (keys,) = got["streams_rocksdb_estimated_keys"]
+    assert keys.labels == {"task": "0_0", "store": "counts"} and keys.value == 10
+    assert got["streams_rocksdb_delayed_write_rate_bytes"][0].value == 16777216
+    assert got["streams_rocksdb_get_seconds_count"][0].value == 7
+    assert got["streams_rocksdb_memtable_stall_seconds_total"][0].value == 0.5
 
 
 def test_endpoints_follow_app_state() -> None:

@@ -80,6 +80,11 @@ def near_valid(spec: ConfigKey) -> st.SearchStrategy[Any]:
         edges += [spec.clamp or 0, (spec.clamp or 0) + 1]
         values = st.sampled_from(edges)
         return values | values.map(str) | values.map(lambda n: f" {n} ")
+    if spec.kind == "float":
+        assert spec.min is not None and spec.max is not None
+        edges = [spec.min, spec.max, spec.min - 1e-9, spec.max + 1e-9, (spec.min + spec.max) / 2]
+        floats = st.sampled_from(edges)
+        return floats | floats.map(str) | floats.map(lambda f: f" {f} ")
     if spec.kind == "enum":
         choices = st.sampled_from(spec.choices)
         return choices | choices.map(str.upper) | choices.map(lambda c: c[:-1])
@@ -99,6 +104,12 @@ def assert_typed_and_in_range(spec: ConfigKey, value: Any) -> None:
         assert in_range or value in spec.also, value
         if spec.clamp is not None:
             assert value <= spec.clamp
+    elif spec.kind == "float":
+        assert type(value) is float
+        assert spec.min is not None and spec.max is not None
+        assert spec.min <= value <= spec.max, value  # NaN and infinities fail this
+    elif spec.kind == "callable":
+        assert callable(value)
     elif spec.kind == "bool":
         assert type(value) is bool
     elif spec.kind == "enum":
@@ -161,7 +172,7 @@ def test_every_key_validates_or_names_itself(key: str) -> None:
 
 def test_the_fuzz_covers_every_key_kind() -> None:
     kinds = {spec.kind for spec in KEYS.values()}
-    assert kinds == {"str", "int", "bool", "enum", "serde", "partitioner"}
+    assert kinds == {"str", "int", "float", "bool", "enum", "serde", "partitioner", "callable"}
 
 
 @pytest.mark.parametrize("prefix", PASSTHROUGH_PREFIXES)

@@ -449,6 +449,26 @@ def test_format_status_says_which_coordinator_call_the_polling_thread_retries() 
     assert "retrying     commit_transaction since 12.5 s ago" in text
 
 
+def test_format_status_has_a_state_memory_line() -> None:
+    mib = 1 << 20
+    store = {"task": "0_1", "store": "counts", "estimated_keys": 1500, "live_sst_bytes": 3 * mib,
+             "table_readers_bytes": mib // 2, "delayed_write_rate": 0, "write_stopped": 0}  # fmt: skip
+    memory = {
+        "memory_bytes": 256 * mib, "write_buffer_limit_bytes": 64 * mib,
+        "block_cache_usage_bytes": 12 * mib, "block_cache_pinned_bytes": 4 * mib,
+        "write_buffer_usage_bytes": 3 * mib, "stall_seconds": 0.0,
+        "stores": [store, {**store, "task": "1_1", "write_stopped": 1}],
+    }  # fmt: skip
+    status = {**AdminHandler(FakeApp()).handle(Request("status")), "state_memory": memory}
+    text = admin_client.format_status(status, now=1_700_000_012.5)
+    (line,) = [line for line in text.splitlines() if line.startswith("state memory")]
+    assert "RocksDB 12.0 MiB of 256.0 MiB (memtables 3.0 MiB of 64.0 MiB, pinned 4.0 MiB" in line
+    assert "SST readers 1.0 MiB), 2 stores, 3000 keys, SST 6.0 MiB" in line
+    assert line.endswith("write stalls: 1 (1_1/counts stopped)")
+    no_memory = admin_client.format_status(AdminHandler(FakeApp()).handle(Request("status")))
+    assert "state memory" not in no_memory  # a stateless app, or before the first read
+
+
 def test_admin_command_exit_codes(
     sock_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
