@@ -18,6 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from runtime import App, AppState, Processor, Record, StreamsBuilder, Topology, serdes
 from runtime.admin.client import request
+from tests.configs import app_config
 from tests.kafka_helpers import (
     committed_offsets,
     consume_all,
@@ -87,15 +88,7 @@ def topics(bootstrap: str, *prefixes: str, partitions: int = 2) -> list[str]:
 
 
 def base_config(bootstrap: str, tmp_path: Path, **extra: Any) -> dict[str, Any]:
-    return {
-        "application.id": unique_name("queries"),
-        "bootstrap.servers": bootstrap,
-        "processing.threads": 2,
-        "commit.interval.ms": 200,
-        "state.dir": str(tmp_path),
-        "consumer.session.timeout.ms": 6000,
-        **extra,
-    }
+    return app_config(bootstrap, unique_name("queries"), tmp_path, heartbeat_ms=None, **extra)
 
 
 def query_status(app: App, name: str) -> Any:

@@ -20,6 +20,7 @@ import pytest
 from runtime import App, AppState
 from runtime.admin.client import request
 from runtime.topology.loading import load_topology
+from tests.configs import app_config
 from tests.kafka_helpers import (
     committed_offsets,
     consume_all,
@@ -49,17 +50,16 @@ def io(bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 
 def config(bootstrap: str, tmp_path: Path, app_id: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "application.id": app_id,
-        "bootstrap.servers": bootstrap,
-        "processing.threads": 1,
-        "commit.interval.ms": 200,
-        "state.dir": str(tmp_path),
-        "consumer.session.timeout.ms": 6000,
-        "processing.guarantee": "exactly_once_v2",
-        "query.side.isolation": "process",
-        **extra,
-    }
+    settings: dict[str, Any] = {"query.side.isolation": "process", **extra}
+    return app_config(
+        bootstrap,
+        app_id,
+        tmp_path,
+        threads=1,
+        guarantee="exactly_once_v2",
+        heartbeat_ms=None,
+        **settings,
+    )
 
 
 def side(app: App) -> Any:
