@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
@@ -187,7 +188,12 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 class Daemon:
-    """One `python -m runtime run ...` process, its output going to a log file."""
+    """One `python -m runtime run ...` process, its output (stdout and stderr)
+    going to a log file, started in the repository root.
+
+    `preexec_fn` runs in the child before the exec (e.g. to lower a resource
+    limit the way a report's host had it).
+    """
 
     def __init__(
         self,
@@ -195,12 +201,15 @@ class Daemon:
         target: str,
         sets: dict[str, object],
         env: dict[str, str],
+        *,
+        preexec_fn: Callable[[], None] | None = None,
     ) -> None:
         self.log_path = log_path
         self.argv = [sys.executable, "-m", "runtime", "run", target]
         for key, value in sets.items():
             self.argv += ["--set", f"{key}={value}"]
         self.env = env
+        self.preexec_fn = preexec_fn
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Daemon:
@@ -213,6 +222,7 @@ class Daemon:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                preexec_fn=self.preexec_fn,
             )
         return self
 

@@ -29,28 +29,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.admin.client import AdminConnection, request
+from tests.configs import app_config
+from tests.harness import REPO, Daemon, clean_env
 from tests.kafka_helpers import consume_all, create_topic, unique_name, wait_until
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 PASSTHROUGH = "tests.apps.passthrough:topology"
-
-
-def daemon_env(source: str, sink: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMS_RUNTIME_")}
-    env.update(PYTHONPATH=str(REPO), STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
-    return env
 
 
 @dataclass
 class OpsDaemon:
-    proc: subprocess.Popen[bytes]
+    daemon: Daemon
     socket: str
     source: str
     sink: str
     client_id: str
-    log_path: Path
     env: dict[str, str]
 
     def call(self, command: str, **arguments: Any) -> Any:
@@ -71,7 +65,7 @@ class OpsDaemon:
         return [n.removeprefix(f"{self.client_id}-") for n in names]
 
     def tail(self) -> str:
-        return self.log_path.read_bytes()[-6000:].decode("utf-8", "replace")
+        return self.daemon.tail()
 
 
 def run_argv(sets: dict[str, object]) -> list[str]:
@@ -88,33 +82,17 @@ def ops(bootstrap: str) -> Iterator[OpsDaemon]:
     create_topic(bootstrap, source, 4)
     create_topic(bootstrap, sink, 4)
     sock = str(workdir / "admin.sock")
-    env = daemon_env(source, sink)
-    sets = {
-        "application.id": app_id,
-        "bootstrap.servers": bootstrap,
-        "processing.threads": 2,
-        "commit.interval.ms": 500,
-        "state.dir": workdir / "state",
-        "consumer.session.timeout.ms": 6000,
-        "consumer.heartbeat.interval.ms": 500,
-        "admin.socket": sock,
-    }
-    log_path = workdir / "daemon.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            run_argv(sets), cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    daemon = OpsDaemon(proc, sock, source, sink, app_id, log_path, env)
+    env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
+    sets = app_config(bootstrap, app_id, workdir / "state", commit_ms=500, **{"admin.socket": sock})
+    process = Daemon(workdir / "daemon.log", PASSTHROUGH, sets, env).start()
+    daemon = OpsDaemon(process, sock, source, sink, app_id, env)
     try:
-        wait_until(lambda: os.path.exists(sock) or proc.poll() is not None, 60)
-        assert proc.poll() is None, daemon.tail()
+        wait_until(lambda: os.path.exists(sock) or not process.alive(), 60)
+        process.assert_alive()
         wait_until(lambda: daemon.call("status")["state"] == "RUNNING", 60, interval=0.2)
         yield daemon
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        process.kill()
         print(f"--- daemon log tail ---\n{daemon.tail()}")
 
 
@@ -172,7 +150,7 @@ def test_admin_status_table_and_json(ops: OpsDaemon, bootstrap: str, tmp_path: P
     raw = ops.admin_cli("--json", "status")
     status = json.loads(raw.stdout)
     assert status["daemon"]["admin_socket"] == ops.socket
-    assert status["daemon"]["pid"] == ops.proc.pid
+    assert status["daemon"]["pid"] == ops.daemon.pid
     assert {"consumed", "processed", "produced", "lag", "total_lag"} <= set(status)
 
     # A second daemon on the same socket is refused before it joins the group (exit 2).
@@ -214,12 +192,12 @@ def test_thread_control_under_load_keeps_output_exact(ops: OpsDaemon, bootstrap:
     ]
     assert {row[1] for row in rows[1:]} <= {"processing", "idle"}, listing.stdout
 
-    ops.proc.send_signal(signal.SIGTTIN)
+    ops.daemon.send(signal.SIGTTIN)
     wait_until(lambda: len(ops.thread_names()) == 4, 10, message="SIGTTIN added no thread")
     assert ops.thread_names()[-1] == "ProcessingThread-4"
     # One at a time: the kernel merges a signal sent while the same one is pending.
     for count in (3, 2):
-        ops.proc.send_signal(signal.SIGTTOU)
+        ops.daemon.send(signal.SIGTTOU)
         wait_until(lambda c=count: len(ops.thread_names()) == c, 10, message="SIGTTOU ignored")
     assert ops.thread_names() == ["ProcessingThread-1", "ProcessingThread-2"]
 
@@ -238,7 +216,7 @@ def test_thread_control_under_load_keeps_output_exact(ops: OpsDaemon, bootstrap:
         firsts = list(dict.fromkeys(seq))
         i0 = int((key or b"k-1")[1:])
         assert firsts == list(range(i0, n, keys)), f"key {key!r}: out of order or foreign"
-    assert ops.proc.poll() is None, ops.tail()
+    ops.daemon.assert_alive()
 
 
 def test_pause_and_resume(ops: OpsDaemon, bootstrap: str) -> None:
@@ -313,7 +291,7 @@ def test_admin_shutdown_exits_0_and_removes_the_socket(ops: OpsDaemon) -> None:
     result = ops.admin_cli("shutdown")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("shutting down")
-    assert ops.proc.wait(30) == 0, ops.tail()
+    assert ops.daemon.wait(30) == 0, ops.tail()
     assert not os.path.exists(ops.socket)
     gone = ops.admin_cli("status")
     assert gone.returncode == 1 and "no admin socket" in gone.stderr

@@ -18,6 +18,7 @@ import pytest
 from benchmarks.baseline import BaselineApp
 from benchmarks.compare.workloads import build_topology
 from runtime import serdes
+from tests.configs import app_config
 from tests.kafka_helpers import (
     committed_offsets,
     consume_all,
@@ -34,14 +35,7 @@ PARTITIONS = 4
 
 
 def _config(bootstrap: str, app_id: str, state_dir: Path) -> dict[str, object]:
-    return {
-        "application.id": app_id,
-        "bootstrap.servers": bootstrap,
-        "processing.threads": 2,
-        "commit.interval.ms": 200,
-        "consumer.session.timeout.ms": 6000,
-        "state.dir": str(state_dir),
-    }
+    return app_config(bootstrap, app_id, state_dir, heartbeat_ms=None)
 
 
 def test_baseline_stateless_map_two_threads(bootstrap: str, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.configs import app_config
 from tests.harness import REPO, Daemon, Feeder, TopicReader, clean_env
 from tests.kafka_helpers import (
     committed_offsets,
@@ -48,16 +49,13 @@ class Daemons:
         sink: str,
         overrides: dict[str, object] | None = None,
     ) -> Daemon:
-        sets: dict[str, object] = {
-            "application.id": app_id,
-            "bootstrap.servers": self.bootstrap,
-            "processing.threads": 2,
-            "commit.interval.ms": 500,
-            "state.dir": self.tmp_path / f"state-{name}",
-            "consumer.session.timeout.ms": 6000,
-            "consumer.heartbeat.interval.ms": 500,
-        }
-        sets.update(overrides or {})
+        sets = app_config(
+            self.bootstrap,
+            app_id,
+            self.tmp_path / f"state-{name}",
+            commit_ms=500,
+            **(overrides or {}),
+        )
         env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
         daemon = Daemon(self.tmp_path / f"{name}.log", PASSTHROUGH, sets, env).start()
         self.started.append(daemon)

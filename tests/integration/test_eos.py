@@ -14,6 +14,7 @@ from confluent_kafka import Producer
 
 from runtime import App, AppState, StreamsBuilder, serdes
 from runtime.brokers import Broker
+from tests.configs import app_config
 from tests.harness import Daemon, Feeder, TopicReader
 from tests.harness import clean_env as _clean_env
 from tests.kafka_helpers import (
@@ -31,15 +32,7 @@ EOS_APP = "tests.apps.eos_app:topology"
 
 
 def eos_config(bootstrap: str, app_id: str, state_dir: Path) -> dict[str, object]:
-    return {
-        "application.id": app_id,
-        "bootstrap.servers": bootstrap,
-        "processing.guarantee": "exactly_once_v2",
-        "processing.threads": 2,
-        "state.dir": str(state_dir),
-        "consumer.session.timeout.ms": 6000,
-        "consumer.heartbeat.interval.ms": 500,
-    }
+    return app_config(bootstrap, app_id, state_dir, commit_ms=None, guarantee="exactly_once_v2")
 
 
 class Topics:

@@ -18,6 +18,7 @@ from runtime import (
     StreamsBuilder,
     serdes,
 )
+from tests.configs import app_config
 from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
 
 pytestmark = pytest.mark.integration
@@ -61,14 +62,7 @@ def make_app(bootstrap: str, tmp_path: Path, processor: type[Processor]) -> tupl
     ).to(out, key_serde=serdes.STRING, value_serde=serdes.STRING)
     app = App(
         builder.build(),
-        {
-            "application.id": unique_name("policy"),
-            "bootstrap.servers": bootstrap,
-            "processing.threads": 2,
-            "commit.interval.ms": 200,
-            "state.dir": str(tmp_path),
-            "consumer.session.timeout.ms": 6000,
-        },
+        app_config(bootstrap, unique_name("policy"), tmp_path, heartbeat_ms=None),
     )
     return app, source, out
 
@@ -149,14 +143,7 @@ def test_shutdown_application_stops_every_instance(bootstrap: str, tmp_path: Pat
         ).to(out, key_serde=serdes.STRING, value_serde=serdes.STRING)
         app = App(
             builder.build(),
-            {
-                "application.id": app_id,
-                "bootstrap.servers": bootstrap,
-                "processing.threads": 1,
-                "commit.interval.ms": 200,
-                "state.dir": str(tmp_path / name),
-                "consumer.session.timeout.ms": 6000,
-            },
+            app_config(bootstrap, app_id, tmp_path / name, threads=1, heartbeat_ms=None),
         )
         app.set_uncaught_exception_handler(lambda exc: SHUTDOWN_APPLICATION)
         return app

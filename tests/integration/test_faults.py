@@ -15,6 +15,7 @@ import pytest
 
 from runtime import App, AppState, StreamsBuilder, serdes
 from runtime.brokers import Broker
+from tests.configs import app_config
 from tests.harness import Feeder, TopicReader
 from tests.kafka_helpers import (
     committed_offsets,
@@ -30,17 +31,7 @@ pytestmark = pytest.mark.integration
 
 
 def base_config(bootstrap: str, app_id: str, tmp_path: Path, **extra: object) -> dict[str, object]:
-    config: dict[str, object] = {
-        "application.id": app_id,
-        "bootstrap.servers": bootstrap,
-        "processing.threads": 3,
-        "commit.interval.ms": 500,
-        "state.dir": str(tmp_path / app_id),
-        "consumer.session.timeout.ms": 6000,
-        "consumer.heartbeat.interval.ms": 500,
-    }
-    config.update(extra)
-    return config
+    return app_config(bootstrap, app_id, tmp_path / app_id, threads=3, commit_ms=500, **extra)
 
 
 class StateLog:

@@ -24,6 +24,7 @@ from confluent_kafka.admin import AdminClient
 
 from runtime import App, StoreUnavailableError, StreamsBuilder, Topology, serdes
 from runtime.brokers.devbroker import free_port
+from tests.configs import app_config
 from tests.harness import REPO, Daemon, clean_env
 from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
 from tests.logs import capture_logs, logged_events
@@ -47,14 +48,15 @@ def _copy_topology(source: str, sink: str) -> Topology:
 
 
 def _config(bootstrap: str, tmp_path: Path, **extra: object) -> dict[str, object]:
-    return {
-        "application.id": unique_name("fh"),
-        "bootstrap.servers": bootstrap,
-        "state.dir": str(tmp_path / "state"),
-        "processing.threads": 1,
-        "commit.interval.ms": 200,
+    return app_config(
+        bootstrap,
+        unique_name("fh"),
+        tmp_path / "state",
+        threads=1,
+        session_ms=None,
+        heartbeat_ms=None,
         **extra,
-    }
+    )
 
 
 # --- start-up -------------------------------------------------------------------------------

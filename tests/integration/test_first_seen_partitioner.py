@@ -33,6 +33,7 @@ from runtime import App, AppState, FirstSeenPartitioner, StreamsBuilder, Topolog
 from runtime.partitioning.default import default_partition
 from runtime.partitioning.expansion_marker import done_topic, marker_topic
 from tests.apps.expansion_app import fold
+from tests.configs import app_config
 from tests.kafka_helpers import Msg, consume_all, create_topic, unique_name, wait_until
 
 pytestmark = pytest.mark.integration
@@ -164,18 +165,13 @@ def counts(bootstrap: str, *topics: str) -> dict[str, int]:
 def config(
     bootstrap: str, app_id: str, state_dir: Path, partitioner: Any, guarantee: str = "at_least_once"
 ) -> dict[str, Any]:
-    return {
-        "processing.guarantee": guarantee,
-        "application.id": app_id,
-        "bootstrap.servers": bootstrap,
-        "processing.threads": 2,
-        "state.dir": str(state_dir),
-        "partition.check.interval.ms": 500,
-        "commit.interval.ms": 200,
-        "consumer.session.timeout.ms": 6000,
-        "consumer.heartbeat.interval.ms": 500,
-        "static.partitioner": partitioner,
-    }
+    return app_config(
+        bootstrap,
+        app_id,
+        state_dir,
+        guarantee=guarantee,
+        **{"partition.check.interval.ms": 500, "static.partitioner": partitioner},
+    )
 
 
 def settled_output(bootstrap: str, sink: str, sent: dict[str, int], app: App) -> list[Msg]:

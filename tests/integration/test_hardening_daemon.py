@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from runtime.admin.client import AdminCommandFailed, AdminConnection, request
+from tests.configs import app_config
 from tests.harness import Daemon, TopicReader, clean_env
 from tests.kafka_helpers import (
     committed_offsets,
@@ -52,20 +53,19 @@ def test_infinite_timeouts_and_a_hostile_admin_client(bootstrap: str, short_dir:
     produce(bootstrap, source, ((f"k{i % 64}", str(i)) for i in range(n)))
     ends = end_offsets(bootstrap, source)
     sock = str(short_dir / "admin.sock")
-    sets: dict[str, object] = {
-        "application.id": app_id,
-        "bootstrap.servers": bootstrap,
-        "processing.threads": 2,
-        "processing.threads.limit": 4,
-        "commit.interval.ms": 500,
-        "state.dir": short_dir / "state",
-        "consumer.session.timeout.ms": 6000,
-        "consumer.heartbeat.interval.ms": 500,
-        "admin.socket": sock,
-        "admin.socket.max.connections": 3,
-        "admin.socket.idle.timeout.ms": INFINITE,
-        "shutdown.timeout.ms": INFINITE,
-    }
+    sets = app_config(
+        bootstrap,
+        app_id,
+        short_dir / "state",
+        commit_ms=500,
+        **{
+            "processing.threads.limit": 4,
+            "admin.socket": sock,
+            "admin.socket.max.connections": 3,
+            "admin.socket.idle.timeout.ms": INFINITE,
+            "shutdown.timeout.ms": INFINITE,
+        },
+    )
     env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
     daemon = Daemon(short_dir / "daemon.log", "tests.apps.passthrough:topology", sets, env)
     daemon.start()

@@ -18,6 +18,7 @@ import pytest
 
 from runtime import App, serdes
 from tests.apps.keypar_app import Overlap, build
+from tests.configs import app_config
 from tests.harness import Daemon, Feeder, TopicReader, clean_env
 from tests.kafka_helpers import Msg, consume_all, create_topic, produce, unique_name, wait_until
 
@@ -44,15 +45,15 @@ class Topics:
 
 
 def key_parallel_config(bootstrap: str, app_id: str, state_dir: Path) -> dict[str, object]:
-    return {
-        "application.id": app_id,
-        "bootstrap.servers": bootstrap,
-        "processing.threads": 8,
-        "num.threads.per.task": 8,
-        "state.dir": str(state_dir),
-        "consumer.session.timeout.ms": 3000,
-        "consumer.heartbeat.interval.ms": 500,
-    }
+    return app_config(
+        bootstrap,
+        app_id,
+        state_dir,
+        threads=8,
+        commit_ms=None,
+        session_ms=3000,
+        **{"num.threads.per.task": 8},
+    )
 
 
 def check_output(output: list[Msg], counts: list[Msg], total: int) -> None:

@@ -31,6 +31,7 @@ import pytest
 from benchmarks.harness import load_records
 from benchmarks.scale import Instance, stop_all
 from runtime import App, StreamsBuilder, serdes
+from tests.configs import app_config
 from tests.harness import REPO, Daemon, Feeder, clean_env
 from tests.kafka_helpers import (
     committed_offsets,
@@ -58,20 +59,20 @@ PREFILL = int(os.environ.get("STREAMS_TEST_LEARNERS_RECORDS", "40000"))
 def settings(
     bootstrap: str, app_id: str, state_dir: Path, assignment: str = "runtime"
 ) -> dict[str, object]:
-    return {
-        "application.id": app_id,
-        "bootstrap.servers": bootstrap,
-        "task.assignment": assignment,
-        "processing.threads": 1,
-        "commit.interval.ms": COMMIT_MS,
-        # Every update reaches the changelog: a long history to learn.
-        "cache.max.bytes": 0,
-        "acceptable.recovery.lag": 1000,
-        "max.warmup.replicas": 2,
-        "state.dir": str(state_dir),
-        "consumer.session.timeout.ms": 6000,
-        "consumer.heartbeat.interval.ms": 500,
-    }
+    return app_config(
+        bootstrap,
+        app_id,
+        state_dir,
+        threads=1,
+        commit_ms=COMMIT_MS,
+        **{
+            "task.assignment": assignment,
+            # Every update reaches the changelog: a long history to learn.
+            "cache.max.bytes": 0,
+            "acceptable.recovery.lag": 1000,
+            "max.warmup.replicas": 2,
+        },
+    )
 
 
 def counting_app(

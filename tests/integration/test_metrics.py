@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import urllib.error
 import urllib.request
@@ -29,9 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from runtime.admin.client import request
 from runtime.metrics import FAMILIES, METRIC_NAMES, make_registry, start_metrics_server
 from runtime.status import AppStatus, QueryStatus, RestoreProgress, TaskStatus, ThreadStatus
+from tests.configs import app_config
+from tests.harness import Daemon, clean_env
 from tests.kafka_helpers import create_topic, produce, unique_name, wait_until
-
-REPO = Path(__file__).resolve().parents[2]
 
 FULL_STATUS = AppStatus(
     application_id="app", client_id="app-1", instance_id="app-1-x", state="RUNNING",
@@ -178,26 +175,22 @@ def test_daemon_serves_metrics_and_health(bootstrap: str) -> None:
     create_topic(bootstrap, source, 2)
     create_topic(bootstrap, sink, 2)
     sock = str(workdir / "admin.sock")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMS_RUNTIME_")}
-    env.update(PYTHONPATH=str(REPO), STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
-    env["STREAMS_RUNTIME_METRICS_PORT"] = "0"  # the environment route, as in containers
-    sets = {
-        "application.id": app_id, "bootstrap.servers": bootstrap, "processing.threads": 1,
-        "commit.interval.ms": 300, "state.dir": workdir / "state", "admin.socket": sock,
-        "consumer.session.timeout.ms": 6000, "consumer.heartbeat.interval.ms": 500,
-    }  # fmt: skip
-    argv = [sys.executable, "-m", "runtime", "run", "tests.apps.passthrough:topology"]
-    for key, value in sets.items():
-        argv += ["--set", f"{key}={value}"]
+    env = clean_env(
+        STREAMS_TEST_INPUT=source,
+        STREAMS_TEST_OUTPUT=sink,
+        STREAMS_RUNTIME_METRICS_PORT="0",  # the environment route, as in containers
+    )
+    sets = app_config(
+        bootstrap, app_id, workdir / "state", threads=1, commit_ms=300, **{"admin.socket": sock}
+    )
     log_path = workdir / "daemon.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    daemon = Daemon(log_path, "tests.apps.passthrough:topology", sets, env).start()
 
     def listening() -> dict[str, Any] | None:
         for line in log_path.read_text().splitlines():
             if line.startswith("{") and json.loads(line).get("event") == "metrics_listening":
                 return dict(json.loads(line))
-        assert proc.poll() is None, log_path.read_text()[-3000:]
+        daemon.assert_alive()
         return None
 
     try:
@@ -234,10 +227,8 @@ def test_daemon_serves_metrics_and_health(bootstrap: str) -> None:
             )
 
         wait_until(grown, 60, interval=0.2, message="counters did not grow between scrapes")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
+        daemon.send(signal.SIGTERM)
+        assert daemon.wait(30) == 0, daemon.tail()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        print(log_path.read_text()[-4000:])
+        daemon.kill()
+        print(daemon.tail(4000))

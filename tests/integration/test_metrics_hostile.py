@@ -21,7 +21,6 @@ import os
 import resource
 import signal
 import socket
-import subprocess
 import tempfile
 import threading
 import time
@@ -33,7 +32,8 @@ from typing import Any
 import pytest
 
 from runtime.admin.client import request
-from tests.harness import REPO, Daemon, Feeder, clean_env
+from tests.configs import app_config
+from tests.harness import Daemon, Feeder, clean_env
 from tests.kafka_helpers import create_topic, unique_name, wait_until
 
 pytestmark = pytest.mark.integration
@@ -137,21 +137,17 @@ def test_metrics_under_idle_and_slow_connections(bootstrap: str) -> None:
     create_topic(bootstrap, sink, 2)
     state_dir = workdir / "state"
     sock_path = str(workdir / "admin.sock")
-    sets = {
-        "application.id": app_id, "bootstrap.servers": bootstrap, "processing.threads": 1,
-        "commit.interval.ms": 300, "state.dir": state_dir, "admin.socket": sock_path,
-        "metrics.port": 0, "metrics.idle.timeout.ms": IDLE_TIMEOUT_MS,
-        "consumer.session.timeout.ms": 6000, "consumer.heartbeat.interval.ms": 500,
-    }  # fmt: skip
+    sets = app_config(
+        bootstrap, app_id, state_dir, threads=1, commit_ms=300,
+        **{"admin.socket": sock_path, "metrics.port": 0,
+           "metrics.idle.timeout.ms": IDLE_TIMEOUT_MS},
+    )  # fmt: skip
     env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
     log_path = workdir / "daemon.log"
-    daemon = Daemon(log_path, "tests.apps.count_app:topology", sets, env)
-    # Daemon.start, with the open-files limit of the report's host.
-    with open(log_path, "ab") as log:
-        daemon.proc = subprocess.Popen(
-            daemon.argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT, preexec_fn=_limit_open_files,
-        )  # fmt: skip
+    # With the open-files limit of the report's host.
+    daemon = Daemon(
+        log_path, "tests.apps.count_app:topology", sets, env, preexec_fn=_limit_open_files
+    ).start()
     feeder = Feeder(bootstrap, source, rate=300, keys=32)
     idle: list[socket.socket] = []
     slow: Slowloris | None = None

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from runtime import App, AppState, StreamsBuilder
+from tests.configs import app_config
 from tests.harness import Feeder, TopicReader
 from tests.kafka_helpers import create_topic, produce, unique_name, wait_until
 
@@ -38,16 +39,9 @@ def protocol(request: pytest.FixtureRequest, on_kafka: bool) -> str:
 def base_config(
     bootstrap: str, app_id: str, state_dir: Path, protocol: str = "classic"
 ) -> dict[str, object]:
-    return {
-        "consumer.group.protocol": protocol,
-        "application.id": app_id,
-        "bootstrap.servers": bootstrap,
-        "processing.threads": 2,
-        "commit.interval.ms": 500,
-        "state.dir": str(state_dir),
-        "consumer.session.timeout.ms": 6000,
-        "consumer.heartbeat.interval.ms": 500,
-    }
+    return app_config(
+        bootstrap, app_id, state_dir, commit_ms=500, **{"consumer.group.protocol": protocol}
+    )
 
 
 def passthrough_app(

@@ -18,6 +18,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from runtime import App, AppState, Processor, Record, StreamsBuilder, Topology, serdes
 from runtime.admin.client import request
+from tests.configs import app_config
+from tests.harness import REPO, Daemon, clean_env
 from tests.kafka_helpers import (
     committed_offsets,
     consume_all,
@@ -28,8 +30,6 @@ from tests.kafka_helpers import (
 )
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def passthrough(source: str, out: str) -> Topology:
@@ -87,15 +87,7 @@ def topics(bootstrap: str, *prefixes: str, partitions: int = 2) -> list[str]:
 
 
 def base_config(bootstrap: str, tmp_path: Path, **extra: Any) -> dict[str, Any]:
-    return {
-        "application.id": unique_name("queries"),
-        "bootstrap.servers": bootstrap,
-        "processing.threads": 2,
-        "commit.interval.ms": 200,
-        "state.dir": str(tmp_path),
-        "consumer.session.timeout.ms": 6000,
-        **extra,
-    }
+    return app_config(bootstrap, unique_name("queries"), tmp_path, heartbeat_ms=None, **extra)
 
 
 def query_status(app: App, name: str) -> Any:
@@ -357,27 +349,24 @@ def test_light_query_latency_beside_a_heavy_backlog_and_admin_query_commands(
     )
     workdir = Path(tempfile.mkdtemp(prefix="qry"))  # AF_UNIX paths are <= 107 bytes
     sock = str(workdir / "admin.sock")
-    sets = {
-        "application.id": unique_name("latency"),
-        "bootstrap.servers": bootstrap,
-        "processing.threads": 1,
-        "task.timeslice.ms": 5,
+    sets = app_config(
+        bootstrap,
+        unique_name("latency"),
+        workdir / "state",
+        threads=1,
         # A commit locks every task and flushes the producer, heavy output
         # included: not what this test measures.
-        "commit.interval.ms": 30000,
-        "query.light.priority": 10,
-        "consumer.fetch.wait.max.ms": 5,
-        "consumer.session.timeout.ms": 6000,
-        "producer.linger.ms": 1,
-        "state.dir": workdir / "state",
-        "admin.socket": sock,
-    }
-    argv = [sys.executable, "-m", "runtime", "run", "tests.apps.query_app:latency_queries"]
-    for key, value in sets.items():
-        argv += ["--set", f"{key}={value}"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMS_RUNTIME_")}
-    env.update(
-        PYTHONPATH=str(REPO),
+        commit_ms=30000,
+        heartbeat_ms=None,
+        **{
+            "task.timeslice.ms": 5,
+            "query.light.priority": 10,
+            "consumer.fetch.wait.max.ms": 5,
+            "producer.linger.ms": 1,
+            "admin.socket": sock,
+        },
+    )
+    env = clean_env(
         STREAMS_TEST_LIGHT_INPUT=light_in,
         STREAMS_TEST_LIGHT_OUTPUT=light_out,
         STREAMS_TEST_HEAVY_INPUT=heavy_in,
@@ -385,19 +374,17 @@ def test_light_query_latency_beside_a_heavy_backlog_and_admin_query_commands(
         STREAMS_TEST_QUERY_INPUT=extra_in,
         STREAMS_TEST_QUERY_OUTPUT=extra_out,
     )
-    log_path = workdir / "daemon.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-        )
+    daemon = Daemon(
+        workdir / "daemon.log", "tests.apps.query_app:latency_queries", sets, env
+    ).start()
 
     def queries() -> dict[str, Any]:
         return {q["name"]: q for q in request(sock, "queries")["queries"]}
 
     probe = LatencyProbe(bootstrap, light_in, light_out)
     try:
-        wait_until(lambda: os.path.exists(sock) or proc.poll() is not None, 60)
-        assert proc.poll() is None, log_path.read_text()[-3000:]
+        wait_until(lambda: os.path.exists(sock) or not daemon.alive(), 60)
+        daemon.assert_alive()
         wait_until(lambda: sum(q["tasks"] for q in queries().values()) == 4, 60, interval=0.2)
         probe.start()
         probe.measure(2.0)  # warm-up: connections, first fetches
@@ -431,12 +418,10 @@ def test_light_query_latency_beside_a_heavy_backlog_and_admin_query_commands(
         assert removed.returncode == 0, removed.stderr
         assert "extra" not in removed.stdout
         request(sock, "shutdown")
-        assert proc.wait(60) == 0
+        assert daemon.wait(60) == 0, daemon.tail()
     finally:
         probe.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        daemon.kill()
     assert len(alone) > 200 and len(together) > 200
     p99_alone, p99_together = p99(alone), p99(together)
     for label, values in (("alone", alone), ("beside heavy", together)):

@@ -32,6 +32,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 
 from runtime import App, AppState, StreamsBuilder, VirtualPartitioner, serdes
 from runtime.metrics import AppCollector
+from tests import configs
 from tests.apps import expansion_app
 from tests.harness import REPO, clean_env
 from tests.kafka_helpers import Msg, consume_all, create_topic, unique_name, wait_until
@@ -125,24 +126,22 @@ def partition_counts(bootstrap: str, *topics: str) -> dict[str, int]:
 def app_config(
     bootstrap: str, app_id: str, state_dir: Path, protocol: str = "classic", **extra: Any
 ) -> dict[str, Any]:
-    timing: dict[str, Any] = (
-        {"consumer.group.protocol": "consumer"}  # KIP-848: the broker assigns
-        if protocol == "consumer"
-        else {"consumer.session.timeout.ms": 6000, "consumer.heartbeat.interval.ms": 500}
-    )
+    # KIP-848 (`consumer`): the broker assigns, and keeps the session and
+    # heartbeat timings itself.
+    kip848 = protocol == "consumer"
+    protocol_settings: dict[str, Any] = {"consumer.group.protocol": "consumer"} if kip848 else {}
     if protocol == "runtime":  # the classic protocol, the runtime places tasks
-        timing["task.assignment"] = "runtime"
-    return {
-        "application.id": app_id,
-        "bootstrap.servers": bootstrap,
-        "processing.threads": 2,
-        "state.dir": str(state_dir),
-        "partition.check.interval.ms": 500,
+        protocol_settings["task.assignment"] = "runtime"
+    return configs.app_config(
+        bootstrap,
+        app_id,
+        state_dir,
         # The store cache emits the counts at each commit (exactly_once_v2: 100 ms).
-        "commit.interval.ms": 200,
-        **timing,
-        **extra,
-    }
+        commit_ms=200,
+        session_ms=None if kip848 else 6000,
+        heartbeat_ms=None if kip848 else 500,
+        **{"partition.check.interval.ms": 500, **protocol_settings, **extra},
+    )
 
 
 def tasks_of(app: App) -> set[str]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.configs import app_config
 from tests.harness import Daemon, TopicReader, clean_env
 from tests.kafka_helpers import create_topic, produce, unique_name, wait_until
 
@@ -36,17 +37,19 @@ def test_paused_partitions_fetch_again_after_a_lost_membership(
     create_topic(bootstrap, sink, PARTITIONS)
     total = PARTITIONS * PER_PARTITION
     produce(bootstrap, source, [(None, str(i), i % PARTITIONS) for i in range(total)])
-    sets = {
-        "application.id": unique_name("paused-app"),
-        "bootstrap.servers": bootstrap,
-        "state.dir": tmp_path / "state",
-        "processing.threads": 1,
-        "buffered.records.per.partition": 20,  # every queue fills at once: all paused
-        "commit.interval.ms": 500,
-        "consumer.session.timeout.ms": SESSION_TIMEOUT_MS,
-        "consumer.heartbeat.interval.ms": 1000,
-        "consumer.auto.offset.reset": "earliest",
-    }
+    sets = app_config(
+        bootstrap,
+        unique_name("paused-app"),
+        tmp_path / "state",
+        threads=1,
+        commit_ms=500,
+        session_ms=SESSION_TIMEOUT_MS,
+        heartbeat_ms=1000,
+        **{
+            "buffered.records.per.partition": 20,  # every queue fills at once: all paused
+            "consumer.auto.offset.reset": "earliest",
+        },
+    )
     env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink, STREAMS_TEST_SLEEP_MS="1")
     daemon = Daemon(tmp_path / "daemon.log", "tests.apps.slow_copy:topology", sets, env).start()
     reader = TopicReader(bootstrap, sink, PARTITIONS)

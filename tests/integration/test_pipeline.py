@@ -9,23 +9,14 @@ from pathlib import Path
 import pytest
 
 from runtime import App, AppState, StreamsBuilder, serdes
+from tests.configs import app_config
 from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
 
 pytestmark = pytest.mark.integration
 
 
 def base_config(bootstrap: str, app_id: str, tmp_path: Path, **extra: object) -> dict[str, object]:
-    config: dict[str, object] = {
-        "application.id": app_id,
-        "bootstrap.servers": bootstrap,
-        "processing.threads": 3,
-        "commit.interval.ms": 500,
-        "state.dir": str(tmp_path),
-        "consumer.session.timeout.ms": 6000,
-        "consumer.heartbeat.interval.ms": 500,
-    }
-    config.update(extra)
-    return config
+    return app_config(bootstrap, app_id, tmp_path, threads=3, commit_ms=500, **extra)
 
 
 def test_map_filter_split_flat_map_over_four_partitions(bootstrap: str, tmp_path: Path) -> None:

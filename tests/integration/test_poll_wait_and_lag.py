@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from runtime import App, AppState, StreamsBuilder, serdes
+from tests.configs import app_config
 from tests.kafka_helpers import (
     committed_offsets,
     consume_all,
@@ -27,17 +28,7 @@ def pass_through(source: str, sink: str) -> StreamsBuilder:
 
 
 def config(bootstrap: str, app_id: str, tmp_path: Path, **extra: object) -> dict[str, object]:
-    settings: dict[str, object] = {
-        "application.id": app_id,
-        "bootstrap.servers": bootstrap,
-        "processing.threads": 2,
-        "commit.interval.ms": 200,
-        "state.dir": str(tmp_path / "state"),
-        "consumer.session.timeout.ms": 6000,
-        "consumer.heartbeat.interval.ms": 500,
-    }
-    settings.update(extra)
-    return settings
+    return app_config(bootstrap, app_id, tmp_path / "state", **extra)
 
 
 def test_poll_ms_longer_than_shutdown_timeout_neither_delays_output_nor_shutdown(

@@ -42,6 +42,7 @@ from confluent_kafka.admin import (
 
 from runtime import App, AppState, StreamsBuilder, serdes
 from runtime.collector.production_errors import HEADER_SINK_TOPIC
+from tests.configs import app_config
 from tests.kafka_helpers import (
     Msg,
     consume_all,
@@ -161,19 +162,17 @@ class Case:
 
 
 def config(bootstrap: str, case: Case, tmp_path: Path, guarantee: str, handler: str) -> dict:
-    settings: dict[str, object] = {
-        "application.id": unique_name(f"ref-{case.kind}"),
-        "bootstrap.servers": bootstrap,
-        "processing.guarantee": guarantee,
-        "processing.threads": 1,
-        "commit.interval.ms": 200,
-        "state.dir": str(tmp_path / "state"),
-        "consumer.session.timeout.ms": 6000,
-        "consumer.heartbeat.interval.ms": 500,
-        "production.exception.handler": handler,
-        "errors.dead.letter.queue.topic.name": case.dlq,
-    }
-    return settings
+    return app_config(
+        bootstrap,
+        unique_name(f"ref-{case.kind}"),
+        tmp_path / "state",
+        threads=1,
+        guarantee=guarantee,
+        **{
+            "production.exception.handler": handler,
+            "errors.dead.letter.queue.topic.name": case.dlq,
+        },
+    )
 
 
 def committed(bootstrap: str, app_id: str, topic: str) -> int | None:
@@ -338,15 +337,14 @@ def test_a_refused_changelog_record_stops_the_app_whatever_the_handler(
     )
     app = App(
         builder.build(),
-        {
-            "application.id": app_id,
-            "bootstrap.servers": bootstrap,
-            "processing.threads": 1,
-            "commit.interval.ms": 200,
-            "state.dir": str(tmp_path / "state"),
-            "consumer.session.timeout.ms": 6000,
-            "production.exception.handler": "log_and_continue",
-        },
+        app_config(
+            bootstrap,
+            app_id,
+            tmp_path / "state",
+            threads=1,
+            heartbeat_ms=None,
+            **{"production.exception.handler": "log_and_continue"},
+        ),
     )
     app.start()
     try:

@@ -16,6 +16,7 @@ import pytest
 
 from runtime import App, AppState, StreamsBuilder, serdes
 from runtime.collector.production_errors import HEADER_SINK_TOPIC, HEADER_TRUNCATED
+from tests.configs import app_config
 from tests.kafka_helpers import (
     broker_filters_aborted_transactions,
     committed_offsets,
@@ -43,18 +44,7 @@ def amplifying_topology(source: str, sink: str) -> StreamsBuilder:
 
 
 def config(bootstrap: str, app_id: str, tmp_path: Path, guarantee: str, **extra: object) -> dict:
-    settings: dict[str, object] = {
-        "application.id": app_id,
-        "bootstrap.servers": bootstrap,
-        "processing.guarantee": guarantee,
-        "processing.threads": 2,
-        "commit.interval.ms": 200,
-        "state.dir": str(tmp_path / "state"),
-        "consumer.session.timeout.ms": 6000,
-        "consumer.heartbeat.interval.ms": 500,
-    }
-    settings.update(extra)
-    return settings
+    return app_config(bootstrap, app_id, tmp_path / "state", guarantee=guarantee, **extra)
 
 
 def headers_of(message: object) -> dict[str, bytes | None]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,8 @@ import pytest
 from runtime import App, AppState
 from runtime.admin.client import request
 from runtime.topology.loading import load_topology
+from tests.configs import app_config
+from tests.harness import Daemon, clean_env
 from tests.kafka_helpers import (
     committed_offsets,
     consume_all,
@@ -32,7 +32,6 @@ from tests.kafka_helpers import (
 pytestmark = pytest.mark.integration
 
 SOURCE = "tests.apps.isolated_app:queries"
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -49,17 +48,16 @@ def io(bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 
 def config(bootstrap: str, tmp_path: Path, app_id: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "application.id": app_id,
-        "bootstrap.servers": bootstrap,
-        "processing.threads": 1,
-        "commit.interval.ms": 200,
-        "state.dir": str(tmp_path),
-        "consumer.session.timeout.ms": 6000,
-        "processing.guarantee": "exactly_once_v2",
-        "query.side.isolation": "process",
-        **extra,
-    }
+    settings: dict[str, Any] = {"query.side.isolation": "process", **extra}
+    return app_config(
+        bootstrap,
+        app_id,
+        tmp_path,
+        threads=1,
+        guarantee="exactly_once_v2",
+        heartbeat_ms=None,
+        **settings,
+    )
 
 
 def side(app: App) -> Any:
@@ -267,20 +265,12 @@ def test_kill_9_of_the_daemon_takes_its_child_along_and_a_restart_outputs_exactl
         "admin.socket": sock,
         "commit.interval.ms": 100,
     }
-    argv = [sys.executable, "-m", "runtime", "run", SOURCE]
-    for key, value in sets.items():
-        argv += ["--set", f"{key}={value}"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMS_RUNTIME_")}
-    env["PYTHONPATH"] = str(REPO)
 
-    def start(log_name: str) -> subprocess.Popen[bytes]:
-        with open(workdir / log_name, "wb") as log:
-            proc = subprocess.Popen(
-                argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
-            )
-        wait_until(lambda: os.path.exists(sock) or proc.poll() is not None, 60)
-        assert proc.poll() is None, (workdir / log_name).read_text()[-3000:]
-        return proc
+    def start(log_name: str) -> Daemon:
+        daemon = Daemon(workdir / log_name, SOURCE, sets, clean_env()).start()
+        wait_until(lambda: os.path.exists(sock) or not daemon.alive(), 60)
+        daemon.assert_alive()
+        return daemon
 
     def side_query() -> dict[str, Any]:
         return next(q for q in request(sock, "queries")["queries"] if q["name"] == "side")
@@ -292,16 +282,15 @@ def test_kill_9_of_the_daemon_takes_its_child_along_and_a_restart_outputs_exactl
         wait_until(lambda: side_query()["pid"] is not None, 60, message="no child")
         pid = side_query()["pid"]
         wait_until(lambda: side_query()["processed"] > 0, 60, message="the child is idle")
-        daemon.kill()
-        daemon.wait(10)
+        daemon.kill()  # SIGKILL, reaped
         wait_until(lambda: not alive(pid), 30, message="the child outlived its daemon")
         os.unlink(sock)
         produce(bootstrap, io["side_input"], ((f"k{i % 11}", v) for i, v in enumerate(sent[1500:])))
         daemon = start("daemon2.log")
         assert values(bootstrap, io["side_output"], 3000) == sorted(sent)
     finally:
-        daemon.terminate()
-        assert daemon.wait(60) == 0, (workdir / "daemon2.log").read_text()[-3000:]
+        daemon.send(signal.SIGTERM)
+        assert daemon.wait(60) == 0, daemon.tail()
 
 
 def test_a_child_that_cannot_start_fails_its_query_with_the_reason(

@@ -34,6 +34,7 @@ import pytest
 from confluent_kafka import Producer
 
 from runtime import serdes
+from tests.configs import app_config
 from tests.harness import Daemon, Feeder, clean_env
 from tests.kafka_helpers import (
     committed_offsets,
@@ -53,21 +54,21 @@ APP = "tests.apps.count_app:topology"
 
 
 def _sets(bootstrap: str, app_id: str, state_dir: Path, assignment: str, guarantee: str) -> dict:
-    return {
-        "application.id": app_id,
-        "bootstrap.servers": bootstrap,
-        "task.assignment": assignment,
-        "processing.guarantee": guarantee,
-        "processing.threads": 1,
-        "commit.interval.ms": 500,
-        "cache.max.bytes": 0,  # every update reaches the changelog: a long one to restore
-        "acceptable.recovery.lag": 2000,
-        "state.dir": state_dir,
-        "consumer.session.timeout.ms": 6000,
-        "consumer.heartbeat.interval.ms": 500,
-        # Small restore fetches stretch A's restore over the chaos.
-        "restore.consumer.max.partition.fetch.bytes": 4096,
-    }
+    return app_config(
+        bootstrap,
+        app_id,
+        state_dir,
+        threads=1,
+        commit_ms=500,
+        guarantee=guarantee,
+        **{
+            "task.assignment": assignment,
+            "cache.max.bytes": 0,  # every update reaches the changelog: a long one to restore
+            "acceptable.recovery.lag": 2000,
+            # Small restore fetches stretch A's restore over the chaos.
+            "restore.consumer.max.partition.fetch.bytes": 4096,
+        },
+    )
 
 
 def _write_small_batches(bootstrap: str, topic: str, records: list[tuple[str, bytes]]) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from runtime import App, StreamsBuilder, serdes
 from runtime.brokers.s3proxy import S3Proxy
+from tests.configs import app_config
 from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
 from tests.remote_helpers import RemoteBucket, local_checkpoint, remote_bucket, snapshot_offsets
 
@@ -69,17 +70,9 @@ class CountApp:
             .to_stream()
             .to(self.sink, value_serde=serdes.INT64)
         )
-        config: dict[str, object] = {
-            "application.id": self.app_id,
-            "bootstrap.servers": self.bootstrap,
-            "processing.guarantee": self.guarantee,
-            "processing.threads": 2,
-            "commit.interval.ms": 300,
-            "state.dir": str(state_dir),
-            "consumer.session.timeout.ms": 6000,
-            "consumer.heartbeat.interval.ms": 500,
-        }
-        config.update(extra)
+        config = app_config(
+            self.bootstrap, self.app_id, state_dir, commit_ms=300, guarantee=self.guarantee, **extra
+        )
         return App(builder.build(), config)
 
     def wait_processed(self, app: App, total: int, timeout: float = 60) -> None:

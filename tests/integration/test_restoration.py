@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from runtime import App, StreamsBuilder, serdes
+from tests.configs import app_config
 from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
 
 pytestmark = pytest.mark.integration
@@ -44,15 +45,9 @@ def test_ready_task_processes_while_another_restores_a_million_records(
     )
     app = App(
         builder.build(),
-        {
-            "application.id": app_id,
-            "bootstrap.servers": bootstrap,
-            "processing.threads": 2,
-            "commit.interval.ms": 100,
-            "cache.max.bytes": 0,
-            "state.dir": str(tmp_path),
-            "consumer.session.timeout.ms": 6000,
-        },
+        app_config(
+            bootstrap, app_id, tmp_path, commit_ms=100, heartbeat_ms=None, **{"cache.max.bytes": 0}
+        ),
     )
     # Partition 1's task has nothing to restore and input waiting.
     produce(bootstrap, source, [(f"fresh-{i}", "x", 1) for i in range(100)])
@@ -116,14 +111,16 @@ def test_a_restore_cut_short_continues_from_where_it_stopped(
         )
         return App(
             builder.build(),
-            {
-                "application.id": app_id,
-                "bootstrap.servers": bootstrap,
-                "state.dir": str(tmp_path),
-                "consumer.session.timeout.ms": 6000,
+            app_config(
+                bootstrap,
+                app_id,
+                tmp_path,
+                threads=None,
+                commit_ms=None,
+                heartbeat_ms=None,
                 # Small fetches: the restore takes long enough to be cut.
-                "restore.consumer.max.partition.fetch.bytes": 2048,
-            },
+                **{"restore.consumer.max.partition.fetch.bytes": 2048},
+            ),
         )
 
     def restore_progress(app: App) -> dict:

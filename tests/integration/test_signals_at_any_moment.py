@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 
 from runtime.admin.client import request
+from tests.configs import app_config
 from tests.harness import REPO, clean_env
 from tests.kafka_helpers import (
     committed_offsets,
@@ -120,13 +121,14 @@ def _topics(bootstrap: str) -> dict[str, str]:
 
 
 def _settings(bootstrap: str, workdir: Path, app_id: str) -> dict[str, Any]:
-    return {
-        "application.id": app_id, "bootstrap.servers": bootstrap, "processing.threads": 1,
-        "state.dir": workdir / "state", "query.side.isolation": "process",
-        "consumer.session.timeout.ms": 6000, "consumer.heartbeat.interval.ms": 500,
-        # Offsets can only come from the final commit.
-        "commit.interval.ms": 600000,
-    }  # fmt: skip
+    return app_config(
+        bootstrap,
+        app_id,
+        workdir / "state",
+        threads=1,
+        commit_ms=600000,  # offsets can only come from the final commit
+        **{"query.side.isolation": "process"},
+    )
 
 
 def _assert_clean_exit(run: Run, code: int | None, expected_code: int, line: str) -> None:

@@ -25,6 +25,7 @@ from runtime.partitioning.default import default_partition
 from runtime.spark import BackfillError, run_backfill, spark_session
 from runtime.spark.names import STREAMS_KAFKA
 from runtime.spark.session import JavaMissingError, check_java
+from tests.configs import app_config
 from tests.kafka_helpers import (
     committed_offsets,
     consume_all,
@@ -99,14 +100,7 @@ def expected_counts(records: list[tuple[str, str]]) -> dict[bytes, int]:
 def app(topology: Topology, app_id: str, bootstrap: str, state_dir: Path) -> App:
     return App(
         topology,
-        {
-            "application.id": app_id,
-            "bootstrap.servers": bootstrap,
-            "processing.threads": 2,
-            "commit.interval.ms": 300,
-            "state.dir": str(state_dir),
-            "consumer.session.timeout.ms": 6000,
-        },
+        app_config(bootstrap, app_id, state_dir, commit_ms=300, heartbeat_ms=None),
     )
 
 

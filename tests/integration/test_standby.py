@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from runtime import App, StreamsBuilder, serdes
+from tests.configs import app_config
 from tests.kafka_helpers import (
     consume_all,
     create_topic,
@@ -32,18 +33,17 @@ def counting_app(bootstrap: str, app_id: str, source: str, sink: str, state_dir:
     )
     return App(
         builder.build(),
-        {
-            "application.id": app_id,
-            "bootstrap.servers": bootstrap,
-            "processing.threads": 1,
-            "commit.interval.ms": 200,
-            "num.standby.replicas": 1,
-            # Every update reaches the changelog: a long history to not restore.
-            "cache.max.bytes": 0,
-            "state.dir": str(state_dir),
-            "consumer.session.timeout.ms": 6000,
-            "consumer.heartbeat.interval.ms": 500,
-        },
+        app_config(
+            bootstrap,
+            app_id,
+            state_dir,
+            threads=1,
+            **{
+                "num.standby.replicas": 1,
+                # Every update reaches the changelog: a long history to not restore.
+                "cache.max.bytes": 0,
+            },
+        ),
     )
 
 

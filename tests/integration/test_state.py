@@ -10,6 +10,7 @@ import pytest
 
 from runtime import App, AppState, StreamsBuilder, serdes
 from runtime.state.checkpoint import CHECKPOINT_FILE, read_checkpoint
+from tests.configs import app_config
 from tests.kafka_helpers import (
     consume_all,
     create_topic,
@@ -69,15 +70,15 @@ class WordCountRun:
     def app(self, state_dir: Path | None = None, **extra: object) -> App:
         return App(
             word_count_topology(self.source, self.sink, self.store),
-            {
-                "application.id": self.app_id,
-                "bootstrap.servers": self.bootstrap,
-                "processing.threads": self.threads,
-                "commit.interval.ms": 300,
-                "state.dir": str(state_dir or self.state_dir),
-                "consumer.session.timeout.ms": 6000,
+            app_config(
+                self.bootstrap,
+                self.app_id,
+                state_dir or self.state_dir,
+                threads=self.threads,
+                commit_ms=300,
+                heartbeat_ms=None,
                 **extra,
-            },
+            ),
         )
 
     def wait_for_counts(self, expected: dict[str, int], timeout: float = 90) -> None:

@@ -32,6 +32,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from runtime import App, AppState, serdes
 from runtime.state.checkpoint import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
 from runtime.state.rocksdb_store import StoreUnopenableError
+from tests.configs import app_config
 from tests.kafka_helpers import (
     consume_all,
     create_topic,
@@ -178,14 +179,14 @@ class CountRun:
 
         return App(
             topology(),
-            {
-                "application.id": self.app_id,
-                "bootstrap.servers": self.bootstrap,
-                "processing.threads": 1,
-                "commit.interval.ms": 100,
-                "state.dir": str(self.state_dir),
-                "consumer.session.timeout.ms": 6000,
-            },
+            app_config(
+                self.bootstrap,
+                self.app_id,
+                self.state_dir,
+                threads=1,
+                commit_ms=100,
+                heartbeat_ms=None,
+            ),
         )
 
     def produce(self, per_key: int) -> None:
