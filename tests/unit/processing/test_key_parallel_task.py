@@ -305,9 +305,8 @@ def test_commit_takes_the_watermark_and_does_not_wait_for_a_key_backing_off(
     assert task.backing_off and task.in_flight == 15
     # The commit does not wait for the key in backoff and takes offset 50:
     # the first record not completed.
-    started = time.monotonic()
+    # Had it waited for the key in backoff, it would take 200: 50 says it did not.
     assert run.commit_offsets() == {"in": 50}
-    assert time.monotonic() - started < 1.0
     wait_until(lambda: task.completed_total == 200, 30, message="stalled after the retry")
     assert run.commit_offsets() == {"in": 200}
 
