@@ -68,7 +68,8 @@ NO_RETRY = RetryPolicy()
 
 
 class OutputSink(Protocol):
-    """Where a key-parallel grab's output goes (the record collector)."""
+    """Where output goes: the record collector (a processing thread's batch,
+    a key-parallel grab's output)."""
 
     def hand_over(self, batch: Any) -> None: ...
 

@@ -13,21 +13,16 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Protocol
+from typing import Any
 
 from runtime.logging import get_logger
 from runtime.processing.errors import TaskFailedError
 from runtime.processing.key_parallel import is_key_parallel
 from runtime.processing.os_scheduling import ThreadSchedClass
+from runtime.processing.record_context import OutputSink
 from runtime.processing.task_manager import TaskManager
 
 log = get_logger("runtime.processing")
-
-
-class OutputSink(Protocol):
-    """Where a processing thread puts a batch's output (the record collector)."""
-
-    def hand_over(self, batch: Any) -> None: ...
 
 
 class _Discard:
