@@ -351,6 +351,22 @@ class Daemon:
 
     async def _start_servers(self) -> None:
         config = self.config
+        # The metrics endpoint first: a client that reaches the admin socket
+        # may ask `status`, which names the metrics address.
+        if config.metrics_port is not None:
+            metrics = MetricsServer(
+                self.app,
+                config.metrics_host,
+                config.metrics_port,
+                limits=self._metrics_limits(),
+            )
+            try:
+                await metrics.start()
+            except OSError as exc:
+                raise DaemonSetupError(
+                    f"cannot listen on metrics {config.metrics_host}:{config.metrics_port}: {exc}"
+                ) from None
+            self.metrics = metrics
         if self.admin_socket is not None:
             handler = AdminHandler(
                 self.app,
@@ -377,20 +393,6 @@ class Daemon:
                     "several daemons here add --application-id "
                     f"{config.application_id})",
                 )
-        if config.metrics_port is not None:
-            metrics = MetricsServer(
-                self.app,
-                config.metrics_host,
-                config.metrics_port,
-                limits=self._metrics_limits(),
-            )
-            try:
-                await metrics.start()
-            except OSError as exc:
-                raise DaemonSetupError(
-                    f"cannot listen on metrics {config.metrics_host}:{config.metrics_port}: {exc}"
-                ) from None
-            self.metrics = metrics
 
     def _metrics_limits(self) -> MetricsLimits:
         """`metrics.*` limits, the connection cap lowered if need be so that

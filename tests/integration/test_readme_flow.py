@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,8 +50,10 @@ def test_readme_example_topics_run_and_feed(bootstrap: str, tmp_path: Path) -> N
     # The default state.dir lives under TMPDIR; the default admin socket under
     # XDG_RUNTIME_DIR, private to this test, so that `admin status` finds this
     # daemon alone (not another test's, nor a stale one's).
-    runtime_dir = tmp_path / "xdg"
-    runtime_dir.mkdir(mode=0o700)
+    # Short: under a pytest-xdist worker's longer tmp_path the socket path
+    # would pass the 107-byte Unix limit, and the daemon would fall back to
+    # the shared /tmp/streams-runtime-<uid>, where other tests' daemons live.
+    runtime_dir = Path(tempfile.mkdtemp(prefix="xdg-", dir="/tmp"))
     env = clean_env(TMPDIR=str(tmp_path), XDG_RUNTIME_DIR=str(runtime_dir))
     env["PYTHONPATH"] = f"{tmp_path}:{REPO}"
 
@@ -102,3 +106,4 @@ def test_readme_example_topics_run_and_feed(bootstrap: str, tmp_path: Path) -> N
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait(10)
+        shutil.rmtree(runtime_dir, ignore_errors=True)
