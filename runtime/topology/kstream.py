@@ -191,6 +191,21 @@ class KStream:
             repartition_required=True,
         )
 
+    def select_key(self, mapper: Callable[[Any, Any], Any], name: str | None = None) -> KStream:
+        """Set each record's key to `mapper(key, value)`; the value and its serde
+        stay (Kafka Streams' `selectKey`). The key may have changed, so a later
+        key-based operation (`group_by_key`, a join) repartitions first; the new
+        key's serde is the configured default unless the next operation names one."""
+        fn = check_callable(mapper, "select_key()")
+        return self._then(
+            "KSTREAM-KEY-SELECT-",
+            name,
+            _make_key_select,
+            {"fn": fn},
+            key_serde=None,
+            repartition_required=True,
+        )
+
     def map_values(self, mapper: Callable[[Any], Any], name: str | None = None) -> KStream:
         """Replace each value by `mapper(value)`; the key stays."""
         fn = check_callable(mapper, "map_values()")

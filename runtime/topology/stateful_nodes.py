@@ -97,7 +97,8 @@ def _fold_kind(fold: Fold) -> tuple[int, Callable[[Any, Any], Any] | None]:
 
 
 class KeySelectNode(Node):
-    """`group_by`'s key selector: `fn(key, value) -> new key`, value unchanged."""
+    """`select_key`'s and `group_by`'s key selector: `fn(key, value) -> new key`,
+    value unchanged."""
 
     __slots__ = ("fn",)
 

@@ -217,6 +217,28 @@ def test_group_by_key_repartitions_only_after_a_key_change() -> None:
     assert [s.name for s in topology.store_subtopology("mapped").sources] == ["mapped-repartition"]
 
 
+def test_select_key_keeps_the_value_and_repartitions_a_later_grouping(tmp_path: Path) -> None:
+    builder = StreamsBuilder()
+    s = builder.stream("in", key_serde=serdes.STRING, value_serde=serdes.STRING)
+    rekeyed = s.select_key(lambda k, v: v.split(":")[0], name="by-prefix")
+    assert rekeyed.value_serde is serdes.STRING and rekeyed.key_serde is None
+    rekeyed.to("out", key_serde=serdes.STRING)
+    rekeyed.group_by_key(key_serde=serdes.STRING).count(store="per-prefix")
+    topology = builder.build()
+    assert topology.internal_topics() == [TopicSpec("per-prefix-repartition", True)]
+    assert "by-prefix" in topology.subtopologies[0].node_names
+    ctx = ctx_for(tmp_path)
+    graph = ctx.instantiate(topology.subtopologies[0])
+    ctx.process(graph, "in", "k1", "a:1")
+    ctx.process(graph, "in", "k2", "b:2")
+    assert decoded(ctx.output("out"), value_serde=serdes.STRING) == [("a", "a:1"), ("b", "b:2")]
+
+
+def test_select_key_needs_a_function() -> None:
+    with pytest.raises(TopologyError, match="select_key"):
+        StreamsBuilder().stream("in").select_key("not a function")  # type: ignore[arg-type]
+
+
 def test_generated_store_and_repartition_names_follow_kafka_streams() -> None:
     builder = StreamsBuilder()
     table = builder.stream("in").group_by(lambda k, v: v).count()
