@@ -30,9 +30,11 @@ from runtime.topology.builder import (
     check_callable,
     check_partitions,
     check_serde,
+    check_store_name,
+    store_spec,
 )
 from runtime.topology.errors import TopologyError
-from runtime.topology.graph import NodeDef
+from runtime.topology.graph import NodeDef, StateStoreDef
 from runtime.topology.nodes import (
     BranchNode,
     FilterNode,
@@ -391,6 +393,52 @@ class KStream:
         source = f"{topic}-source"
         self._graph.add_source(source, [topic], True, key_serde, value_serde, partitions)
         return KStream(self._graph, source, key_serde, value_serde)
+
+    def to_table(
+        self,
+        store: str | None = None,
+        key_serde: Any = None,
+        value_serde: Any = None,
+        name: str | None = None,
+    ) -> KTable:
+        """The stream read as a table (Kafka Streams' `toTable`): each record
+        upserts its key, a null value deletes it (and goes downstream as a
+        tombstone), a null key is dropped (counted as `null_key`).
+
+        A stream whose key may have changed (`map`, `select_key`, ...) is
+        repartitioned first, through `<name>-repartition` (`name`, else a
+        generated one), so that each key's updates meet in one task. With
+        `store` the table is materialized in a store of that name: cached (one
+        update per key per commit downstream) and queryable, as
+        `StreamsBuilder.table`'s. Without, as Kafka Streams' unmaterialized
+        table, every update goes downstream at once; the table still keeps an
+        internal, change-logged store (`KSTREAM-TOTABLE-STATE-STORE-...`) so
+        that it can be joined. `name` names the table's node.
+        """
+        from runtime.topology.ktable import KTable, make_table_source
+
+        key_serde = self._serde(key_serde, self.key_serde, "key_serde")
+        value_serde = self._serde(value_serde, self.value_serde, "value_serde")
+        source: KStream = self
+        if self.repartition_required:
+            source = self.repartition(name=name, key_serde=key_serde, value_serde=value_serde)
+        graph = self._graph
+        node = graph.node_name(name, "KSTREAM-TOTABLE-")
+        if store is not None:
+            store_name = check_store_name(store)
+            spec = store_spec(store_name)
+        else:
+            store_name = graph.new_name("KSTREAM-TOTABLE-STATE-STORE-")
+            spec = store_spec(store_name, caching=False)
+        graph.add_store(StateStoreDef(spec, key_serde, value_serde))
+        graph.add_processor(
+            node,
+            make_table_source,
+            (source._node,),
+            {"store": store_name, "key_serde": key_serde, "value_serde": value_serde},
+            (store_name,),
+        )
+        return KTable.materialized(graph, node, store_name, key_serde, value_serde)
 
     @staticmethod
     def _serde(given: Any, inherited: Any, what: str) -> Any:

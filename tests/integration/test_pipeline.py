@@ -113,3 +113,54 @@ def test_wait_until_app_running(bootstrap: str, tmp_path: Path) -> None:
         assert sorted(t["id"] for t in app.status()["tasks"]) == ["0_0", "0_1"]
     finally:
         app.close(30)
+
+
+def test_select_key_then_to_table_through_the_repartition_topic(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """Records re-keyed by a field of their value meet in one task through the
+    repartition topic; the table keeps the latest value per new key and sends
+    every update downstream (unmaterialized), in input order per key."""
+    source, sink = unique_name("tt-in"), unique_name("tt-out")
+    for topic in (source, sink):
+        create_topic(bootstrap, topic, 4)
+    n = 2000
+    # Input keys spread over the partitions; the new key (the user) is in the value.
+    produce(
+        bootstrap,
+        source,
+        ((f"k{i}", json.dumps({"user": f"u{i % 7}", "seq": i})) for i in range(n)),
+        key_serializer=str.encode,
+        value_serializer=str.encode,
+    )
+    builder = StreamsBuilder()
+    (
+        builder.stream(source, key_serde=serdes.STRING, value_serde=serdes.JSON)
+        .select_key(lambda k, v: v["user"])
+        .to_table(key_serde=serdes.STRING, name="by-user")
+        .to_stream()
+        .map_values(lambda v: v["seq"])
+        .to(sink, value_serde=serdes.INT64)
+    )
+    app_id = unique_name("totable")
+    app = App(builder.build(), base_config(bootstrap, app_id, tmp_path))
+    app.start()
+    try:
+        got = consume_all(bootstrap, sink, expected=n, timeout=90)
+        assert app.state is AppState.RUNNING
+    finally:
+        assert app.close(30)
+    per_user: dict[str, list[int]] = {}
+    for m in sorted(got, key=lambda m: (m.partition, m.offset)):
+        per_user.setdefault(m.key.decode(), []).append(serdes.INT64.deserialize(m.value))
+    assert sorted(per_user) == [f"u{u}" for u in range(7)]
+    from runtime.partitioning.default import partition_python
+
+    # Every update once; and in input order per input partition (records of
+    # different input partitions interleave in the repartition topic).
+    for user, seqs in per_user.items():
+        assert sorted(seqs) == [i for i in range(n) if f"u{i % 7}" == user]
+        for p in range(4):
+            from_p = [i for i in seqs if partition_python(f"k{i}".encode(), 4) == p]
+            assert from_p == sorted(from_p), (user, p)
+    assert len(got) == n

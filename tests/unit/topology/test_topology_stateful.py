@@ -234,6 +234,39 @@ def test_select_key_keeps_the_value_and_repartitions_a_later_grouping(tmp_path: 
     assert decoded(ctx.output("out"), value_serde=serdes.STRING) == [("a", "a:1"), ("b", "b:2")]
 
 
+def test_to_table_forwards_every_update_at_once_unless_materialized(tmp_path: Path) -> None:
+    builder = StreamsBuilder()
+    s = builder.stream("in", key_serde=serdes.STRING, value_serde=serdes.STRING)
+    s.to_table().to_stream().to("every")
+    s.to_table(store="latest").to_stream().to("folded")
+    topology = builder.build()
+    assert topology.internal_topics() == []  # the key did not change: no repartition
+    ctx = ctx_for(tmp_path)
+    graph = ctx.instantiate(topology.subtopologies[0])
+    ctx.process(graph, "in", "a", "1")
+    ctx.process(graph, "in", "a", "2")
+    ctx.process(graph, "in", None, "dropped")
+    ctx.process(graph, "in", "b", "3")
+    ctx.process(graph, "in", "b", None)  # a tombstone deletes b
+    every = [("a", "1"), ("a", "2"), ("b", "3"), ("b", None)]
+    assert decoded(ctx.output("every"), value_serde=serdes.STRING) == every
+    assert ctx.output("folded") == []
+    ctx.commit()
+    assert decoded(ctx.output("folded"), value_serde=serdes.STRING) == [("a", "2"), ("b", None)]
+    assert ctx.stores["latest"].get(b"a") == b"2" and ctx.stores["latest"].get(b"b") is None
+
+
+def test_to_table_after_a_key_change_repartitions_first() -> None:
+    builder = StreamsBuilder()
+    s = builder.stream("in", key_serde=serdes.STRING, value_serde=serdes.STRING)
+    s.select_key(lambda k, v: v).to_table(store="by-value", key_serde=serdes.STRING, name="rekeyed")
+    topology = builder.build()
+    assert topology.internal_topics() == [TopicSpec("rekeyed-repartition", True)]
+    assert [t.name for t in topology.store_subtopology("by-value").sources] == [
+        "rekeyed-repartition"
+    ]
+
+
 def test_select_key_needs_a_function() -> None:
     with pytest.raises(TopologyError, match="select_key"):
         StreamsBuilder().stream("in").select_key("not a function")  # type: ignore[arg-type]
