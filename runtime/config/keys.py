@@ -154,21 +154,7 @@ class ConfigKey:
             return None
         if self.off_words and isinstance(value, str) and value.strip().lower() in self.off_words:
             return ""
-        if self.kind == "int":
-            return self._parse_int(value)
-        if self.kind == "float":
-            return self._parse_float(value)
-        if self.kind == "callable":
-            return self._parse_callable(value)
-        if self.kind == "bool":
-            return self._parse_bool(value)
-        if self.kind == "enum":
-            return self._parse_enum(value)
-        if self.kind == "serde":
-            return self._parse_serde(value)
-        if self.kind == "partitioner":
-            return self._parse_partitioner(value)
-        return self._parse_str(value)
+        return _PARSERS.get(self.kind, ConfigKey._parse_str)(self, value)
 
     def _bad(self, value: Any, hint: str = "") -> _Invalid:
         return _Invalid(f"expected {self.expected()}, got {show_value(value)}{hint}")
@@ -219,20 +205,27 @@ class ConfigKey:
             raise self._bad(value)
         return number
 
+    def _resolve_named(self, value: str, resolve: Callable[[str], Any], what: str = "") -> Any:
+        """A `module:attr` name imported by `resolve` (serdes, partitioners,
+        callables). Its own ValueError says what is wrong with the name;
+        anything else the user's module raised on import or construction is
+        named, SystemExit too (an import must not end the process with exit 0)."""
+        if len(value) > MAX_SERDE_CHARS:
+            raise self._bad(value)
+        try:
+            return resolve(value)
+        except ValueError as exc:
+            raise _Invalid(str(exc)) from None
+        except (Exception, SystemExit) as exc:
+            raise _Invalid(
+                f"cannot resolve {what}{show_value(value)}: {type(exc).__name__}: {exc}"
+            ) from None
+
     def _parse_callable(self, value: Any) -> Any:
         """`module:attr` (imported by `resolve`) or, from code, the object itself."""
         assert self.resolve is not None and self.check_object is not None
         if isinstance(value, str):
-            if len(value) > MAX_SERDE_CHARS:
-                raise self._bad(value)
-            try:
-                return self.resolve(value)
-            except ValueError as exc:
-                raise _Invalid(str(exc)) from None
-            except (Exception, SystemExit) as exc:  # the user's module failed
-                raise _Invalid(
-                    f"cannot resolve {show_value(value)}: {type(exc).__name__}: {exc}"
-                ) from None
+            return self._resolve_named(value, self.resolve)
         try:
             return self.check_object(value)
         except ValueError as exc:
@@ -260,18 +253,8 @@ class ConfigKey:
 
     def _parse_serde(self, value: Any) -> Serde:
         if isinstance(value, str):
-            if len(value) > MAX_SERDE_CHARS:
-                raise self._bad(value)
-            try:
-                return serde_from_name(value)
-            except ValueError as exc:
-                raise _Invalid(str(exc)) from None
-            # A user module failing on import or construction; SystemExit too:
-            # an import must not end the process with exit 0.
-            except (Exception, SystemExit) as exc:
-                raise _Invalid(
-                    f"cannot resolve serde {show_value(value)}: {type(exc).__name__}: {exc}"
-                ) from None
+            serde: Serde = self._resolve_named(value, serde_from_name, "serde ")
+            return serde
         if isinstance(value, type):
             raise _Invalid(f"expected a serde object or name, got the class {value.__name__}")
         if isinstance(value, Serde):
@@ -282,16 +265,7 @@ class ConfigKey:
         """`module:attr` (imported; a class is made with no arguments) or, from
         code, the object itself."""
         if isinstance(value, str):
-            if len(value) > MAX_SERDE_CHARS:
-                raise self._bad(value)
-            try:
-                return static_partitioner_from_name(value)
-            except ValueError as exc:
-                raise _Invalid(str(exc)) from None
-            except (Exception, SystemExit) as exc:  # the user's module failed
-                raise _Invalid(
-                    f"cannot resolve {show_value(value)}: {type(exc).__name__}: {exc}"
-                ) from None
+            return self._resolve_named(value, static_partitioner_from_name)
         if isinstance(value, (int, float, bytes, list, dict, type)) or value is None:
             raise self._bad(value)
         try:
@@ -345,6 +319,17 @@ class ConfigKey:
             return "unset"
         return f"`{self.default}`"
 
+
+# How `ConfigKey.parse` reads a value of each kind (a string key: `_parse_str`).
+_PARSERS: dict[str, Callable[[ConfigKey, Any], Any]] = {
+    "int": ConfigKey._parse_int,
+    "float": ConfigKey._parse_float,
+    "callable": ConfigKey._parse_callable,
+    "bool": ConfigKey._parse_bool,
+    "enum": ConfigKey._parse_enum,
+    "serde": ConfigKey._parse_serde,
+    "partitioner": ConfigKey._parse_partitioner,
+}
 
 KEY_FIELD = "runtime.config.key"
 PREFIX_FIELD = "runtime.config.prefix"
