@@ -5,7 +5,11 @@ and values read from the inner store (clean entries). Repeated writes to a key
 are folded: at `flush` (commit) each dirty key is emitted once, in the order of
 its last write: written to the inner store (through the change-logging layer,
 so one changelog record per key) and handed to `on_flush` (one downstream
-update per key). After a flush the cache is empty.
+update per key). The emitted entries stay as clean entries (Kafka Streams'
+ThreadCache keeps them too): a key updated every commit interval is then read
+from RocksDB once, not once per interval (in the count microbenchmark with
+10,000 keys the per-interval re-reads were the largest single cost, 18% of
+the CPU).
 
 Budget: ONE `CacheBudget` for every store of every task in the process; it is
 not divided per processing thread, so adding or removing a thread changes
@@ -13,9 +17,19 @@ nothing. A store can only evict its own entries (another store belongs to
 another task, possibly on another thread), so when the budget is exceeded the
 writing store evicts its own least-recently-used entries, emitting the dirty
 ones early, until the budget holds or its cache is empty (then its writes pass
-through). Emptying every cache at commit gives each store a fresh share each
-commit interval: an idle task cannot pin budget for longer than that.
+through). What a store keeps across a commit is bounded by its fair share,
+`cache.max.bytes` over the caching stores open in the process (`keep_share`):
+after the flush it drops its least-recently-used clean entries beyond that.
+An idle task therefore pins at most its share, and a busy store always has at
+least its share plus whatever idle stores leave free. Tombstones are not kept
+(a read of a deleted key goes to RocksDB, which answers from its memtable).
 `cache.max.bytes=0` turns caching off: each write is emitted at once.
+
+Kept entries stay right because nothing else writes the store of a running
+active task: restoration and standby updates touch stores of tasks that are
+not processing, and a rewind (an aborted transaction, a task's failure
+policy) closes the task, whose cache goes with it, before its stores are
+opened again.
 
 Values as objects: the node that owns a store (an aggregation) binds its
 value serde once (`use_values`) and then reads and writes values, not bytes
@@ -73,6 +87,7 @@ class CacheBudget:
             raise ValueError("cache.max.bytes must be >= 0")
         self._max = max_bytes
         self._used = 0
+        self._stores = 0
         self._lock = threading.Lock()
 
     @property
@@ -95,6 +110,22 @@ class CacheBudget:
 
     def over(self) -> bool:
         return self._used > self._max
+
+    def open_store(self) -> None:
+        """A caching store opened: one more share of the budget."""
+        with self._lock:
+            self._stores += 1
+
+    def close_store(self) -> None:
+        with self._lock:
+            self._stores = max(0, self._stores - 1)
+
+    @property
+    def keep_share(self) -> int:
+        """Bytes one store may keep across a commit: the budget over the caching
+        stores open now (a racy read: the count changes only as tasks open and
+        close)."""
+        return self._max // max(1, self._stores)
 
 
 class _Unset:
@@ -161,6 +192,9 @@ class CachingKeyValueStore:
         self._clock = clock
         self._send_old_values = send_old_values and on_flush is not None
         self._pass_through = not budget.enabled
+        self._closed = False
+        if not self._pass_through:
+            budget.open_store()
         # LRU order: oldest first. Dirty keys in the order of their last write.
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
         self._dirty: dict[bytes, None] = {}
@@ -423,7 +457,8 @@ class CachingKeyValueStore:
         return self.inner.approximate_num_entries()
 
     def flush_cache(self) -> None:
-        """Emit every dirty entry (order of last write), then empty the cache."""
+        """Emit every dirty entry (order of last write); keep them clean, up to
+        this store's share of the budget (see the module docstring)."""
         entries = self._entries
         while self._dirty:
             # Swap, not pop-first: on_flush may write to this store again.
@@ -433,8 +468,35 @@ class CachingKeyValueStore:
                 if entry is None or not entry.dirty:
                     continue  # evicted (and emitted) meanwhile
                 entry.dirty = False
-                self._emit(key, self._bytes_of(key, entry), entry.timestamp, entry.obj)
-        self._drop_entries()
+                value = self._bytes_of(key, entry)
+                self._emit(key, value, entry.timestamp, entry.obj)
+                if value is None and not entry.dirty:  # a tombstone: not kept
+                    del entries[key]
+                    self._keys.discard(key)
+                    self._bytes -= entry.size
+                    self._budget.charge(-entry.size)
+        self._trim_to(self._budget.keep_share)
+
+    def _trim_to(self, keep: int) -> None:
+        """Drop least-recently-used clean entries until at most `keep` bytes stay.
+
+        Called after a flush, when no entry is dirty, unless `on_flush` wrote
+        this store again: a dirty entry is never dropped (it would be lost), so
+        the trim stops at the first one."""
+        if self._bytes <= keep:
+            return
+        entries = self._entries
+        released = 0
+        while entries and self._bytes - released > keep:
+            key, entry = next(iter(entries.items()))
+            if entry.dirty:
+                break
+            del entries[key]
+            self._keys.discard(key)
+            released += entry.size
+        if released:
+            self._bytes -= released
+            self._budget.charge(-released)
 
     def flush(self) -> None:
         self.flush_cache()
@@ -452,4 +514,7 @@ class CachingKeyValueStore:
     def close(self) -> None:
         """Drop the cache (dirty entries are lost, like a crash) and close inner."""
         self._drop_entries()
+        if not self._closed and not self._pass_through:
+            self._budget.close_store()
+        self._closed = True
         self.inner.close()

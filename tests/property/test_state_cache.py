@@ -95,7 +95,9 @@ def test_cached_output_replays_to_the_uncached_state(
                 assert side.latest_logged.get(key) == side.store.get(key)
         for side in cached:  # the reads above may have cached clean entries
             side.store.flush()
-        assert budget.used == 0
+            assert side.store.dirty_count == 0
+            assert side.store.cached_bytes <= budget.keep_share
+        assert budget.used == sum(side.store.cached_bytes for side in cached)
 
     for op, index, key, value in ops:
         side, reference = cached[index], uncached[index]

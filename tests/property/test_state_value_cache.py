@@ -98,7 +98,7 @@ def test_value_cache_matches_a_dict(ops: list[tuple[str, bytes, int | None]], bu
             store.flush()
             assert changelog == model
             assert downstream == model
-            assert shared.used == 0
+            assert store.dirty_count == 0 and store.cached_bytes <= shared.keep_share
         assert shared.used == store.cached_bytes
         assert shared.used <= max(budget, 0) or store.cached_bytes == 0 or budget == 0
     store.flush()

@@ -119,7 +119,9 @@ def test_over_budget_evicts_lru_entries_early() -> None:
     assert store.evictions == 1
     store.flush()
     assert [k for k, _, _ in rec.changelog] == [b"k2", b"k1", b"k3"]
-    assert budget.used == 0
+    # Emitted entries stay, clean, within the store's share (the whole
+    # budget: the only store).
+    assert budget.used == 2 * size and store.dirty_count == 0
 
 
 def test_evicting_a_clean_entry_emits_nothing() -> None:
@@ -130,9 +132,8 @@ def test_evicting_a_clean_entry_emits_nothing() -> None:
     store.flush()
     rec.changelog.clear()
     rec.downstream.clear()
-    assert store.get(b"k1") == b"v"  # miss: cached as a clean entry
-    assert store.get(b"k1") == b"v"
-    assert (store.hits, store.misses) == (1, 1)
+    assert store.get(b"k1") == b"v"  # kept across the commit, clean
+    assert (store.hits, store.misses) == (1, 0)
     store.put(b"k2", b"v")  # evicts clean k1: nothing to emit
     assert rec.changelog == []
     store.flush()
@@ -154,15 +155,64 @@ def test_budget_is_shared_by_all_stores() -> None:
     assert rec2.changelog == [(b"x1", b"v", 0)]
     assert rec1.changelog == []
     assert budget.used == 3 * size
-    one.flush()  # releases store one's share
-    assert budget.used == 0
+    one.flush()  # keeps only its share: 3 entries // 2 stores = 1 entry
+    assert one.cached_bytes == size and budget.used == size
     two.put(b"x1", b"w")
     two.put(b"x1", b"z")
     assert rec2.changelog == [(b"x1", b"v", 0)]  # now cached again
-    assert budget.used == size
+    assert budget.used == 2 * size
     two.flush()
     assert rec2.changelog == [(b"x1", b"v", 0), (b"x1", b"z", 0)]
-    assert budget.used == 0
+    assert budget.used == 2 * size
+
+
+def test_clean_entries_survive_a_commit_without_a_store_read() -> None:
+    rec = Recorder()
+    budget = CacheBudget(10_000)
+    store = cached_store(budget, rec)
+    store.put(b"a", b"1")
+    store.put(b"b", b"2")
+    store.flush()
+    reads: list[bytes] = []
+    inner_get = store.inner.get
+    store.inner.get = lambda key: reads.append(key) or inner_get(key)  # type: ignore[method-assign]
+    assert store.get(b"a") == b"1" and store.get(b"b") == b"2"
+    assert reads == []  # both answered by the cache
+    store.put(b"a", b"3")  # a kept entry becomes dirty again: one more record
+    store.flush()
+    assert rec.changelog[-1] == (b"a", b"3", 0)
+    assert list(store.all()) == [(b"a", b"3"), (b"b", b"2")]
+
+
+def test_a_commit_keeps_no_tombstone() -> None:
+    rec = Recorder()
+    budget = CacheBudget(10_000)
+    store = cached_store(budget, rec)
+    store.put(b"a", b"1")
+    store.delete(b"b")
+    store.flush()
+    assert store.cached_bytes == entry_size(b"a", b"1") == budget.used
+    assert store.get(b"b") is None
+
+
+def test_the_share_kept_follows_the_open_stores() -> None:
+    size = entry_size(b"k1", b"v")
+    budget = CacheBudget(4 * size)
+    one = cached_store(budget, Recorder(), "one")
+    two = cached_store(budget, Recorder(), "two")
+    assert budget.keep_share == 2 * size
+    for key in (b"k1", b"k2", b"k3", b"k4"):
+        one.put(key, b"v")
+    one.get(b"k1")  # the most recently used keys stay
+    one.flush()
+    assert one.cached_bytes == 2 * size
+    assert [k for k, _ in one.all()] == [b"k1", b"k2", b"k3", b"k4"]  # the store has all
+    assert one.hits == 1 and one.get(b"k4") == b"v" and one.get(b"k1") == b"v"
+    assert one.hits == 3  # k4 and k1 were kept; k2 and k3 were dropped
+    two.close()
+    assert budget.keep_share == 4 * size
+    two.close()  # twice: counted once
+    assert budget.keep_share == 4 * size
 
 
 def test_zero_budget_passes_every_write_through() -> None:
@@ -214,7 +264,7 @@ def test_on_flush_may_write_to_the_same_store() -> None:
     store.put(b"a", b"1")
     store.flush()
     assert [k for k, _, _ in rec.changelog] == [b"a", b"derived"]
-    assert budget.used == 0
+    assert store.dirty_count == 0 and budget.used == store.cached_bytes
     assert store.get(b"derived") == b"from-a"
 
 
