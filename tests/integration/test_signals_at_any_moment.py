@@ -142,7 +142,10 @@ def _assert_clean_exit(run: Run, code: int | None, expected_code: int, line: str
 
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_right_after_exec(workdir: Path, sig: signal.Signals) -> None:
-    env = clean_env()
+    # The topology's topics are set, so that a signal arriving later than
+    # usual (a loaded machine) finds a loadable app waiting for its cluster:
+    # without them the load failed first and the run exited 2, not 128+sig.
+    env = clean_env(**{k: k.lower() for k in _topic_env_names()})
     run = Run(workdir, {"application.id": "x", "bootstrap.servers": "127.0.0.1:1"}, env)
     try:
         run.proc.send_signal(sig)
