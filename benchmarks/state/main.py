@@ -249,9 +249,9 @@ def _ks_side(
 
 def main(args: argparse.Namespace) -> int:
     args.out = output_dir(args)
-    layouts = [
-        x.strip() for x in (args.layouts or ",".join(accepted_layouts())).split(",") if x.strip()
-    ]
+    # Empty: no runtime side (a Kafka Streams-only run).
+    given = args.layouts if args.layouts is not None else ",".join(accepted_layouts())
+    layouts = [x.strip() for x in given.split(",") if x.strip()]
     unknown = sorted(set(layouts) - set(accepted_layouts()))
     if unknown:
         raise SystemExit(

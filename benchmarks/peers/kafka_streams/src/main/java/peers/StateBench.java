@@ -157,6 +157,7 @@ public final class StateBench {
                 result.put("processed", gate.processed());
                 result.put("backlog_s", (done - go) / 1e9);
                 result.put("records_per_s", records / ((done - go) / 1e9));
+                result.put("records_per_s_from_start", records / ((done - started) / 1e9));
                 commitFigures(go, System.nanoTime(), result);
                 result.put("per_task_commit_latency_avg_ms", threadMetric(streams, "commit-latency-avg"));
                 result.put("per_task_commit_latency_max_ms", threadMetric(streams, "commit-latency-max"));
