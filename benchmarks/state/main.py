@@ -46,7 +46,7 @@ KS_MEMORY = ("default", "bounded")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", default="256,8", help="tasks (input partitions) per round")
-    parser.add_argument("--records", type=int, default=256_000, help="backlog records per round")
+    parser.add_argument("--records", type=int, default=100_000, help="backlog records per round")
     parser.add_argument("--keys", type=int, default=25_600, help="distinct keys (25600)")
     parser.add_argument("--window-ms", type=int, default=60_000, help="tumbling window size")
     parser.add_argument(
