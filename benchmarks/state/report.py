@@ -20,6 +20,8 @@ from typing import Any
 
 MIB = 1 << 20
 NOISE = 0.95
+# Below this many commits in a window the p99 is the maximum; the report says so.
+FEW_COMMITS = 20
 
 
 def side_name(side: dict[str, Any]) -> str:
@@ -168,6 +170,16 @@ def markdown(result: dict[str, Any]) -> str:
                 f"- {side_name(side)}: Kafka Streams' own commit-latency-avg (per task) "
                 f"{_f(f['per_task_commit_avg_ms'], 2)} ms."
             )
+    few = [
+        side_name(s)
+        for s in result["sides"]
+        if s.get("ok") and (_figures(s).get("commits") or 0) < FEW_COMMITS
+    ]
+    if few:
+        notes.append(
+            f"- Fewer than {FEW_COMMITS} commits in the window of: {', '.join(few)}; "
+            "a p99 of so few commits is their maximum (a larger --records gives more)."
+        )
     lines += ["", *notes, "", "## Targets", ""]
     lines += [f"- {v}" for v in result["verdicts"]]
     lines += [
