@@ -24,6 +24,7 @@ from typing import Any
 RUNNERS = {
     "raw_loop": "benchmarks.raw_loop:run",
     "runtime_stateless": "benchmarks.workloads.stateless:run_runtime",
+    "state_runtime": "benchmarks.state.runtime_side:run",
 }
 
 

@@ -33,4 +33,7 @@ WORKLOADS = {
     # Named queries: a light query's latency beside a CPU-bound one, alone /
     # equal priority / higher priority / weights 3:1 (benchmarks/queries.py).
     "queries": "benchmarks.queries",
+    # Many tasks with two stores each: RSS, commit time, store open, restore,
+    # records/s, per store layout and against Kafka Streams (benchmarks/state/).
+    "state": "benchmarks.state.main",
 }

@@ -1,0 +1,226 @@
+"""The runtime's side of the state benchmark: one App in a fresh child process.
+
+``benchmarks.child`` runner ``state_runtime`` (spec in, figures out; the
+child adds the process's CPU seconds and peak RSS). Two modes:
+
+- ``process``: a fresh ``state.dir``. The app starts paused (``App.pause()``:
+  it joins the group, opens every task's stores and buffers input, but
+  processes nothing); ``open_s`` is from ``start()`` until every task is
+  RUNNING. Then it resumes, and ``records_per_s`` runs from the resume until
+  every backlog record is processed; the app waits for one more commit (the
+  last counts on disk and in the changelogs) and closes.
+- ``restore``: the same ``application.id`` on an empty ``state.dir`` (the
+  local state wiped): every store restores from its changelog, and
+  ``restore_s`` is from ``start()`` until every task is RUNNING. The count
+  store is then read back: its counts must add up to the backlog.
+
+Commit time: ``Committer.commit`` (steps 2-6 of the commit protocol: prepare,
+flush the output, commit the offsets, changelog positions, every task's
+``post_commit``, which writes its stores' batches and checkpoint) is wrapped,
+in this process only, to time every commit that committed offsets; the
+stores' share (every ``StreamTask.post_commit`` of the commit) is timed too.
+Read-only: the runtime keeps only the last commit's duration
+(``last_commit_duration_s``), and a benchmark needs each one. Only commits
+that end between the resume and the end of the measured window count.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any
+
+from benchmarks.state.workload import (
+    COUNT_STORE,
+    WINDOW_STORE,
+    build_topology,
+    key_of,
+    layout_config,
+)
+
+
+class CommitTimes:
+    """Every commit's duration and its stores' share, from wrapped methods."""
+
+    def __init__(self) -> None:
+        self.commits: list[tuple[float, float, float, int]] = []  # end, seconds, stores s, parts
+        self._stores_s = 0.0
+
+    def install(self) -> None:
+        from runtime.polling.committer import Committer
+        from runtime.processing.task import StreamTask
+
+        commit = Committer.commit
+        post_commit = StreamTask.post_commit
+        times = self
+
+        def timed_commit(committer: Any, tasks: Any, reason: str) -> Any:
+            times._stores_s = 0.0
+            started = time.monotonic()
+            result = commit(committer, tasks, reason)
+            ended = time.monotonic()
+            if result.committed and result.partitions:
+                times.commits.append((ended, ended - started, times._stores_s, result.partitions))
+            return result
+
+        def timed_post_commit(task: Any, *args: Any, **kwargs: Any) -> Any:
+            started = time.monotonic()
+            try:
+                return post_commit(task, *args, **kwargs)
+            finally:
+                times._stores_s += time.monotonic() - started
+
+        Committer.commit = timed_commit  # type: ignore[method-assign]
+        StreamTask.post_commit = timed_post_commit  # type: ignore[method-assign]
+
+    def between(self, start: float, end: float) -> list[tuple[float, float, float, int]]:
+        return [c for c in self.commits if start <= c[0] <= end]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-quantile (0..1) by the nearest-rank method (a p99 of 40 commits is the max)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = min(len(ordered), max(1, math.ceil(q * len(ordered))))
+    return ordered[rank - 1]
+
+
+def _wait(predicate: Any, timeout: float, what: str, app: Any, interval: float = 0.05) -> float:
+    deadline = time.monotonic() + timeout
+    while True:
+        failure = app.failure
+        if failure is not None:
+            raise RuntimeError(f"the app failed while waiting for {what}: {failure!r}")
+        if predicate():
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(interval)
+
+
+def _all_running(app: Any, partitions: int, phases: dict[str, float], started: float) -> bool:
+    status = app.status()
+    phase = status.startup_phase
+    if phase is not None and phase not in phases:
+        phases[phase] = round(time.monotonic() - started, 3)
+    tasks = status.tasks
+    return len(tasks) == partitions and all(t.state in ("RUNNING", "PAUSED") for t in tasks)
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    from runtime import App
+    from runtime.gc_tuning import tune_for_app_process
+
+    mode = spec["mode"]
+    partitions = int(spec["partitions"])
+    total = int(spec["records"])
+    timeout = float(spec.get("timeout_s", 600))
+    times = CommitTimes()
+    times.install()
+    config: dict[str, Any] = {
+        "application.id": spec["application_id"],
+        "bootstrap.servers": spec["bootstrap"],
+        "state.dir": spec["state_dir"],
+        "processing.threads": int(spec["threads"]),
+        "commit.interval.ms": int(spec["commit_interval_ms"]),
+        "consumer.session.timeout.ms": 6000,
+        "log.level": "warning",
+        **layout_config(spec["layout"]),
+        **spec.get("config", {}),
+    }
+    app = App(build_topology(spec["input_topic"], int(spec["window_ms"])), config)
+    result: dict[str, Any] = {"mode": mode, "layout": spec["layout"], "partitions": partitions}
+    if mode == "process":
+        app.pause()
+    phases: dict[str, float] = {}
+    started = time.monotonic()
+    app.start()
+    tune_for_app_process()
+    try:
+        running = _wait(
+            lambda: _all_running(app, partitions, phases, started),
+            timeout,
+            "every task RUNNING",
+            app,
+        )
+        result["startup_phases_s"] = phases
+        status = app.status()
+        result["restored_records"] = status.restored
+        restores = status.restores.values()
+        result["task_restore_max_s"] = max((r.get("seconds", 0.0) for r in restores), default=0.0)
+        if mode == "restore":
+            result["restore_s"] = running - started
+            result.update(_read_back(app, spec))
+        else:
+            result["open_s"] = running - started
+            result.update(_process(app, times, total, timeout, started))
+        result["rss_before_close_mb"] = _rss_mb()
+        state = app.status().state_memory or {}
+        result["rocksdb_memory_bytes"] = state.get("memory_bytes")
+        result["block_cache_usage_bytes"] = state.get("block_cache_usage_bytes")
+        result["write_buffer_usage_bytes"] = state.get("write_buffer_usage_bytes")
+    finally:
+        closed_started = time.monotonic()
+        result["closed_cleanly"] = bool(app.close(60))
+        result["close_s"] = time.monotonic() - closed_started
+    return result
+
+
+def _read_back(app: Any, spec: dict[str, Any]) -> dict[str, int]:
+    """What the restored stores hold: the counts of both must add up to the backlog."""
+    counted = sum(int(v) for _k, v in app.store(COUNT_STORE, timeout=60).all())
+    windows = app.store(WINDOW_STORE, timeout=60)
+    total, keys = int(spec["records"]), int(spec["keys"])
+    lo, hi = (
+        int(spec["base_ms"]) - int(spec["window_ms"]),
+        int(spec["base_ms"]) + int(spec["span_ms"]),
+    )
+    used = {key_of(i, keys).decode() for i in range(total)}
+    windowed = sum(int(v) for key in used for _start, v in windows.fetch(key, lo, hi))
+    return {"counted": counted, "windowed_counted": windowed}
+
+
+def _process(
+    app: Any, times: CommitTimes, total: int, timeout: float, started: float
+) -> dict[str, Any]:
+    go = time.monotonic()
+    app.resume()
+    first = _wait(lambda: app.progress().processed > 0, timeout, "the first record", app, 0.01)
+    done = _wait(lambda: app.progress().processed >= total, timeout, "the whole backlog", app, 0.02)
+    # One commit that started after the last record: the counts are durable.
+    _wait(
+        lambda: any(end - seconds >= done for end, seconds, _s, _p in times.commits),
+        timeout,
+        "the commit after the backlog",
+        app,
+    )
+    window = times.between(go, time.monotonic())
+    seconds = [c[1] for c in window]
+    stores = [c[2] for c in window]
+    return {
+        "records": total,
+        "processed": app.progress().processed,
+        "first_record_s": first - go,
+        "backlog_s": done - go,
+        "records_per_s": total / (done - go),
+        # Symmetric with Kafka Streams whatever each fetched before the resume:
+        # from start(), group join and store opening included.
+        "records_per_s_from_start": total / (done - started),
+        "commits": len(window),
+        "commit_median_ms": 1000 * statistics.median(seconds),
+        "commit_p99_ms": 1000 * percentile(seconds, 0.99),
+        "commit_max_ms": 1000 * max(seconds),
+        "commit_stores_median_ms": 1000 * statistics.median(stores),
+        "commit_stores_p99_ms": 1000 * percentile(stores, 0.99),
+        "commit_partitions_max": max(c[3] for c in window),
+    }
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
