@@ -48,14 +48,24 @@ from tests.kafka_helpers import (
     wait_until,
 )
 
-BASE_TIMESTAMP = 1_700_000_000_000
+# Event times start an hour before the run, on a minute boundary: records
+# older than the topics' retention (7 days by default) would be deleted by
+# the broker while the test reads them (a fixed date in the past did).
+BASE_TIMESTAMP = (int(time.time()) // 60 - 60) * 60_000
 PARTITIONS = 2
+KEEP = {"retention.ms": "-1"}  # the test's topics keep their records, whatever their time
 
 Record = tuple[str | None, str | None, int]  # key, value, timestamp
 
 
 def generate(
-    seed: int, count: int, *, letters: str = "LRST", keys: int = 6, late_share: float = 0.1
+    seed: int,
+    count: int,
+    *,
+    letters: str = "LRST",
+    keys: int = 6,
+    late_share: float = 0.1,
+    base: int = BASE_TIMESTAMP,
 ) -> list[Record]:
     """A seeded input: string keys (some null), values `<letter><n>` (some null).
 
@@ -66,7 +76,7 @@ def generate(
     tombstones for tables).
     """
     rng = random.Random(seed)
-    now = BASE_TIMESTAMP
+    now = base
     out: list[Record] = []
     for i in range(count):
         now += rng.randrange(0, 400)
@@ -88,6 +98,12 @@ def produce_input(bootstrap: str, topic: str, records: list[Record]) -> None:
             "linger.ms": 5,
         }
     )
+    errors: list[object] = []
+
+    def on_delivery(err: object, _msg: object) -> None:
+        if err is not None:
+            errors.append(err)
+
     for key, value, timestamp in records:
         extra = {} if key is not None else {"partition": 0}
         producer.produce(
@@ -95,10 +111,16 @@ def produce_input(bootstrap: str, topic: str, records: list[Record]) -> None:
             key=None if key is None else key.encode(),
             value=None if value is None else value.encode(),
             timestamp=timestamp,
+            on_delivery=on_delivery,
             **extra,
         )
-    if producer.flush(30):
+    if producer.flush(60):
         raise RuntimeError(f"input to {topic!r} not delivered in time")
+    if errors:
+        raise RuntimeError(f"{len(errors)} input records to {topic!r} failed; first: {errors[0]}")
+    written = sum(end_offsets(bootstrap, topic).values())
+    if written != len(records):
+        raise RuntimeError(f"{topic!r} holds {written} records, {len(records)} were written")
 
 
 @dataclass
@@ -184,14 +206,14 @@ def run_pair(
 ) -> dict[str, Run]:
     """Run `names` on both sides over `records`; returns each topology's outputs."""
     input_topic = unique_name(f"{prefix}-in")
-    create_topic(bootstrap, input_topic, PARTITIONS)
+    create_topic(bootstrap, input_topic, PARTITIONS, KEEP)
     produce_input(bootstrap, input_topic, records)
     runs: dict[str, Run] = {}
     for name in names:
         base = unique_name(f"{prefix}-{name.replace('_', '-')}")
         run = Run(name, f"{base}-ks", f"{base}-py", f"{base}-ks-out", f"{base}-py-out")
-        create_topic(bootstrap, run.ks_out, PARTITIONS)
-        create_topic(bootstrap, run.py_out, PARTITIONS)
+        create_topic(bootstrap, run.ks_out, PARTITIONS, KEEP)
+        create_topic(bootstrap, run.py_out, PARTITIONS, KEEP)
         runs[name] = run
     ks = KafkaStreamsSide(
         bootstrap,

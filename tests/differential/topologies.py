@@ -21,7 +21,7 @@ from typing import Any
 from runtime import StreamsBuilder, serdes
 from runtime.topology.kstream import KStream
 from runtime.topology.topology import Topology
-from runtime.topology.windows import TimeWindows
+from runtime.topology.windows import JoinWindows, TimeWindows
 
 WINDOW_MS = 10_000
 HOP_MS = 5_000
@@ -134,6 +134,47 @@ def to_table(builder: StreamsBuilder, topic: str, out: str) -> None:
     _source(builder, topic).to_table().to_stream().to(out, value_serde=STR)
 
 
+def _sides(builder: StreamsBuilder, topic: str) -> tuple[KStream, KStream]:
+    source = _source(builder, topic)
+    return source.filter(side("L")), source.filter(side("R"))
+
+
+def _stream_join(kind: str, windows: JoinWindows) -> Callable[[StreamsBuilder, str, str], None]:
+    def build(builder: StreamsBuilder, topic: str, out: str) -> None:
+        left, right = _sides(builder, topic)
+        if kind == "join":
+            joined = left.join(right, joiner, windows=windows)
+        elif kind == "left":
+            joined = left.left_join(right, joiner, windows=windows)
+        else:
+            joined = left.outer_join(right, joiner, windows)
+        joined.to(out, value_serde=STR)
+
+    return build
+
+
+JOIN_WINDOWS = JoinWindows.of_time_difference_and_grace(JOIN_DIFFERENCE_MS, JOIN_GRACE_MS)
+
+
+def ss_join_windowed_count(builder: StreamsBuilder, topic: str, out: str) -> None:
+    """An outer join counted per key in tumbling windows.
+
+    No re-keying between the two: a repartition topic written by several
+    upstream tasks interleaves their records as they happen to run, and with
+    late records the windowed count then depends on that timing, in either
+    implementation (docs/differential.md).
+    """
+    left, right = _sides(builder, topic)
+    (
+        left.outer_join(right, joiner, JOIN_WINDOWS)
+        .group_by_key(key_serde=STR, value_serde=STR)
+        .windowed_by(TimeWindows.of_size_and_grace(WINDOW_MS, GRACE_MS))
+        .count()
+        .to_stream()
+        .to(out, key_serde=WINDOWED, value_serde=LONG)
+    )
+
+
 TOPOLOGIES: dict[str, Callable[[StreamsBuilder, str, str], None]] = {
     "count": count,
     "reduce": reduce,
@@ -144,6 +185,13 @@ TOPOLOGIES: dict[str, Callable[[StreamsBuilder, str, str], None]] = {
     "table_filter_map": table_filter_map,
     "select_key_count": select_key_count,
     "to_table": to_table,
+    "ss_join": _stream_join("join", JOIN_WINDOWS),
+    "ss_left_join": _stream_join("left", JOIN_WINDOWS),
+    "ss_outer_join": _stream_join("outer", JOIN_WINDOWS),
+    "ss_outer_join_no_grace": _stream_join(
+        "outer", JoinWindows.of_time_difference_with_no_grace(JOIN_DIFFERENCE_MS)
+    ),
+    "ss_join_windowed_count": ss_join_windowed_count,
 }
 
 

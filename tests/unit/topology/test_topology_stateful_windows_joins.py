@@ -321,7 +321,9 @@ def test_join_errors() -> None:
     with pytest.raises(TopologyError, match="windowed table cannot be joined"):
         stream.join(windowed, lambda a, b: a)
     with pytest.raises(TopologyError, match="expects a KTable"):
-        stream.join(stream, lambda a, b: a)  # type: ignore[arg-type]
+        stream.join(42, lambda a, b: a)  # type: ignore[arg-type]
+    with pytest.raises(TopologyError, match="needs windows=JoinWindows"):
+        stream.join(stream, lambda a, b: a)
     other = StreamsBuilder().table("t")
     with pytest.raises(TopologyError, match="one StreamsBuilder"):
         stream.join(other, lambda a, b: a)

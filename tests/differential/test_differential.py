@@ -9,8 +9,17 @@ the same in the same order, and each key must land in the same partition.
 `tests/differential/harness.py` says how; docs/differential.md lists what is
 compared and the known differences.
 
-All topologies of this module run at once: one JVM and one in-process App per
-topology, so the JVM's start-up is paid once.
+Stream-stream joins: the input's "L" records are the left stream and "R"
+records the right one (the "T"/"S" records feed the stream-table join). Both
+sides read one topic, so the order in which a join sees left and right
+records is the topic's, the same in both implementations. Kafka Streams runs
+with the spurious-result emit interval at 0
+(`__emit.interval.ms.kstreams.outer.join.spurious.results.fix__`), so
+pending left/outer results are emitted as soon as stream time allows, as here.
+
+All topologies run at once, in one module fixture: one JVM with one
+`KafkaStreams` per topology, and one in-process App per topology, so the
+JVM's start-up is paid once.
 """
 
 from __future__ import annotations
@@ -32,6 +41,11 @@ NAMES = [
     "table_filter_map",
     "select_key_count",
     "to_table",
+    "ss_join",
+    "ss_left_join",
+    "ss_outer_join",
+    "ss_outer_join_no_grace",
+    "ss_join_windowed_count",
 ]
 # Aggregations: values compared, not timestamps (Kafka Streams stamps a result
 # with the largest timestamp its aggregate has seen, this runtime with the
@@ -43,6 +57,7 @@ VALUES_ONLY = {
     "tumbling_count",
     "hopping_count",
     "select_key_count",
+    "ss_join_windowed_count",
 }
 
 
@@ -51,7 +66,7 @@ def runs(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     missing = peers_build.java_missing()
     if missing:
         pytest.skip(missing)
-    records = generate(seed=35, count=400)
+    records = generate(seed=35, count=500, keys=5, late_share=0.15)
     return run_pair(bootstrap, NAMES, records, tmp_path_factory.mktemp("diff-dsl"), "dsl")
 
 
