@@ -20,6 +20,7 @@ from runtime.partitioning.static import VirtualPartitioner
 from runtime.processing.store_queries import StoreUnavailableError
 from runtime.topology import (
     BranchedKStream,
+    JoinWindows,
     KGroupedStream,
     KStream,
     KTable,
@@ -52,6 +53,7 @@ __all__ = [
     "KGroupedStream",
     "KStream",
     "KTable",
+    "JoinWindows",
     "TimeWindowedKStream",
     "TimeWindows",
     "Windowed",

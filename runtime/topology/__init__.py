@@ -25,7 +25,7 @@ from runtime.topology.ktable import KTable
 from runtime.topology.processor import Processor, ProcessorContext
 from runtime.topology.record import Record
 from runtime.topology.topology import Subtopology, TaskGraph, TopicSpec, Topology
-from runtime.topology.windows import TimeWindows, Windowed
+from runtime.topology.windows import JoinWindows, TimeWindows, Windowed
 
 __all__ = [
     "BranchedKStream",
@@ -41,6 +41,7 @@ __all__ = [
     "Subtopology",
     "TaskGraph",
     "TimeWindowedKStream",
+    "JoinWindows",
     "TimeWindows",
     "TopicSpec",
     "Topology",

@@ -52,6 +52,8 @@ from runtime.topology.nodes import (
 )
 from runtime.topology.processor import Processor
 from runtime.topology.stateful_nodes import KeySelectNode, StreamTableJoinNode
+from runtime.topology.stream_join_dsl import stream_join
+from runtime.topology.windows import JoinWindows
 
 if TYPE_CHECKING:
     from runtime.topology.grouped import KGroupedStream
@@ -505,42 +507,183 @@ class KStream:
 
     def join(
         self,
-        table: KTable,
+        other: KTable | KStream,
         joiner: Callable[[Any, Any], Any],
         name: str | None = None,
         key_serde: Any = None,
         value_serde: Any = None,
+        *,
+        windows: JoinWindows | None = None,
+        other_value_serde: Any = None,
+        store: str | None = None,
     ) -> KStream:
-        """Each record joined with the table's current value for its key.
+        """Join with a table (each record with the table's current value for its
+        key) or, given `windows`, with another stream (records of equal keys
+        at most the windows' time difference apart).
 
-        Emits `joiner(stream_value, table_value)` with the record's key and
-        timestamp; records whose key the table lacks produce nothing (null
+        Table: emits `joiner(stream_value, table_value)` with the record's key
+        and timestamp; records whose key the table lacks produce nothing (null
         keys and values are dropped and counted). See `left_join` for how the
         stream and the table must be partitioned.
+
+        Stream (`windows=JoinWindows...`): emits `joiner(this_value,
+        other_value)` for each pair, stamped with the later timestamp; see
+        `runtime.topology.stream_joins` and docs/dsl.md. `value_serde` and
+        `other_value_serde` serialize each side's values in its window store
+        (default: the streams' own, else the configured default); `store`
+        names the stores (`<store>-this-join-store`, `<store>-other-join-store`).
         """
-        return self._join_table(table, joiner, False, name, key_serde, value_serde)
+        if isinstance(other, KStream):
+            return self._join_stream(
+                other,
+                joiner,
+                windows,
+                False,
+                False,
+                name,
+                key_serde,
+                value_serde,
+                other_value_serde,
+                store,
+                "join()",
+            )
+        self._no_windows(windows, other_value_serde, store, "join()")
+        return self._join_table(other, joiner, False, name, key_serde, value_serde)
 
     def left_join(
         self,
-        table: KTable,
+        other: KTable | KStream,
         joiner: Callable[[Any, Any], Any],
         name: str | None = None,
         key_serde: Any = None,
         value_serde: Any = None,
+        *,
+        windows: JoinWindows | None = None,
+        other_value_serde: Any = None,
+        store: str | None = None,
     ) -> KStream:
-        """Each record joined with the table's value for its key, or with None.
+        """Left join with a table, or (given `windows`) with another stream.
 
-        Emits `joiner(stream_value, table_value_or_None)` for every record
-        with a value (null keys included). The lookup is local, so the stream's
-        and the table's source topics form a co-partition group: the runtime
-        checks at start-up that they have the same partition count
+        Table: each record joined with the table's value for its key, or with
+        None; emits `joiner(stream_value, table_value_or_None)` for every
+        record with a value (null keys included). The lookup is local, so the
+        stream's and the table's source topics form a co-partition group: the
+        runtime checks at start-up that they have the same partition count
         (TopicError otherwise). A stream whose key may have changed (`map`,
         `flat_map`, `process`) is repartitioned first, automatically, through
         `<name>-repartition` (`name`, else a generated
         `KSTREAM-REPARTITION-<n>`), with `key_serde`/`value_serde` (default:
         the stream's); that topic joins the co-partition group.
+
+        Stream: as `join`, and a record of this stream that found no partner
+        by the time its window closed (stream time past its timestamp +
+        after + grace) is emitted once as `joiner(this_value, None)`.
         """
-        return self._join_table(table, joiner, True, name, key_serde, value_serde)
+        if isinstance(other, KStream):
+            return self._join_stream(
+                other,
+                joiner,
+                windows,
+                True,
+                False,
+                name,
+                key_serde,
+                value_serde,
+                other_value_serde,
+                store,
+                "left_join()",
+            )
+        self._no_windows(windows, other_value_serde, store, "left_join()")
+        return self._join_table(other, joiner, True, name, key_serde, value_serde)
+
+    def outer_join(
+        self,
+        other: KStream,
+        joiner: Callable[[Any, Any], Any],
+        windows: JoinWindows,
+        name: str | None = None,
+        key_serde: Any = None,
+        value_serde: Any = None,
+        other_value_serde: Any = None,
+        store: str | None = None,
+    ) -> KStream:
+        """Windowed outer join with another stream: as `left_join`, and a
+        record of either side without partner is emitted once its window has
+        closed, as `joiner(this_value, None)` or `joiner(None, other_value)`."""
+        if not isinstance(other, KStream):
+            raise TopologyError(f"outer_join() expects a KStream, got {other!r}")
+        return self._join_stream(
+            other,
+            joiner,
+            windows,
+            True,
+            True,
+            name,
+            key_serde,
+            value_serde,
+            other_value_serde,
+            store,
+            "outer_join()",
+        )
+
+    @staticmethod
+    def _no_windows(windows: Any, other_value_serde: Any, store: Any, what: str) -> None:
+        if windows is not None or other_value_serde is not None or store is not None:
+            raise TopologyError(
+                f"{what}: windows, other_value_serde and store are for joining two streams; "
+                "a stream-table join takes none"
+            )
+
+    def _join_stream(
+        self,
+        other: KStream,
+        joiner: Callable[[Any, Any], Any],
+        windows: JoinWindows | None,
+        left_outer: bool,
+        right_outer: bool,
+        name: str | None,
+        key_serde: Any,
+        value_serde: Any,
+        other_value_serde: Any,
+        store: str | None,
+        what: str,
+    ) -> KStream:
+        if not isinstance(windows, JoinWindows):
+            raise TopologyError(
+                f"{what} of two streams needs windows=JoinWindows...(...), got {windows!r}"
+            )
+        if other._graph is not self._graph:
+            raise TopologyError(f"{what}: both streams must come from one StreamsBuilder")
+        fn = check_callable(joiner, what)
+        key_serde = self._serde(key_serde, self.key_serde, "key_serde")
+        this_serde = self._serde(value_serde, self.value_serde, "value_serde")
+        other_serde = self._serde(other_value_serde, other.value_serde, "other_value_serde")
+        this: KStream = self
+        if self.repartition_required:
+            this = self.repartition(
+                name=f"{name}-left" if name else None, key_serde=key_serde, value_serde=this_serde
+            )
+        that: KStream = other
+        if other.repartition_required:
+            that = other.repartition(
+                name=f"{name}-right" if name else None,
+                key_serde=key_serde,
+                value_serde=other_serde,
+            )
+        merge = stream_join(
+            self._graph,
+            this._node,
+            that._node,
+            fn,
+            windows,
+            left_outer,
+            right_outer,
+            name,
+            (key_serde, this_serde, other_serde),
+            None if store is None else check_store_name(store),
+            store_spec,
+        )
+        return KStream(self._graph, merge, key_serde, None, False)
 
     def _join_table(
         self,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from runtime.murmur2 import partition_python
 from runtime.topology import serdes as _serdes
 from runtime.topology.context import TaskContext
 from runtime.topology.errors import SerializationError
@@ -30,6 +31,11 @@ class SinkNode(Node):
     partition or None for default partitioning. The app's static partitioner,
     when configured, replaces it for every keyed record (null keys go
     round-robin): `static_partition(topic, key, num_partitions)`.
+
+    Windowed keys (a `serdes.windowed` key serde) without either are
+    partitioned by their inner key's bytes, as Kafka Streams'
+    WindowedStreamPartitioner does: every window of a key lands in one
+    partition, the one the plain key would (found by the differential tests).
     """
 
     __slots__ = (
@@ -44,6 +50,7 @@ class SinkNode(Node):
         "_value_ser",
         "_send",
         "_partition_count",
+        "_inner_key_ser",
         "_static",
         "_known_count",
         "_resolved",
@@ -76,6 +83,7 @@ class SinkNode(Node):
         self._send: Callable[..., None] = _not_initialized
         self._partition_count: Callable[[str], int] = _not_initialized
         self._static: Callable[[str, Any, int], int] | None = None
+        self._inner_key_ser: Callable[[Any], bytes | None] | None = None
         self._known_count: Callable[[str], int] | None = None
 
     def add_child(self, child: Node) -> None:
@@ -93,6 +101,8 @@ class SinkNode(Node):
         static = getattr(ctx, "static_partitioner", None)  # optional (see TaskContext)
         self._static = static.static_partition if static is not None else None
         self._known_count = getattr(static, "known_partition_count", None)
+        if isinstance(key, _serdes.TimeWindowedSerde) and key.inner is not None:
+            self._inner_key_ser = key.inner.serialize
 
     def process(self, record: Record) -> None:
         key = record.key
@@ -109,6 +119,10 @@ class SinkNode(Node):
                     f"sink {self.name!r}: partitioner returned {partition} for topic "
                     f"{self.full_topic!r} with {num_partitions} partitions"
                 )
+        elif self._inner_key_ser is not None and key is not None:
+            inner = self._inner_key_ser(key.key)
+            if inner is not None:
+                partition = partition_python(inner, self._partition_count(self.full_topic))
         # try costs nothing until something raises (CPython 3.11+).
         try:
             key_bytes = self._key_ser(key)

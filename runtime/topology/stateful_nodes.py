@@ -276,9 +276,24 @@ class WindowAggregateNode(_StoreWriterNode):
     Kafka Streams' dropped-records sensor). Windows older than the retention
     (size + grace) are expired from the store as stream time advances.
     Forwarded keys are `Windowed(key, start, end)`.
+
+    Stream time here is the node's own, as Kafka Streams' window aggregation
+    keeps it: the largest timestamp of the records it applied. Records it
+    drops (null key or value) do not advance it, though they advance the
+    task's; with the task's, a dropped record with a future timestamp closed
+    windows that Kafka Streams keeps open (found by the differential tests).
+    It starts at -1 in every new instance (after a restart too, as in Kafka
+    Streams).
+
+    Null values: a windowed `count` counts them (Kafka Streams' windowed
+    aggregation drops only null keys, and its count ignores the value);
+    windowed `reduce`/`aggregate` drop them (`null_value`), where Kafka
+    Streams would call the reducer or aggregator with null: a deliberate
+    difference (docs/differential.md), so that user functions never see None
+    as a value, as in the non-windowed aggregations of both.
     """
 
-    __slots__ = ("fold", "windows", "_ctx", "_size", "_grace", "_retention")
+    __slots__ = ("fold", "windows", "_size", "_grace", "_retention", "_observed", "_count")
 
     def __init__(
         self,
@@ -292,15 +307,16 @@ class WindowAggregateNode(_StoreWriterNode):
         super().__init__(name, store, key_serde, value_serde)
         self.fold = fold
         self.windows = windows
-        self._ctx: TaskContext | None = None
         self._size = windows.size_ms
         self._grace = windows.grace_ms
         self._retention = windows.retention_ms
+        self._observed = -1
+        self._count = fold is count_fold
 
     def init(self, ctx: TaskContext) -> None:
         super().init(ctx)
         self._bind_values(ctx)
-        self._ctx = ctx
+        self._observed = -1
 
     def process(self, record: Record) -> None:
         key = record.key
@@ -308,17 +324,16 @@ class WindowAggregateNode(_StoreWriterNode):
             self._dropped("null_key")
             return
         value = record.value
-        if value is None:
+        if value is None and not self._count:
             self._dropped("null_value")
             return
         timestamp = record.timestamp
         if timestamp < 0:
             self._dropped("negative_timestamp")
             return
-        assert self._ctx is not None
-        stream_time = self._ctx.stream_time
+        stream_time = self._observed
         if timestamp > stream_time:
-            stream_time = timestamp
+            stream_time = self._observed = timestamp
         close_time = stream_time - self._grace
         size = self._size
         store = self._store
@@ -344,10 +359,6 @@ class WindowAggregateNode(_StoreWriterNode):
         value = self._emitted_value(new)
         windowed = Windowed(self._key_de(key[:-8]), start, start + self._size)
         self._emit(Record(windowed, value, timestamp))
-
-    def close(self) -> None:
-        super().close()
-        self._ctx = None
 
 
 class TableFilterNode(Node):

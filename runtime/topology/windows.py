@@ -106,3 +106,69 @@ class Windowed:
 
     def __repr__(self) -> str:
         return f"Windowed({self.key!r}, [{self.start}, {self.end}))"
+
+
+@dataclass(frozen=True, init=False)
+class JoinWindows:
+    """The time difference of a stream-stream join, and its grace.
+
+    A left record at time `t` joins right records with timestamps in
+    `[t - before_ms, t + after_ms]` (both ends included). A record arriving
+    after stream time passed its window's end plus `grace_ms` no longer joins
+    (late). Kafka Streams' factories: `of_time_difference_and_grace`,
+    `of_time_difference_with_no_grace` (alias `of_time_difference`), then
+    `before`/`after` to make the window asymmetric. Durations are int
+    milliseconds or `timedelta`s.
+    """
+
+    before_ms: int
+    after_ms: int
+    grace_ms: int
+
+    def __init__(self, before_ms: Duration, after_ms: Duration, grace_ms: Duration = 0) -> None:
+        before = to_ms(before_ms, "join window before")
+        after = to_ms(after_ms, "join window after")
+        grace = to_ms(grace_ms, "join window grace")
+        if before + after < 0:
+            raise ValueError(
+                f"join window size (before + after) must be >= 0 ms, got {before} + {after}"
+            )
+        if grace < 0:
+            raise ValueError(f"join window grace must be >= 0 ms, got {grace}")
+        object.__setattr__(self, "before_ms", before)
+        object.__setattr__(self, "after_ms", after)
+        object.__setattr__(self, "grace_ms", grace)
+
+    @classmethod
+    def of_time_difference_and_grace(
+        cls, time_difference: Duration, grace: Duration
+    ) -> JoinWindows:
+        """Records join when at most `time_difference` apart; late ones count for `grace`."""
+        diff = to_ms(time_difference, "join time difference")
+        if diff < 0:
+            raise ValueError(f"join time difference must be >= 0 ms, got {diff}")
+        return cls(diff, diff, grace)
+
+    @classmethod
+    def of_time_difference_with_no_grace(cls, time_difference: Duration) -> JoinWindows:
+        """Records join when at most `time_difference` apart; no grace for late ones."""
+        return cls.of_time_difference_and_grace(time_difference, 0)
+
+    of_time_difference = of_time_difference_with_no_grace
+
+    def before(self, time_difference: Duration) -> JoinWindows:
+        """The same windows, reaching `time_difference` back from a left record."""
+        return JoinWindows(time_difference, self.after_ms, self.grace_ms)
+
+    def after(self, time_difference: Duration) -> JoinWindows:
+        """The same windows, reaching `time_difference` ahead of a left record."""
+        return JoinWindows(self.before_ms, time_difference, self.grace_ms)
+
+    @property
+    def size_ms(self) -> int:
+        return self.before_ms + self.after_ms
+
+    @property
+    def retention_ms(self) -> int:
+        """How long the join's window stores keep a record: size + grace."""
+        return self.size_ms + self.grace_ms

@@ -31,6 +31,7 @@ LAYER = {
     "librdkafka_properties": 0,
     "error_handlers": 0,
     "gc_tuning": 0,
+    "murmur2": 0,
     "brokers": 0,
     "state": 1,
     "topology": 2,

@@ -126,6 +126,19 @@ def test_late_records_are_dropped_and_counted(tmp_path: Path) -> None:
     assert ctx.dropped == {"late": 1}
 
 
+def test_dropped_records_do_not_close_windows(tmp_path: Path) -> None:
+    # Kafka Streams' window aggregation keeps its own stream time: a record
+    # it drops (here a null key at 100) does not advance it, so [0, 10)
+    # is still open for the record at 3 (the task's stream time, 100, would
+    # have closed it). A windowed count counts null values, as Kafka Streams'.
+    ctx = RecordingTaskContext(state_dir=tmp_path, cache_max_bytes=0)
+    graph = ctx.instantiate(windowed_count(TimeWindows.of_size_and_grace(10, 5)).subtopologies[0])
+    for key, value, ts in [("a", "v", 5), (None, "v", 100), ("a", None, 3)]:
+        ctx.process(graph, "in", key, value, ts)
+    assert windowed_output(ctx.output("out"), 10) == [("a", 0, 10, 1), ("a", 0, 10, 2)]
+    assert ctx.dropped == {"null_key": 1}
+
+
 def test_hopping_late_records_count_once_per_closed_window(tmp_path: Path) -> None:
     windows = TimeWindows(10, advance_ms=5)
     ctx = run(tmp_path, windows, [("a", 20), ("a", 12)])
@@ -308,7 +321,27 @@ def test_join_errors() -> None:
     with pytest.raises(TopologyError, match="windowed table cannot be joined"):
         stream.join(windowed, lambda a, b: a)
     with pytest.raises(TopologyError, match="expects a KTable"):
-        stream.join(stream, lambda a, b: a)  # type: ignore[arg-type]
+        stream.join(42, lambda a, b: a)  # type: ignore[arg-type]
+    with pytest.raises(TopologyError, match="needs windows=JoinWindows"):
+        stream.join(stream, lambda a, b: a)
     other = StreamsBuilder().table("t")
     with pytest.raises(TopologyError, match="one StreamsBuilder"):
         stream.join(other, lambda a, b: a)
+
+
+def test_windowed_keys_are_partitioned_by_their_inner_key(tmp_path: Path) -> None:
+    # As Kafka Streams' WindowedStreamPartitioner: every window of a key goes
+    # to the partition of the plain key's bytes.
+    from runtime.murmur2 import partition_python
+
+    ctx = RecordingTaskContext(state_dir=tmp_path, cache_max_bytes=0, partitions={"out": 7})
+    graph = ctx.instantiate(windowed_count(TimeWindows(10)).subtopologies[0])
+    for ts in (5, 15, 25):
+        for key in ("a", "b", "c", "d"):
+            ctx.process(graph, "in", key, "v", ts)
+    sent = ctx.output("out")
+    assert len(sent) == 12
+    for s in sent:
+        assert s.key is not None
+        assert s.partition == partition_python(s.key[:-8], 7)
+    assert len({s.partition for s in sent}) > 1

@@ -1,0 +1,209 @@
+package peers;
+
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Properties;
+import java.util.concurrent.TimeUnit;
+import org.apache.kafka.common.serialization.Serde;
+import org.apache.kafka.common.serialization.Serdes;
+import org.apache.kafka.common.utils.Bytes;
+import org.apache.kafka.streams.KafkaStreams;
+import org.apache.kafka.streams.StreamsBuilder;
+import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.Topology;
+import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.Grouped;
+import org.apache.kafka.streams.kstream.JoinWindows;
+import org.apache.kafka.streams.kstream.KStream;
+import org.apache.kafka.streams.kstream.KTable;
+import org.apache.kafka.streams.kstream.Materialized;
+import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.kstream.StreamJoined;
+import org.apache.kafka.streams.kstream.TimeWindows;
+import org.apache.kafka.streams.kstream.ValueJoiner;
+import org.apache.kafka.streams.kstream.WindowedSerdes;
+import org.apache.kafka.streams.state.KeyValueStore;
+
+/**
+ * The Kafka Streams side of the differential tests ({@code tests/differential/}).
+ *
+ * <p>Each topology here has a twin written with the Python DSL in {@code
+ * tests/differential/topologies.py}, under the same name; both read the same input topic and
+ * write their own output topic, which the tests compare record for record.
+ *
+ * <p>Usage: {@code java -cp ks-peer.jar peers.DifferentialTopologies BOOTSTRAP STATE_DIR
+ * NAME:APPLICATION_ID:INPUT:OUTPUT ...}. Runs one {@link KafkaStreams} per argument (one stream
+ * thread each, caching off, a 100 ms commit interval) in this one JVM, prints {@code ready} once
+ * every instance is RUNNING, and closes them all (a final commit) when a line {@code stop} or
+ * end of input arrives on stdin; prints {@code stopped} then. The test decides when to stop: when
+ * every application's consumer group has committed the end of its input topics.
+ *
+ * <p>Keys and values are UTF-8 strings; counts and sums are 8-byte big-endian longs; windowed
+ * keys use Kafka's time-windowed serde layout (key bytes + 8-byte window start).
+ */
+public final class DifferentialTopologies {
+    static final Duration WINDOW = Duration.ofSeconds(10);
+    static final Duration HOP = Duration.ofSeconds(5);
+    static final Duration GRACE = Duration.ofSeconds(3);
+    static final Duration JOIN_DIFFERENCE = Duration.ofSeconds(5);
+    static final Duration JOIN_GRACE = Duration.ofSeconds(2);
+
+    private DifferentialTopologies() {}
+
+    public static void main(final String[] args) throws Exception {
+        if (args.length < 3) {
+            System.err.println(
+                    "usage: DifferentialTopologies BOOTSTRAP STATE_DIR NAME:APP_ID:INPUT:OUTPUT ...");
+            System.exit(2);
+        }
+        final String bootstrap = args[0];
+        final Path stateDir = Path.of(args[1]);
+        final List<KafkaStreams> running = new ArrayList<>();
+        for (int i = 2; i < args.length; i++) {
+            final String[] parts = args[i].split(":", 4);
+            final Topology topology = build(parts[0], parts[2], parts[3]);
+            final KafkaStreams streams =
+                    new KafkaStreams(topology, config(bootstrap, parts[1], stateDir));
+            running.add(streams);
+        }
+        running.forEach(KafkaStreams::start);
+        final long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(120);
+        while (!running.stream().allMatch(s -> s.state() == KafkaStreams.State.RUNNING)) {
+            if (System.nanoTime() > deadline
+                    || running.stream().anyMatch(s -> s.state() == KafkaStreams.State.ERROR)) {
+                System.out.println("failed to start");
+                System.out.flush();
+                running.forEach(s -> s.close(Duration.ofSeconds(10)));
+                System.exit(1);
+            }
+            Thread.sleep(50);
+        }
+        System.out.println("ready");
+        System.out.flush();
+        final BufferedReader stdin =
+                new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        String line;
+        while ((line = stdin.readLine()) != null && !line.trim().equals("stop")) {
+            // wait for the test's word
+        }
+        running.forEach(s -> s.close(Duration.ofSeconds(30)));
+        System.out.println("stopped");
+        System.out.flush();
+    }
+
+    static Properties config(final String bootstrap, final String appId, final Path stateDir) {
+        final Properties props = new Properties();
+        props.put(StreamsConfig.APPLICATION_ID_CONFIG, appId);
+        props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        props.put(StreamsConfig.STATE_DIR_CONFIG, stateDir.resolve(appId).toString());
+        props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, 1);
+        props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0);
+        props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 100);
+        props.put(StreamsConfig.DEFAULT_KEY_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
+        props.put(StreamsConfig.DEFAULT_VALUE_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
+        // Outer-join results of records whose window closed are emitted when stream time
+        // passes the window's end; by default at most once a second of wall-clock time,
+        // which makes the output depend on timing. Every record checks here.
+        props.put("__emit.interval.ms.kstreams.outer.join.spurious.results.fix__", 0L);
+        props.put(StreamsConfig.consumerPrefix("session.timeout.ms"), 6000);
+        props.put(StreamsConfig.consumerPrefix("heartbeat.interval.ms"), 500);
+        return props;
+    }
+
+    /** Values of the join tests: "L..." records are the left stream, "R..." the right one. */
+    static boolean side(final String value, final String prefix) {
+        return value != null && value.startsWith(prefix);
+    }
+
+    static final ValueJoiner<String, String, String> JOINER = (l, r) -> l + "+" + r;
+
+    static Topology build(final String name, final String input, final String output) {
+        final StreamsBuilder builder = new StreamsBuilder();
+        final Serde<String> str = Serdes.String();
+        final Serde<Long> lng = Serdes.Long();
+        final KStream<String, String> in = builder.stream(input, Consumed.with(str, str));
+        switch (name) {
+            case "count" -> in.groupByKey().count().toStream().to(output, Produced.with(str, lng));
+            case "reduce" -> in.groupByKey()
+                    .reduce((agg, v) -> agg + "|" + v)
+                    .toStream()
+                    .to(output, Produced.with(str, str));
+            case "aggregate" -> in.groupByKey()
+                    .aggregate(
+                            () -> 0L,
+                            (k, v, agg) -> agg + v.length(),
+                            Materialized.<String, Long, KeyValueStore<Bytes, byte[]>>with(str, lng))
+                    .toStream()
+                    .to(output, Produced.with(str, lng));
+            case "tumbling_count" -> in.groupByKey()
+                    .windowedBy(TimeWindows.ofSizeAndGrace(WINDOW, GRACE))
+                    .count()
+                    .toStream()
+                    .to(output, Produced.with(
+                            WindowedSerdes.timeWindowedSerdeFrom(String.class, WINDOW.toMillis()),
+                            lng));
+            case "hopping_count" -> in.groupByKey()
+                    .windowedBy(TimeWindows.ofSizeAndGrace(WINDOW, GRACE).advanceBy(HOP))
+                    .count()
+                    .toStream()
+                    .to(output, Produced.with(
+                            WindowedSerdes.timeWindowedSerdeFrom(String.class, WINDOW.toMillis()),
+                            lng));
+            case "table_left_join" -> {
+                final KTable<String, String> table = in.filter((k, v) -> side(v, "T")).toTable();
+                in.filter((k, v) -> side(v, "S"))
+                        .leftJoin(table, (s, t) -> s + "/" + t)
+                        .to(output, Produced.with(str, str));
+            }
+            case "table_filter_map" -> in.toTable(Materialized.as("tfm-store"))
+                    .filter((k, v) -> v.length() % 2 == 0)
+                    .mapValues(v -> v.toUpperCase())
+                    .toStream()
+                    .to(output, Produced.with(str, str));
+            case "select_key_count" -> in.filter((k, v) -> v != null)
+                    .selectKey((k, v) -> v.substring(0, 2))
+                    .groupByKey(Grouped.as("by-prefix"))
+                    .count()
+                    .toStream()
+                    .to(output, Produced.with(str, lng));
+            case "to_table" -> in.toTable().toStream().to(output, Produced.with(str, str));
+            case "ss_join", "ss_left_join", "ss_outer_join", "ss_outer_join_no_grace" -> {
+                final KStream<String, String> left = in.filter((k, v) -> side(v, "L"));
+                final KStream<String, String> right = in.filter((k, v) -> side(v, "R"));
+                final JoinWindows windows = name.endsWith("no_grace")
+                        ? JoinWindows.ofTimeDifferenceWithNoGrace(JOIN_DIFFERENCE)
+                        : JoinWindows.ofTimeDifferenceAndGrace(JOIN_DIFFERENCE, JOIN_GRACE);
+                final StreamJoined<String, String, String> joined = StreamJoined.with(str, str, str);
+                final KStream<String, String> out = switch (name) {
+                    case "ss_join" -> left.join(right, JOINER, windows, joined);
+                    case "ss_left_join" -> left.leftJoin(right, JOINER, windows, joined);
+                    default -> left.outerJoin(right, JOINER, windows, joined);
+                };
+                out.to(output, Produced.with(str, str));
+            }
+            case "ss_join_windowed_count" -> {
+                // Composed: an outer join counted per key in tumbling windows (no re-keying:
+                // see tests/differential/topologies.py).
+                final KStream<String, String> left = in.filter((k, v) -> side(v, "L"));
+                final KStream<String, String> right = in.filter((k, v) -> side(v, "R"));
+                left.outerJoin(right, JOINER,
+                                JoinWindows.ofTimeDifferenceAndGrace(JOIN_DIFFERENCE, JOIN_GRACE),
+                                StreamJoined.with(str, str, str))
+                        .groupByKey(Grouped.with(str, str))
+                        .windowedBy(TimeWindows.ofSizeAndGrace(WINDOW, GRACE))
+                        .count()
+                        .toStream()
+                        .to(output, Produced.with(
+                                WindowedSerdes.timeWindowedSerdeFrom(String.class, WINDOW.toMillis()),
+                                lng));
+            }
+            default -> throw new IllegalArgumentException("unknown differential topology " + name);
+        }
+        return builder.build();
+    }
+}

@@ -1,0 +1,310 @@
+"""The differential harness: one input, two implementations, outputs compared.
+
+For a set of topologies named in `tests.differential.topologies` (Python) and
+`peers.DifferentialTopologies` (Java, the benchmarks' Maven peer project),
+`run_pair` writes a seeded input into one topic, runs every topology twice on
+the same broker, once in Kafka Streams (one JVM for all of them, one
+`KafkaStreams` instance each) and once in this runtime (one in-process `App`
+each), both with caching off and a short commit interval, waits until every
+application has committed the end of each topic it reads (its input and its
+repartition topics), stops both, and reads every output topic back.
+
+`compare` then says where the outputs differ: per key, the sequence of
+(value, timestamp) in output order, and the partition each key was written to.
+Kafka Streams promises order per key (records of one key go through one task
+and one output partition), so that is what must match; the interleaving of
+different keys across partitions is not a promise of either.
+
+Why caching off: with a cache, which intermediate updates reach the output
+depends on when commits happen, in both implementations. Without it every
+update is emitted, and the output is a function of the input alone.
+
+Threads: everything runs on the test's thread, except the apps' own threads.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from benchmarks.peers import build as peers_build
+from runtime import App
+from tests.configs import app_config
+from tests.differential import topologies
+from tests.kafka_helpers import (
+    Msg,
+    _admin,
+    committed_offsets,
+    consume_all,
+    create_topic,
+    end_offsets,
+    unique_name,
+    wait_until,
+)
+
+# Event times start an hour before the run, on a minute boundary: records
+# older than the topics' retention (7 days by default) would be deleted by
+# the broker while the test reads them (a fixed date in the past did).
+BASE_TIMESTAMP = (int(time.time()) // 60 - 60) * 60_000
+PARTITIONS = 2
+KEEP = {"retention.ms": "-1"}  # the test's topics keep their records, whatever their time
+
+Record = tuple[str | None, str | None, int]  # key, value, timestamp
+
+
+def generate(
+    seed: int,
+    count: int,
+    *,
+    letters: str = "LRST",
+    keys: int = 6,
+    late_share: float = 0.1,
+    base: int = BASE_TIMESTAMP,
+) -> list[Record]:
+    """A seeded input: string keys (some null), values `<letter><n>` (some null).
+
+    Timestamps advance by 0-400 ms per record; a `late_share` of the records
+    go back by up to 9 s instead (out of order; beyond the 2-3 s graces of the
+    topologies, so some are late). About 3 % of the keys and 5 % of the values
+    are null (null keys are dropped by aggregations, null values are
+    tombstones for tables).
+    """
+    rng = random.Random(seed)
+    now = base
+    out: list[Record] = []
+    for i in range(count):
+        now += rng.randrange(0, 400)
+        timestamp = now - rng.randrange(0, 9_000) if rng.random() < late_share else now
+        key = None if rng.random() < 0.03 else f"k{rng.randrange(keys)}"
+        value = None if rng.random() < 0.05 else f"{rng.choice(letters)}{i}"
+        out.append((key, value, timestamp))
+    return out
+
+
+def produce_input(bootstrap: str, topic: str, records: list[Record]) -> None:
+    """Write `records` in order with their timestamps, keys partitioned as the
+    Java client does (murmur2; null keys to partition 0, so the run is repeatable)."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "partitioner": "murmur2_random",
+            "linger.ms": 5,
+        }
+    )
+    errors: list[object] = []
+
+    def on_delivery(err: object, _msg: object) -> None:
+        if err is not None:
+            errors.append(err)
+
+    for key, value, timestamp in records:
+        extra = {} if key is not None else {"partition": 0}
+        producer.produce(
+            topic,
+            key=None if key is None else key.encode(),
+            value=None if value is None else value.encode(),
+            timestamp=timestamp,
+            on_delivery=on_delivery,
+            **extra,
+        )
+    if producer.flush(60):
+        raise RuntimeError(f"input to {topic!r} not delivered in time")
+    if errors:
+        raise RuntimeError(f"{len(errors)} input records to {topic!r} failed; first: {errors[0]}")
+    written = sum(end_offsets(bootstrap, topic).values())
+    if written != len(records):
+        raise RuntimeError(f"{topic!r} holds {written} records, {len(records)} were written")
+
+
+@dataclass
+class Run:
+    """One topology's two runs: application ids and output topics per side."""
+
+    name: str
+    ks_app: str
+    py_app: str
+    ks_out: str
+    py_out: str
+    ks_records: list[Msg] = field(default_factory=list)
+    py_records: list[Msg] = field(default_factory=list)
+
+
+def _topics_read(bootstrap: str, app_id: str, input_topic: str) -> list[str]:
+    """The input topic and the application's repartition topics."""
+    names = _admin(bootstrap).list_topics(timeout=10).topics
+    internal = [t for t in names if t.startswith(f"{app_id}-") and t.endswith("-repartition")]
+    return [input_topic, *sorted(internal)]
+
+
+def lag(bootstrap: str, app_id: str, input_topic: str) -> str | None:
+    """What the application's group has not committed yet (None: it has
+    committed the end of every topic it reads)."""
+    for topic in _topics_read(bootstrap, app_id, input_topic):
+        ends = end_offsets(bootstrap, topic)
+        committed = committed_offsets(bootstrap, app_id, topic)
+        if any(committed.get(p, -1) < end for p, end in ends.items() if end > 0):
+            return f"{app_id} on {topic}: committed {committed}, ends {ends}"
+    return None
+
+
+class KafkaStreamsSide:
+    """The JVM running every topology's Kafka Streams twin (`peers.DifferentialTopologies`)."""
+
+    def __init__(self, bootstrap: str, state_dir: Path, specs: list[str], log: Path) -> None:
+        jar = peers_build.kafka_streams_jar()
+        self._log = open(log, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                "java",
+                "-Xmx512m",
+                "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+                "-cp",
+                str(jar),
+                "peers.DifferentialTopologies",
+                bootstrap,
+                str(state_dir),
+                *specs,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
+        self.log_path = log
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = self.proc.stdout.readline().strip()  # the JVM has its own 120 s deadline
+        if line != "ready" or time.monotonic() > deadline:
+            raise AssertionError(
+                f"Kafka Streams side did not start ({line!r}); log: {self.log_path}"
+            )
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write("stop\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self._log.close()
+
+
+def run_pair(
+    bootstrap: str, names: list[str], records: list[Record], work: Path, prefix: str
+) -> dict[str, Run]:
+    """Run `names` on both sides over `records`; returns each topology's outputs."""
+    input_topic = unique_name(f"{prefix}-in")
+    create_topic(bootstrap, input_topic, PARTITIONS, KEEP)
+    produce_input(bootstrap, input_topic, records)
+    runs: dict[str, Run] = {}
+    for name in names:
+        base = unique_name(f"{prefix}-{name.replace('_', '-')}")
+        run = Run(name, f"{base}-ks", f"{base}-py", f"{base}-ks-out", f"{base}-py-out")
+        create_topic(bootstrap, run.ks_out, PARTITIONS, KEEP)
+        create_topic(bootstrap, run.py_out, PARTITIONS, KEEP)
+        runs[name] = run
+    ks = KafkaStreamsSide(
+        bootstrap,
+        work / "ks-state",
+        [f"{r.name}:{r.ks_app}:{input_topic}:{r.ks_out}" for r in runs.values()],
+        work / "kafka-streams.log",
+    )
+    apps: list[App] = []
+    try:
+        for run in runs.values():
+            config = app_config(
+                bootstrap,
+                run.py_app,
+                work / "py-state" / run.name,
+                threads=1,
+                commit_ms=100,
+                **{"cache.max.bytes": 0},
+            )
+            app = App(topologies.build(run.name, input_topic, run.py_out), config)
+            app.start()
+            apps.append(app)
+        ks.wait_ready()
+        pending = [app_id for r in runs.values() for app_id in (r.ks_app, r.py_app)]
+        behind: list[str] = []
+
+        def all_caught_up() -> bool:
+            behind[:] = [
+                text for app_id in pending if (text := lag(bootstrap, app_id, input_topic))
+            ]
+            return not behind
+
+        try:
+            wait_until(all_caught_up, timeout=180, interval=0.5)
+        except AssertionError:
+            raise AssertionError("not every application caught up:\n" + "\n".join(behind)) from None
+    finally:
+        for app in apps:
+            app.close(30)
+        ks.stop()
+    for run in runs.values():
+        run.ks_records = consume_all(bootstrap, run.ks_out, timeout=30)
+        run.py_records = consume_all(bootstrap, run.py_out, timeout=30)
+    return runs
+
+
+def by_key(records: list[Msg]) -> dict[bytes | None, list[tuple[bytes | None, int]]]:
+    """(value, timestamp) per key, in output order (offset order of the key's partition)."""
+    out: dict[bytes | None, list[tuple[bytes | None, int]]] = defaultdict(list)
+    for m in sorted(records, key=lambda m: (m.partition, m.offset)):
+        out[m.key].append((m.value, m.timestamp))
+    return dict(out)
+
+
+def _order(item: tuple[bytes | None, int]) -> tuple[bytes, int]:
+    return (item[0] or b"", item[1])
+
+
+def compare(run: Run, *, timestamps: bool = True) -> list[str]:
+    """The differences between the two sides' outputs, one line each (empty: equal).
+
+    `timestamps=False` compares values only: for aggregations, whose results
+    Kafka Streams stamps with the largest timestamp the aggregate has seen and
+    this runtime with the timestamp of the record that updated it (a known
+    difference, docs/differential.md).
+    """
+    ks, py = by_key(run.ks_records), by_key(run.py_records)
+    problems: list[str] = []
+    for key in sorted(set(ks) | set(py), key=lambda k: (k is not None, k or b"")):
+        want, got = ks.get(key, []), py.get(key, [])
+        if not timestamps:
+            want = [(v, 0) for v, _ in want]
+            got = [(v, 0) for v, _ in got]
+        if key is None:
+            # Records without a key have no partition (Kafka Streams' producer
+            # spreads them), so no order either: compared as a multiset.
+            want, got = sorted(want, key=_order), sorted(got, key=_order)
+        if want != got:
+            first = next(
+                (i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b),
+                min(len(want), len(got)),
+            )
+            problems.append(
+                f"key {key!r}: Kafka Streams wrote {len(want)} records, the runtime "
+                f"{len(got)}; first difference at #{first}: "
+                f"{want[first : first + 3]} vs {got[first : first + 3]}"
+            )
+    ks_parts = {m.key: m.partition for m in run.ks_records}
+    py_parts = {m.key: m.partition for m in run.py_records}
+    for key in (ks_parts.keys() & py_parts.keys()) - {None}:
+        if ks_parts[key] != py_parts[key]:
+            problems.append(
+                f"key {key!r}: partition {ks_parts[key]} in Kafka Streams, {py_parts[key]} here"
+            )
+    return problems

@@ -1,0 +1,201 @@
+"""The Python twins of `peers.DifferentialTopologies` (the Kafka Streams side).
+
+Each function builds, with this project's DSL, the topology its Java namesake
+builds in `benchmarks/peers/kafka_streams/src/main/java/peers/DifferentialTopologies.java`:
+same operators, same functions (written to give the same strings: Java's
+`"a" + null` is `"a" + "null"`), same serdes (UTF-8 strings, 8-byte longs,
+Kafka's time-windowed key layout), same windows. Change both sides together.
+
+The input (`tests.differential.harness.generate`) is one topic of string keys
+and values; a value's first letter says which side of a join it feeds ("L"/"R"
+for stream-stream joins, "T"/"S" for the stream-table join).
+
+Threads: pure builders, called by the test's thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from runtime import StreamsBuilder, serdes
+from runtime.topology.kstream import KStream
+from runtime.topology.topology import Topology
+from runtime.topology.windows import JoinWindows, TimeWindows
+
+WINDOW_MS = 10_000
+HOP_MS = 5_000
+GRACE_MS = 3_000
+JOIN_DIFFERENCE_MS = 5_000
+JOIN_GRACE_MS = 2_000
+
+STR = serdes.STRING
+LONG = serdes.INT64
+WINDOWED = serdes.windowed(serdes.STRING, WINDOW_MS)
+
+
+def java_str(value: Any) -> str:
+    """How Java's string concatenation writes a value (null as "null")."""
+    return "null" if value is None else str(value)
+
+
+def joiner(left: Any, right: Any) -> str:
+    return f"{java_str(left)}+{java_str(right)}"
+
+
+def side(prefix: str) -> Callable[[Any, Any], bool]:
+    return lambda key, value: value is not None and value.startswith(prefix)
+
+
+def _source(builder: StreamsBuilder, topic: str) -> KStream:
+    return builder.stream(topic, key_serde=STR, value_serde=STR)
+
+
+def count(builder: StreamsBuilder, topic: str, out: str) -> None:
+    _source(builder, topic).group_by_key().count().to_stream().to(out, value_serde=LONG)
+
+
+def reduce(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .group_by_key()
+        .reduce(lambda agg, value: f"{agg}|{value}")
+        .to_stream()
+        .to(out, value_serde=STR)
+    )
+
+
+def aggregate(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .group_by_key()
+        .aggregate(lambda: 0, lambda key, value, agg: agg + len(value), value_serde=LONG)
+        .to_stream()
+        .to(out, value_serde=LONG)
+    )
+
+
+def tumbling_count(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .group_by_key()
+        .windowed_by(TimeWindows.of_size_and_grace(WINDOW_MS, GRACE_MS))
+        .count()
+        .to_stream()
+        .to(out, key_serde=WINDOWED, value_serde=LONG)
+    )
+
+
+def hopping_count(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .group_by_key()
+        .windowed_by(TimeWindows.of_size_and_grace(WINDOW_MS, GRACE_MS).advance_by(HOP_MS))
+        .count()
+        .to_stream()
+        .to(out, key_serde=WINDOWED, value_serde=LONG)
+    )
+
+
+def table_left_join(builder: StreamsBuilder, topic: str, out: str) -> None:
+    source = _source(builder, topic)
+    table = source.filter(side("T")).to_table()
+    (
+        source.filter(side("S"))
+        .left_join(table, lambda s, t: f"{s}/{java_str(t)}")
+        .to(out, value_serde=STR)
+    )
+
+
+def table_filter_map(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .to_table(store="tfm-store")
+        .filter(lambda key, value: len(value) % 2 == 0)
+        .map_values(str.upper)
+        .to_stream()
+        .to(out, value_serde=STR)
+    )
+
+
+def select_key_count(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .filter(lambda key, value: value is not None)
+        .select_key(lambda key, value: value[:2])
+        .group_by_key(key_serde=STR, name="by-prefix")
+        .count()
+        .to_stream()
+        .to(out, key_serde=STR, value_serde=LONG)
+    )
+
+
+def to_table(builder: StreamsBuilder, topic: str, out: str) -> None:
+    _source(builder, topic).to_table().to_stream().to(out, value_serde=STR)
+
+
+def _sides(builder: StreamsBuilder, topic: str) -> tuple[KStream, KStream]:
+    source = _source(builder, topic)
+    return source.filter(side("L")), source.filter(side("R"))
+
+
+def _stream_join(kind: str, windows: JoinWindows) -> Callable[[StreamsBuilder, str, str], None]:
+    def build(builder: StreamsBuilder, topic: str, out: str) -> None:
+        left, right = _sides(builder, topic)
+        if kind == "join":
+            joined = left.join(right, joiner, windows=windows)
+        elif kind == "left":
+            joined = left.left_join(right, joiner, windows=windows)
+        else:
+            joined = left.outer_join(right, joiner, windows)
+        joined.to(out, value_serde=STR)
+
+    return build
+
+
+JOIN_WINDOWS = JoinWindows.of_time_difference_and_grace(JOIN_DIFFERENCE_MS, JOIN_GRACE_MS)
+
+
+def ss_join_windowed_count(builder: StreamsBuilder, topic: str, out: str) -> None:
+    """An outer join counted per key in tumbling windows.
+
+    No re-keying between the two: a repartition topic written by several
+    upstream tasks interleaves their records as they happen to run, and with
+    late records the windowed count then depends on that timing, in either
+    implementation (docs/differential.md).
+    """
+    left, right = _sides(builder, topic)
+    (
+        left.outer_join(right, joiner, JOIN_WINDOWS)
+        .group_by_key(key_serde=STR, value_serde=STR)
+        .windowed_by(TimeWindows.of_size_and_grace(WINDOW_MS, GRACE_MS))
+        .count()
+        .to_stream()
+        .to(out, key_serde=WINDOWED, value_serde=LONG)
+    )
+
+
+TOPOLOGIES: dict[str, Callable[[StreamsBuilder, str, str], None]] = {
+    "count": count,
+    "reduce": reduce,
+    "aggregate": aggregate,
+    "tumbling_count": tumbling_count,
+    "hopping_count": hopping_count,
+    "table_left_join": table_left_join,
+    "table_filter_map": table_filter_map,
+    "select_key_count": select_key_count,
+    "to_table": to_table,
+    "ss_join": _stream_join("join", JOIN_WINDOWS),
+    "ss_left_join": _stream_join("left", JOIN_WINDOWS),
+    "ss_outer_join": _stream_join("outer", JOIN_WINDOWS),
+    "ss_outer_join_no_grace": _stream_join(
+        "outer", JoinWindows.of_time_difference_with_no_grace(JOIN_DIFFERENCE_MS)
+    ),
+    "ss_join_windowed_count": ss_join_windowed_count,
+}
+
+
+def build(name: str, topic: str, out: str) -> Topology:
+    builder = StreamsBuilder()
+    TOPOLOGIES[name](builder, topic, out)
+    return builder.build()
