@@ -1,0 +1,170 @@
+"""A daemon with several processing processes (`processes` > 1) on a real broker.
+
+One `streams-runtime run` with `processes=2` runs the stateful count in two
+processes of the application's one consumer group and answers as one
+daemon: one admin socket (status with a row per process and the totals,
+`tasks` naming each task's process, threads forwarded), one log stream
+(each line names its process), SIGTERM closing both. Under exactly_once_v2,
+kill -9 of one processing process (restarted by the supervisor) loses and
+duplicates nothing; kill -9 of the supervisor takes its processes along.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.admin.client import request
+from tests.configs import app_config
+from tests.harness import Daemon, clean_env
+from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
+
+pytestmark = pytest.mark.integration
+
+COUNT = "tests.apps.count_app:topology"
+PASSTHROUGH = "tests.apps.passthrough:topology"
+PARTITIONS = 4
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not reaped yet) is not alive either
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[-1][:1] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class Run:
+    """One daemon of the test: its topics, socket, settings and log."""
+
+    def __init__(self, bootstrap: str, tmp_path: Path, target: str, **extra: Any) -> None:
+        self.bootstrap = bootstrap
+        self.input = unique_name("procs-in")
+        self.output = unique_name("procs-out")
+        create_topic(bootstrap, self.input, PARTITIONS)
+        create_topic(bootstrap, self.output, PARTITIONS)
+        self.workdir = Path(tempfile.mkdtemp(prefix="procs"))  # AF_UNIX paths <= 107 bytes
+        self.socket = str(self.workdir / "admin.sock")
+        self.target = target
+        self.sets: dict[str, Any] = {
+            **app_config(
+                bootstrap,
+                unique_name("procs"),
+                tmp_path,
+                threads=1,
+                guarantee="exactly_once_v2",
+                commit_ms=100,
+                session_ms=6000,
+            ),
+            "admin.socket": self.socket,
+            "processes": 2,
+            "process.restart.backoff.ms": 200,
+            **extra,
+        }
+        self.env = clean_env(STREAMS_TEST_INPUT=self.input, STREAMS_TEST_OUTPUT=self.output)
+        self.daemon: Daemon | None = None
+        self.runs = 0
+
+    def start(self) -> Daemon:
+        self.runs += 1
+        daemon = Daemon(self.workdir / f"daemon{self.runs}.log", self.target, self.sets, self.env)
+        self.daemon = daemon.start()
+        wait_until(lambda: os.path.exists(self.socket) or not daemon.alive(), 120)
+        daemon.assert_alive()
+        return daemon
+
+    def ask(self, command: str, **arguments: Any) -> Any:
+        return request(self.socket, command, timeout=60, **arguments)
+
+    def processes(self) -> list[dict[str, Any]]:
+        return list(self.ask("status")["processes"])
+
+    def wait_running(self, count: int, timeout: float = 120) -> list[dict[str, Any]]:
+        """Wait until `count` processes run and own every task between them."""
+
+        def ready() -> bool:
+            status = self.ask("status")
+            rows = status["processes"]
+            return (
+                len(rows) == count
+                and all(r["up"] and r["state"] == "RUNNING" for r in rows)
+                and len(status["tasks"]) == PARTITIONS
+                and all(r["tasks"] > 0 for r in rows)
+            )
+
+        assert self.daemon is not None
+        wait_until(ready, timeout, interval=0.3, message=f"not {count} running processes")
+        return self.processes()
+
+    def stop(self) -> None:
+        daemon = self.daemon
+        if daemon is not None and daemon.alive():
+            daemon.send(signal.SIGTERM)
+            code = daemon.wait(90)
+            if code is None:
+                daemon.kill()
+            assert code == 0, daemon.tail()
+
+
+@pytest.fixture
+def count_run(bootstrap: str, tmp_path: Path) -> Iterator[Run]:
+    run = Run(bootstrap, tmp_path, COUNT)
+    yield run
+    if run.daemon is not None:
+        run.daemon.kill()
+
+
+def final_counts(bootstrap: str, topic: str, expected: int) -> dict[bytes, int]:
+    """The last count per key of the committed output, once `expected` keys are there."""
+    latest: dict[bytes, int] = {}
+
+    def complete() -> bool:
+        latest.clear()
+        for message in consume_all(bootstrap, topic, timeout=60, idle=0.5):
+            assert message.key is not None and message.value is not None
+            latest[message.key] = int.from_bytes(message.value, "big", signed=True)
+        return len(latest) == expected
+
+    wait_until(complete, 90, interval=0.5, message="not every key counted")
+    return latest
+
+
+def test_two_processes_count_exactly_and_answer_as_one_daemon(count_run: Run) -> None:
+    run = count_run
+    keys = [f"k{i}" for i in range(20)]
+    produce(run.bootstrap, run.input, ((k, f"v{n}") for n in range(50) for k in keys))
+    run.start()
+    rows = run.wait_running(2)
+    pids = {r["pid"] for r in rows}
+    assert len(pids) == 2 and run.daemon is not None and run.daemon.pid not in pids
+    assert [r["name"] for r in rows] == ["p0", "p1"]
+
+    counts = final_counts(run.bootstrap, run.output, len(keys))
+    assert counts == {k.encode(): 50 for k in keys}
+    status = run.ask("status")
+    assert status["processed"] == 50 * len(keys)  # the totals of both processes
+    assert len(status["threads"]) == 2
+    tasks = run.ask("tasks")["tasks"]
+    assert len(tasks) == PARTITIONS
+    assert {t["process"] for t in tasks} == {"p0", "p1"}
+
+    # Threads are per process: one more in each.
+    before = len(run.ask("threads")["names"])
+    run.ask("threads.add")
+    wait_until(lambda: len(run.ask("threads")["names"]) == before + 2, 30)
+
+    run.stop()
+    log = (run.workdir / "daemon1.log").read_text()
+    assert '"process": "p0"' in log and '"process": "p1"' in log
+    for pid in pids:
+        assert not alive(pid)
