@@ -247,13 +247,10 @@ class WorkerPool:
             now = time.monotonic()
             if now - slot.started_mono >= _STABLE_UPTIME_S:
                 slot.early_deaths = 0
-            delay_ms = (
-                0
-                if slot.early_deaths == 0
-                else min(
-                    self.config.process_restart_backoff_ms * 2 ** (slot.early_deaths - 1),
-                    self.config.process_restart_backoff_max_ms,
-                )
+            delay_ms = restart_delay_ms(
+                slot.early_deaths,
+                self.config.process_restart_backoff_ms,
+                self.config.process_restart_backoff_max_ms,
             )
             slot.early_deaths += 1
             slot.next_start = now + delay_ms / 1000.0
@@ -454,6 +451,17 @@ class WorkerPool:
         )
 
     add_query = remove_query = pause_query = resume_query = _no_queries
+
+
+def restart_delay_ms(early_deaths: int, base_ms: int, max_ms: int) -> int:
+    """How long to wait before restarting a slot that died `early_deaths`
+    times in a row within a minute of its start before this death: at once
+    the first time (its open transaction holds back read_committed readers
+    until its successor's init aborts it), then `base_ms` doubling up to
+    `max_ms`."""
+    if early_deaths <= 0:
+        return 0
+    return int(min(base_ms * 2 ** min(early_deaths - 1, 32), max_ms))
 
 
 def _exit_reason(code: int, failure: str | None) -> str:

@@ -22,7 +22,7 @@ import pytest
 
 from runtime.admin.client import request
 from tests.configs import app_config
-from tests.harness import Daemon, clean_env
+from tests.harness import Daemon, Feeder, clean_env
 from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
 
 pytestmark = pytest.mark.integration
@@ -124,18 +124,26 @@ def count_run(bootstrap: str, tmp_path: Path) -> Iterator[Run]:
         run.daemon.kill()
 
 
-def final_counts(bootstrap: str, topic: str, expected: int) -> dict[bytes, int]:
-    """The last count per key of the committed output, once `expected` keys are there."""
+def final_counts(bootstrap: str, topic: str, expected: dict[bytes, int]) -> dict[bytes, int]:
+    """The last count per key of the committed output, once it is `expected`
+    (or when 90 s have passed: the caller's assert then shows the difference).
+    A count above the expected one never comes down: it fails at once."""
     latest: dict[bytes, int] = {}
 
-    def complete() -> bool:
+    def final() -> bool:
         latest.clear()
         for message in consume_all(bootstrap, topic, timeout=60, idle=0.5):
             assert message.key is not None and message.value is not None
             latest[message.key] = int.from_bytes(message.value, "big", signed=True)
-        return len(latest) == expected
+        over = {k: v for k, v in latest.items() if v > expected.get(k, 0)}
+        assert not over, f"counted twice: {over}"
+        return latest == expected
 
-    wait_until(complete, 90, interval=0.5, message="not every key counted")
+    try:
+        wait_until(final, 90, interval=0.5)
+    except AssertionError as exc:
+        if "counted twice" in str(exc):
+            raise
     return latest
 
 
@@ -149,8 +157,8 @@ def test_two_processes_count_exactly_and_answer_as_one_daemon(count_run: Run) ->
     assert len(pids) == 2 and run.daemon is not None and run.daemon.pid not in pids
     assert [r["name"] for r in rows] == ["p0", "p1"]
 
-    counts = final_counts(run.bootstrap, run.output, len(keys))
-    assert counts == {k.encode(): 50 for k in keys}
+    expected = {k.encode(): 50 for k in keys}
+    assert final_counts(run.bootstrap, run.output, expected) == expected
     status = run.ask("status")
     assert status["processed"] == 50 * len(keys)  # the totals of both processes
     assert len(status["threads"]) == 2
@@ -168,3 +176,80 @@ def test_two_processes_count_exactly_and_answer_as_one_daemon(count_run: Run) ->
     assert '"process": "p0"' in log and '"process": "p1"' in log
     for pid in pids:
         assert not alive(pid)
+
+
+# kill -9 of one processing process, repeated. The issue asks for 10
+# repetitions; the suite runs KILLS (3 by default: about 25 s per
+# workload) and STREAMS_TEST_PROCESS_KILLS=10 runs the full count.
+KILLS = int(os.environ.get("STREAMS_TEST_PROCESS_KILLS", "3"))
+
+
+@pytest.mark.parametrize("target", [COUNT, PASSTHROUGH], ids=["count", "passthrough"])
+def test_kill_9_of_a_processing_process_is_restarted_and_loses_and_duplicates_nothing(
+    bootstrap: str, tmp_path: Path, target: str
+) -> None:
+    """exactly_once_v2, input arriving all along: kill -9 one processing
+    process (p0 and p1 in turn) KILLS times; the supervisor restarts it in
+    its slot (same transactional id: the dead one's open transaction is
+    aborted by the new one's init; static membership: it takes its
+    partitions back without waiting for the session to expire); the
+    committed output holds every input record exactly once (pass-through)
+    and the exact final count per key (count)."""
+    run = Run(bootstrap, tmp_path, target, **{"consumer.group.instance.id": unique_name("s")})
+    feeder = Feeder(bootstrap, run.input, rate=400, keys=20)
+    try:
+        run.start()
+        rows = run.wait_running(2)
+        feeder.start()
+        for kill in range(KILLS):
+            victim = rows[kill % 2]
+            before = run.ask("status")["processed"]
+            wait_until(lambda b=before: run.ask("status")["processed"] > b + 100, 60)
+            os.kill(victim["pid"], signal.SIGKILL)
+            wait_until(lambda pid=victim["pid"]: not alive(pid), 10)
+
+            def restarted(v: dict[str, Any] = victim) -> bool:
+                row = next(r for r in run.processes() if r["name"] == v["name"])
+                return row["restarts"] == v["restarts"] + 1 and row["pid"] not in (None, v["pid"])
+
+            wait_until(restarted, 60, interval=0.2, message=f"{victim['name']} not restarted")
+            rows = run.wait_running(2)
+            last_exit = next(r for r in rows if r["name"] == victim["name"])["last_exit"]
+            assert last_exit is not None and "SIGKILL" in last_exit
+        feeder.stop()
+        sent = feeder.sent
+        if target == PASSTHROUGH:
+            out = consume_all(bootstrap, run.output, expected=sent, timeout=90, idle=1.0)
+            values = sorted(int(m.value or b"-1") for m in out)
+            assert values == list(range(sent)), "lost or duplicated records"
+        else:
+            expected = {f"k{k}".encode(): len(range(k, sent, 20)) for k in range(20)}
+            assert final_counts(bootstrap, run.output, expected) == expected
+        run.stop()
+    finally:
+        if feeder.is_alive():
+            feeder.stop()
+        if run.daemon is not None:
+            run.daemon.kill()
+
+
+def test_kill_9_of_the_supervisor_takes_its_processes_along_and_a_restart_is_exactly_once(
+    count_run: Run,
+) -> None:
+    run = count_run
+    keys = [f"k{i}" for i in range(10)]
+    produce(run.bootstrap, run.input, ((k, "v") for n in range(100) for k in keys))
+    daemon = run.start()
+    pids = [r["pid"] for r in run.wait_running(2)]
+    wait_until(lambda: run.ask("status")["processed"] > 0, 60)
+    daemon.kill()  # SIGKILL, reaped: the processes' stdin closes
+    for pid in pids:
+        wait_until(
+            lambda p=pid: not alive(p), 60, message="a processing process outlived its daemon"
+        )
+    os.unlink(run.socket)
+    produce(run.bootstrap, run.input, ((k, "v") for n in range(100) for k in keys))
+    run.start()
+    expected = {k.encode(): 200 for k in keys}
+    assert final_counts(run.bootstrap, run.output, expected) == expected
+    run.stop()
