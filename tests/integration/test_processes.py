@@ -11,6 +11,7 @@ duplicates nothing; kill -9 of the supervisor takes its processes along.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import tempfile
@@ -20,10 +21,17 @@ from typing import Any
 
 import pytest
 
-from runtime.admin.client import request
+from runtime.admin.client import AdminConnection
 from tests.configs import app_config
 from tests.harness import Daemon, Feeder, clean_env
-from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
+from tests.kafka_helpers import (
+    consume_all,
+    create_topic,
+    end_offsets,
+    produce,
+    unique_name,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +92,8 @@ class Run:
         return daemon
 
     def ask(self, command: str, **arguments: Any) -> Any:
-        return request(self.socket, command, timeout=60, **arguments)
+        with AdminConnection(self.socket, 60 + float(arguments.get("timeout", 0))) as conn:
+            return conn.call(command, **arguments)
 
     def processes(self) -> list[dict[str, Any]]:
         return list(self.ask("status")["processes"])
@@ -253,3 +262,84 @@ def test_kill_9_of_the_supervisor_takes_its_processes_along_and_a_restart_is_exa
     expected = {k.encode(): 200 for k in keys}
     assert final_counts(run.bootstrap, run.output, expected) == expected
     run.stop()
+
+
+def _restores_logged(log: str, process: str) -> dict[str, int]:
+    """task id -> the changelog offset its latest restore in `process` started
+    from (the `task_restoring` log line; -2: the beginning, no checkpoint)."""
+    starts: dict[str, int] = {}
+    for line in log.splitlines():
+        if '"task_restoring"' not in line or f'"process": "{process}"' not in line:
+            continue
+        event = json.loads(line)
+        (changelog,) = event["changelogs"]
+        starts[event["task_id"]] = int(changelog.rsplit("@", 1)[1])
+    return starts
+
+
+def test_resize_1_2_1_under_load_counts_exactly_and_a_moved_task_restores_only_its_tail(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """processes.resizable, one process, input arriving all along:
+    `processes set 2` moves some tasks to p1, `processes set 1` moves them
+    back (p1 commits, closes and leaves first). Each moved task opens the
+    directory its old owner closed and restores from that owner's
+    checkpoint: its restore starts past the changelog's beginning and
+    replays at most the records after that checkpoint. The final counts are
+    exact (exactly_once_v2)."""
+    run = Run(bootstrap, tmp_path, COUNT, processes=1, **{"processes.resizable": True})
+    feeder = Feeder(bootstrap, run.input, rate=300, keys=20)
+    changelog = f"{run.sets['application.id']}-counts-changelog"
+    try:
+        run.start()
+        run.wait_running(1)
+        feeder.start()
+        wait_until(lambda: run.ask("status")["processed"] > 300, 60)
+
+        reply = run.ask("processes.set", count=2, timeout=120)
+        assert reply["processes"] == 2
+        run.wait_running(2)
+        moved = {t["id"] for t in run.ask("tasks")["tasks"] if t["process"] == "p1"}
+        assert moved, "no task moved to the new process"
+
+        def restored_in(process: str, tasks: set[str]) -> dict[str, int]:
+            restores = run.ask("status")["restores"]
+            return {
+                t: restores[t]["records"]
+                for t in tasks
+                if t in restores and restores[t].get("process") == process
+            }
+
+        wait_until(lambda: len(restored_in("p1", moved)) == len(moved), 60)
+        records = restored_in("p1", moved)
+        ends = end_offsets(bootstrap, changelog)
+        starts = _restores_logged((run.workdir / "daemon1.log").read_text(), "p1")
+        for task in moved:
+            partition = int(task.split("_")[1])
+            assert starts[task] > 0, f"{task} restored from the beginning in p1"
+            assert records[task] <= ends[partition] - starts[task], (task, records, starts)
+        wait_until(lambda: run.ask("status")["processed"] > 600, 60)
+
+        reply = run.ask("processes.set", count=1, timeout=120)
+        assert reply["processes"] == 1
+        assert [r["name"] for r in run.wait_running(1)] == ["p0"]
+        assert {t["process"] for t in run.ask("tasks")["tasks"]} == {"p0"}
+        wait_until(lambda: len(restored_in("p0", moved)) == len(moved), 60)
+        records = restored_in("p0", moved)
+        ends = end_offsets(bootstrap, changelog)
+        back = _restores_logged((run.workdir / "daemon1.log").read_text(), "p0")
+        for task in moved:
+            partition = int(task.split("_")[1])
+            assert back[task] >= starts[task] > 0, f"{task} restored from the beginning in p0"
+            assert records[task] <= ends[partition] - back[task], (task, records, back)
+
+        feeder.stop()
+        sent = feeder.sent
+        expected = {f"k{k}".encode(): len(range(k, sent, 20)) for k in range(20)}
+        assert final_counts(bootstrap, run.output, expected) == expected
+        run.stop()
+    finally:
+        if feeder.is_alive():
+            feeder.stop()
+        if run.daemon is not None:
+            run.daemon.kill()
