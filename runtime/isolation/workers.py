@@ -409,6 +409,17 @@ class WorkerPool:
         }
         return merge_statuses(base, self.process_rows(), statuses)
 
+    def expositions(self) -> dict[str, str]:
+        """Each running process's `/metrics` text (runtime.isolation.pool_metrics)."""
+        return {name: str(text) for name, text in self._ask_all("metrics").items()}
+
+    def metrics_registry(self) -> Any:
+        """The registry the daemon's metrics endpoint serves: the processes'
+        families merged with a `process` label, and the pool's own."""
+        from runtime.isolation.pool_metrics import pool_registry
+
+        return pool_registry(self)
+
     @property
     def processing_threads(self) -> list[str]:
         answers = self._ask_all("threads")

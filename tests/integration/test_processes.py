@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,7 @@ class Run:
 
 @pytest.fixture
 def count_run(bootstrap: str, tmp_path: Path) -> Iterator[Run]:
-    run = Run(bootstrap, tmp_path, COUNT)
+    run = Run(bootstrap, tmp_path, COUNT, **{"metrics.port": 0})
     yield run
     if run.daemon is not None:
         run.daemon.kill()
@@ -174,6 +175,24 @@ def test_two_processes_count_exactly_and_answer_as_one_daemon(count_run: Run) ->
     tasks = run.ask("tasks")["tasks"]
     assert len(tasks) == PARTITIONS
     assert {t["process"] for t in tasks} == {"p0", "p1"}
+
+    # One /metrics for the daemon: each process's families with its label.
+    url = status["daemon"]["metrics"]["url"] + "/metrics"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    processed = {
+        process: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("streams_records_processed_total{")
+        for process in ("p0", "p1")
+        if f'process="{process}"' in line
+    }
+    assert sum(processed.values()) == 50 * len(keys) and set(processed) == {"p0", "p1"}
+    assert "streams_processes 2.0" in text
+    for row in rows:
+        assert f'streams_process_up{{pid="{row["pid"]}",process="{row["name"]}"}} 1.0' in text
+        assert f'streams_process_restarts_total{{process="{row["name"]}"}} 0.0' in text
+    assert 'process_resident_memory_bytes{process="supervisor"}' in text
 
     # Threads are per process: one more in each.
     before = len(run.ask("threads")["names"])

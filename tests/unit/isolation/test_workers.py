@@ -73,3 +73,31 @@ def test_merged_status_sums_counts_and_says_which_process_owns_each_task() -> No
     again = AppStatus.from_dict(merged.to_dict())
     assert again.processes == tuple(rows)
     assert again.tasks[2].process == "p1"
+
+
+def test_expositions_merge_into_one_family_per_name_with_a_process_label() -> None:
+    from prometheus_client.core import Metric
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from runtime.isolation.pool_metrics import relabel
+
+    text = (
+        "# HELP streams_records_processed_total Records processed.\n"
+        "# TYPE streams_records_processed_total counter\n"
+        "streams_records_processed_total 5.0\n"
+        "# HELP streams_consumer_lag Lag.\n"
+        "# TYPE streams_consumer_lag gauge\n"
+        'streams_consumer_lag{partition="0",topic="in"} 3.0\n'
+    )
+    merged: dict[str, Metric] = {}
+    relabel(text_string_to_metric_families(text), "p0", merged)
+    relabel(text_string_to_metric_families(text.replace("5.0", "7.0")), "p1", merged)
+    processed = merged["streams_records_processed"]
+    assert processed.type == "counter"
+    assert [(s.labels, s.value) for s in processed.samples if s.name.endswith("_total")] == [
+        ({"process": "p0"}, 5.0),
+        ({"process": "p1"}, 7.0),
+    ]
+    lag = merged["streams_consumer_lag"].samples
+    assert [s.labels["process"] for s in lag] == ["p0", "p1"]
+    assert all(s.labels["topic"] == "in" for s in lag)
