@@ -16,6 +16,7 @@ becomes the supervisor of that many processing processes.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -76,7 +77,13 @@ def _run(args: argparse.Namespace, signals: StartupSignals) -> int:
             # (runtime.isolation.workers); each checks topics and waits for
             # the cluster itself, and one that cannot start fails the start.
             from runtime.isolation.workers import WorkerPool
+            from runtime.logging import configure_logging
 
+            # One log stream: the supervisor's lines say so, its processes'
+            # say `p<i>` (runtime.isolation.child).
+            configure_logging(
+                config.log_level, fields={"process": "supervisor", "pid": os.getpid()}
+            )
             app = WorkerPool(config, args.target)
             signals.defer()
             try:

@@ -174,6 +174,8 @@ def _run(app: Any, spec: Any, out: IO[str], lock: threading.Lock, stop: threadin
             consumed=status.consumed,
             processed=status.processed,
             produced=status.produced,
+            commits=status.commits,
+            last_commit=status.last_commit,
             lag=status.total_lag,
             busy_seconds=figures[0].get(spec.query, 0.0),
             p99_latency_ms=figures[1].get(spec.query),

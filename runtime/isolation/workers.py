@@ -41,7 +41,7 @@ from runtime.isolation.plan import PROCESS, isolation_of, worker_spec
 from runtime.isolation.process import ChildProcess
 from runtime.lifecycle import AppState
 from runtime.logging import get_logger
-from runtime.status import AppStatus, ProcessStatus
+from runtime.status import AppStatus, ProcessStatus, Progress
 
 log = get_logger("runtime.isolation")
 
@@ -216,7 +216,7 @@ class WorkerPool:
         slot.started_at = time.time()
         slot.started_mono = time.monotonic()
         pid = child.launch()
-        log.info("process_starting", process=slot.name, pid=pid, restarts=slot.restarts)
+        log.info("process_starting", slot=slot.name, pid=pid, restarts=slot.restarts)
         return slot
 
     def _on_event(self, slot: _Slot, child: ChildProcess, event: dict[str, Any]) -> None:
@@ -238,7 +238,7 @@ class WorkerPool:
                 return
             slot.figures = {}
             if stopping or self._closing.is_set():
-                log.info("process_stopped", process=slot.name, reason=reason)
+                log.info("process_stopped", slot=slot.name, reason=reason)
                 if slot.index >= self._wanted and self._slots.get(slot.index) is slot:
                     del self._slots[slot.index]
                 return
@@ -255,7 +255,7 @@ class WorkerPool:
             slot.early_deaths += 1
             slot.next_start = now + delay_ms / 1000.0
         log.warning(
-            "process_died", process=slot.name, reason=reason, started=started,
+            "process_died", slot=slot.name, reason=reason, started=started,
             restart_in_ms=delay_ms, restarts=slot.restarts,
         )  # fmt: skip
 
@@ -284,7 +284,7 @@ class WorkerPool:
                 if self._slots[index].child is None or self._slots[index].child.wait(0):  # type: ignore[union-attr]
                     del self._slots[index]
         for child in stopping:
-            log.info("process_removing", process=child.name, pid=child.pid)
+            log.info("process_removing", slot=child.name.removeprefix("process-"), pid=child.pid)
             child.request_stop()
 
     def _reconcile_loop(self) -> None:
@@ -365,12 +365,24 @@ class WorkerPool:
             )
         return rows
 
-    @property
-    def processed(self) -> int:
-        """Records processed by the running processes (their last status lines;
-        a dead process's count goes with it): cheap, for a benchmark's watch."""
+    def progress(self) -> Progress:
+        """`App.progress()`'s totals over the running processes, from their
+        last status lines (at most `STATUS_INTERVAL_S` old; a dead process's
+        counts go with it): no request to any process, so a benchmark may
+        poll it as it polls an App."""
         with self._lock:
-            return sum(int(s.figures.get("processed", 0)) for s in self._slots.values())
+            figures = [s.figures for s in self._slots.values()]
+        commits = [f["last_commit"] for f in figures if f.get("last_commit") is not None]
+        return Progress(
+            state=str(self.state),
+            failure=None if self.failure is None else str(self.failure),
+            consumed=sum(int(f.get("consumed", 0)) for f in figures),
+            processed=sum(int(f.get("processed", 0)) for f in figures),
+            produced=sum(int(f.get("produced", 0)) for f in figures),
+            commits=sum(int(f.get("commits", 0)) for f in figures),
+            last_commit=max(commits) if commits else None,
+            last_commit_duration_s=None,
+        )
 
     # --- what an App answers ---------------------------------------------------
 
@@ -392,7 +404,7 @@ class WorkerPool:
             try:
                 answers[name] = future.result()
             except Exception as exc:
-                log.info("process_request_failed", process=name, op=op, error=str(exc))
+                log.info("process_request_failed", slot=name, op=op, error=str(exc))
         return answers
 
     def status(self) -> AppStatus:

@@ -362,3 +362,34 @@ def test_resize_1_2_1_under_load_counts_exactly_and_a_moved_task_restores_only_i
             feeder.stop()
         if run.daemon is not None:
             run.daemon.kill()
+
+
+def test_a_benchmark_can_run_k_processes_from_python_and_read_their_totals(
+    bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`WorkerPool` as a benchmark drives it: no daemon, no socket; the
+    processes inherit the environment (the topics) and `progress()` sums
+    their counts as `App.progress()` does for one."""
+    from runtime.config import StreamsConfig
+    from runtime.isolation.workers import WorkerPool
+
+    topic_in, topic_out = unique_name("procs-in"), unique_name("procs-out")
+    create_topic(bootstrap, topic_in, PARTITIONS)
+    create_topic(bootstrap, topic_out, PARTITIONS)
+    monkeypatch.setenv("STREAMS_TEST_INPUT", topic_in)
+    monkeypatch.setenv("STREAMS_TEST_OUTPUT", topic_out)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    produce(bootstrap, topic_in, ((f"k{i}", f"{i}") for i in range(2000)))
+    config = StreamsConfig.from_dict(
+        app_config(bootstrap, unique_name("procs"), tmp_path, threads=1, processes=2)
+    )
+    pool = WorkerPool(config, PASSTHROUGH)
+    pool.start()
+    try:
+        wait_until(lambda: pool.progress().processed == 2000, 60, message="not all processed")
+        assert pool.progress().consumed == 2000
+        assert len([r for r in pool.process_rows() if r.up]) == 2
+    finally:
+        assert pool.close(60)
+    assert str(pool.state) == "NOT_RUNNING"
+    assert len(consume_all(bootstrap, topic_out, expected=2000)) == 2000

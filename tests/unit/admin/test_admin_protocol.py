@@ -478,6 +478,27 @@ def test_format_status_and_tasks() -> None:
     assert "retrying" not in text
 
 
+def test_format_status_of_several_processes_has_a_row_each_and_tasks_name_theirs() -> None:
+    status = {
+        "state": "RUNNING",
+        "processes": [
+            {"name": "p0", "pid": 11, "state": "RUNNING", "up": True, "tasks": 1, "restarts": 0},
+            {"name": "p1", "pid": None, "state": "DEAD", "up": False, "restarts": 3,
+             "last_exit": "killed by SIGKILL"},
+        ],
+        "tasks": [{"id": "0_0", "state": "RUNNING", "process": "p0", "partitions": ["in-0"]}],
+    }  # fmt: skip
+    text = admin_client.format_status(status, now=0.0)
+    lines = text.splitlines()
+    assert any(line.split() == ["processes", "1", "up", "of", "2"] for line in lines)
+    header = next(i for i, line in enumerate(lines) if line.startswith("PROCESS  PID"))
+    assert lines[header + 1].split()[:3] == ["p0", "11", "RUNNING"]
+    assert lines[header + 2].split()[-4:] == ["3", "killed", "by", "SIGKILL"]
+    task_header = next(i for i, line in enumerate(lines) if line.startswith("PROCESS  TASK"))
+    assert lines[task_header + 1].split()[:2] == ["p0", "0_0"]
+    assert admin_client._format("processes", {"rows": []}) == "one process (processes=1)"
+
+
 def test_format_status_says_which_coordinator_call_the_polling_thread_retries() -> None:
     status = {
         **AdminHandler(FakeApp()).handle(Request("status")),
