@@ -395,10 +395,13 @@ class WorkerPool:
             children = {
                 s.name: s.child for s in self._slots.values() if s.up and s.child is not None
             }
-        futures = {
-            name: self._asker.submit(child.request, op, wait_s, **fields)
-            for name, child in children.items()
-        }
+        try:
+            futures = {
+                name: self._asker.submit(child.request, op, wait_s, **fields)
+                for name, child in children.items()
+            }
+        except RuntimeError:  # closed: its executor takes no more work
+            return {}
         answers: dict[str, Any] = {}
         for name, future in futures.items():
             try:
