@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import urllib.request
 from collections.abc import Iterator
@@ -194,10 +196,13 @@ def test_two_processes_count_exactly_and_answer_as_one_daemon(count_run: Run) ->
         assert f'streams_process_restarts_total{{process="{row["name"]}"}} 0.0' in text
     assert 'process_resident_memory_bytes{process="supervisor"}' in text
 
-    # Threads are per process: one more in each.
+    # Threads are per process: one more in each, by the socket or SIGTTIN.
     before = len(run.ask("threads")["names"])
     run.ask("threads.add")
     wait_until(lambda: len(run.ask("threads")["names"]) == before + 2, 30)
+    assert run.daemon is not None
+    run.daemon.send(signal.SIGTTIN)
+    wait_until(lambda: len(run.ask("threads")["names"]) == before + 4, 30)
 
     run.stop()
     log = (run.workdir / "daemon1.log").read_text()
@@ -315,8 +320,18 @@ def test_resize_1_2_1_under_load_counts_exactly_and_a_moved_task_restores_only_i
         feeder.start()
         wait_until(lambda: run.ask("status")["processed"] > 300, 60)
 
-        reply = run.ask("processes.set", count=2, timeout=120)
-        assert reply["processes"] == 2
+        # The CLI's form: `streams-runtime admin processes set 2 --wait 120`.
+        cli = subprocess.run(
+            [sys.executable, "-m", "runtime", "admin", "--socket", run.socket]
+            + ["processes", "set", "2", "--wait", "120"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=run.env,
+        )
+        assert cli.returncode == 0, cli.stderr
+        assert cli.stdout.splitlines()[0].split()[:3] == ["PROCESS", "PID", "STATE"]
+        assert [line.split()[0] for line in cli.stdout.splitlines()[1:]] == ["p0", "p1"]
         run.wait_running(2)
         moved = {t["id"] for t in run.ask("tasks")["tasks"] if t["process"] == "p1"}
         assert moved, "no task moved to the new process"
