@@ -319,6 +319,8 @@ class WorkerPool:
         if timeout is not None:
             deadline = time.monotonic() + timeout
             while not self._settled():
+                if self._closing.is_set():
+                    raise RuntimeError("the daemon is shutting down")
                 if time.monotonic() >= deadline:
                     raise TimeoutError(
                         f"the processes did not reach {count} within {timeout:.0f} s"
