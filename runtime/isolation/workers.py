@@ -45,6 +45,8 @@ from runtime.status import AppStatus, ProcessStatus, Progress
 
 log = get_logger("runtime.isolation")
 
+ChildFactory = Callable[..., ChildProcess]
+
 _RECONCILE_S = 0.2
 START_TIMEOUT_S = 120.0  # a process's start: cluster wait, topic checks, the group join
 _REQUEST_TIMEOUT_S = 10.0
@@ -78,9 +80,16 @@ class _Slot:
 class WorkerPool:
     """K processing processes of one daemon, looking like one `App` (see the module doc)."""
 
-    def __init__(self, config: StreamsConfig, source: str, processes: int | None = None) -> None:
+    def __init__(
+        self,
+        config: StreamsConfig,
+        source: str,
+        processes: int | None = None,
+        child_factory: ChildFactory = ChildProcess,
+    ) -> None:
         """`source`: 'module:attr' of the topology (each process imports it);
-        `processes`: how many to start (default `config.processes`)."""
+        `processes`: how many to start (default `config.processes`);
+        `child_factory`: makes a slot's `ChildProcess` (a test's fake)."""
         for name in config.query_settings:
             if isolation_of(config, name) == PROCESS:
                 raise ConfigError(
@@ -99,6 +108,7 @@ class WorkerPool:
         worker_spec(config, source, 0)  # a config that cannot be passed on fails here
         self.config = config
         self._source = source
+        self._child_factory = child_factory
         self._wanted = processes if processes is not None else config.processes
         self._threads = config.processing_threads  # a new slot's, follows `threads set`
         self._slots: dict[int, _Slot] = {}
@@ -203,7 +213,7 @@ class WorkerPool:
         # The handlers get the child too: a slot started again has a new
         # one, and the old one's last lines must not count as the new one's.
         holder: list[ChildProcess] = []
-        child = ChildProcess(
+        child = self._child_factory(
             f"process-{slot.name}",
             spec.to_line(),
             on_event=lambda event: self._on_event(slot, holder[0], event),

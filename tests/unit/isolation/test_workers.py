@@ -3,13 +3,18 @@ restart backoff, exit reasons, the merged status of several processes."""
 
 from __future__ import annotations
 
+import json
 import signal
+from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from runtime.config import StreamsConfig
+from runtime.isolation import workers
 from runtime.isolation.merge import merge_statuses
-from runtime.isolation.workers import _exit_reason, restart_delay_ms
+from runtime.isolation.workers import WorkerPool, _exit_reason, restart_delay_ms
 from runtime.status import AppStatus, ProcessStatus
 
 
@@ -101,3 +106,150 @@ def test_expositions_merge_into_one_family_per_name_with_a_process_label() -> No
     lag = merged["streams_consumer_lag"].samples
     assert [s.labels["process"] for s in lag] == ["p0", "p1"]
     assert all(s.labels["topic"] == "in" for s in lag)
+
+
+# --- the pool's reconcile step, with fake children ---------------------------------------
+
+
+class FakeChild:
+    """A `ChildProcess` stand-in: `launch` reports a running app at once;
+    `die` ends it as kill -9 would; a stop request ends it at once."""
+
+    pids = iter(range(1000, 10_000))
+    made: list[FakeChild] = []
+
+    def __init__(self, name: str, spec_line: str, on_event: Any, on_exit: Any) -> None:
+        self.name = name
+        self.spec = json.loads(spec_line)
+        self._on_event, self._on_exit = on_event, on_exit
+        self.alive = False
+        self.exited = False
+        self.stopping = False
+        self._pid = 0
+        FakeChild.made.append(self)
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid if self.alive else None
+
+    def launch(self) -> int:
+        self.alive, self._pid = True, next(FakeChild.pids)
+        self._on_event({"event": "started"})
+        self._on_event({"event": "status", "state": "RUNNING", "tasks": 1, "processed": 10})
+        return self._pid
+
+    def wait_started(self, timeout: float) -> None:
+        assert self.alive
+
+    def die(self, code: int = -signal.SIGKILL) -> None:
+        self.alive, self.exited = False, True
+        self._on_exit(code, None, self.stopping, True)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.exited
+
+    def request_stop(self) -> None:
+        self.stopping = True
+        if self.alive:
+            self.die(0)
+
+    def kill(self) -> None:
+        if self.alive:
+            self.die()
+
+
+def _pool(monkeypatch: pytest.MonkeyPatch, processes: int) -> tuple[WorkerPool, list[float]]:
+    """A pool of fake children whose reconcile runs only when the test says,
+    on a clock the test moves."""
+    monkeypatch.setattr(workers, "_RECONCILE_S", 3600.0)
+    clock = [1000.0]
+    monkeypatch.setattr(workers.time, "monotonic", lambda: clock[0])
+    config = StreamsConfig.from_dict(
+        {
+            "application.id": "app",
+            "bootstrap.servers": "127.0.0.1:9092",
+            "processes": processes,
+            "process.restart.backoff.ms": 1000,
+            "process.restart.backoff.max.ms": 4000,
+            "consumer.group.instance.id": "pod-7",
+        }
+    )
+    FakeChild.made.clear()
+    return WorkerPool(config, "tests.apps.count_app:topology", child_factory=FakeChild), clock
+
+
+def _slot(pool: WorkerPool, name: str) -> ProcessStatus:
+    return next(r for r in pool.process_rows() if r.name == name)
+
+
+def test_each_slot_has_its_own_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool, _ = _pool(monkeypatch, 2)
+    pool.start()
+    specs = [child.spec for child in FakeChild.made]
+    assert [s["slot"] for s in specs] == [0, 1]
+    assert [s["config"]["client.id"] for s in specs] == ["app-p0", "app-p1"]
+    assert [s["config"]["consumer.group.instance.id"] for s in specs] == ["pod-7-p0", "pod-7-p1"]
+    assert [s["config"]["process.slot"] for s in specs] == [0, 1]
+    assert all("processes" not in s["config"] for s in specs)
+    assert pool.close(1)
+
+
+def test_a_dead_slot_restarts_at_once_then_after_a_doubling_backoff(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pool, clock = _pool(monkeypatch, 2)
+    pool.start()
+    assert str(pool.state) == "RUNNING"
+    assert pool.progress().processed == 20
+    first = FakeChild.made[1]
+    first.die()
+    assert str(pool.state) == "REBALANCING"
+    row = _slot(pool, "p1")
+    assert (row.up, row.restarts, row.last_exit) == (False, 1, "killed by SIGKILL")
+    pool.reconcile()  # the first death: at once
+    second = FakeChild.made[-1]
+    assert second is not first and _slot(pool, "p1").up
+    second.die()  # again within a minute of its start: 1 s
+    pool.reconcile()
+    assert not _slot(pool, "p1").up
+    clock[0] += 0.9
+    pool.reconcile()
+    assert not _slot(pool, "p1").up
+    clock[0] += 0.2
+    pool.reconcile()
+    third = FakeChild.made[-1]
+    assert third.alive and _slot(pool, "p1").restarts == 2
+    third.die()  # and again: 2 s
+    clock[0] += 1.5
+    pool.reconcile()
+    assert not _slot(pool, "p1").up
+    clock[0] += 0.6
+    pool.reconcile()
+    assert _slot(pool, "p1").up
+    clock[0] += 61  # a minute up: the next death restarts at once again
+    FakeChild.made[-1].die()
+    pool.reconcile()
+    assert _slot(pool, "p1").up and _slot(pool, "p1").restarts == 4
+    assert _slot(pool, "p0").restarts == 0
+    assert pool.close(1) and pool.wait(0)
+    assert str(pool.state) == "NOT_RUNNING"
+
+
+def test_resizing_starts_new_slots_and_stops_the_highest(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool, _ = _pool(monkeypatch, 1)
+    pool.start()
+    rows = pool.set_processes(3, timeout=1)
+    assert [(r.name, r.up) for r in rows] == [("p0", True), ("p1", True), ("p2", True)]
+    kept = [c for c in FakeChild.made if c.alive]
+    rows = pool.set_processes(1, timeout=1)
+    assert [r.name for r in rows] == ["p0"]
+    assert kept[0].alive and not kept[1].alive and not kept[2].alive
+    assert kept[1].stopping and kept[2].stopping  # asked: a graceful close
+    assert all(r.restarts == 0 for r in rows)  # a stop asked for is no death
+    rows = pool.add_process(timeout=1)
+    assert [r.name for r in rows] == ["p0", "p1"]
+    with pytest.raises(ValueError, match="at least 1"):
+        pool.set_processes(0)
+    assert pool.close(1)
+    with pytest.raises(RuntimeError, match="NOT_RUNNING"):
+        pool.set_processes(2)
