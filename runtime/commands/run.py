@@ -89,7 +89,8 @@ def _run(args: argparse.Namespace, signals: StartupSignals) -> int:
             try:
                 app.start()
             except RuntimeError as exc:
-                print(f"streams-runtime: {exc}", file=sys.stderr)
+                reason = str(exc).replace("MODULE:ATTR", args.target)
+                print(f"streams-runtime: {reason}", file=sys.stderr)
                 return EXIT_BAD_INPUT
         else:
             app = App(topology, config, source=args.target)

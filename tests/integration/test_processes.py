@@ -408,3 +408,21 @@ def test_a_benchmark_can_run_k_processes_from_python_and_read_their_totals(
         assert pool.close(60)
     assert str(pool.state) == "NOT_RUNNING"
     assert len(consume_all(bootstrap, topic_out, expected=2000)) == 2000
+
+
+def test_a_process_that_cannot_start_fails_the_daemons_start_with_its_reason(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """A missing input topic: each process's start-up check refuses it; the
+    supervisor stops the others and exits 2 with the process's reason."""
+    run = Run(bootstrap, tmp_path, PASSTHROUGH)
+    run.env["STREAMS_TEST_INPUT"] = unique_name("procs-missing")
+    daemon = Daemon(run.workdir / "daemon.log", PASSTHROUGH, run.sets, run.env).start()
+    try:
+        assert daemon.wait(120) == 2, daemon.tail()
+        tail = daemon.tail()
+        assert "processing process p" in tail and "could not start" in tail, tail
+        assert "TopicError: source topic 'procs-missing-" in tail, tail
+        assert f"topics create {PASSTHROUGH}" in tail, tail
+    finally:
+        daemon.kill()
