@@ -26,19 +26,18 @@ reader thread reports its events and exit.
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.config import ConfigError, StreamsConfig
 from runtime.isolation.merge import merge_statuses
 from runtime.isolation.plan import PROCESS, isolation_of, worker_spec
 from runtime.isolation.process import ChildProcess
+from runtime.isolation.slots import STABLE_UPTIME_S, Slot, exit_reason, restart_delay_ms
 from runtime.lifecycle import AppState
 from runtime.logging import get_logger
 from runtime.status import AppStatus, ProcessStatus, Progress
@@ -50,31 +49,6 @@ ChildFactory = Callable[..., ChildProcess]
 _RECONCILE_S = 0.2
 START_TIMEOUT_S = 120.0  # a process's start: cluster wait, topic checks, the group join
 _REQUEST_TIMEOUT_S = 10.0
-_STABLE_UPTIME_S = 60.0  # a slot up this long starts its backoff over
-
-
-@dataclass
-class _Slot:
-    """One slot's process and its history (under the pool's lock)."""
-
-    index: int
-    child: ChildProcess | None = None
-    restarts: int = 0
-    early_deaths: int = 0  # deaths in a row within _STABLE_UPTIME_S of the start
-    last_exit: str | None = None
-    started_at: float | None = None  # wall clock of the running child's start
-    started_mono: float = 0.0
-    next_start: float = 0.0  # monotonic; a dead slot is started again from then
-    figures: dict[str, Any] = field(default_factory=dict)  # its last status line
-    removing: bool = False
-
-    @property
-    def name(self) -> str:
-        return f"p{self.index}"
-
-    @property
-    def up(self) -> bool:
-        return self.child is not None and self.child.alive
 
 
 class WorkerPool:
@@ -111,7 +85,7 @@ class WorkerPool:
         self._child_factory = child_factory
         self._wanted = processes if processes is not None else config.processes
         self._threads = config.processing_threads  # a new slot's, follows `threads set`
-        self._slots: dict[int, _Slot] = {}
+        self._slots: dict[int, Slot] = {}
         self._lock = threading.RLock()
         self._state = AppState.CREATED
         self._done = threading.Event()
@@ -120,7 +94,6 @@ class WorkerPool:
         self.instance_id = f"{config.client_id}-{uuid.uuid4().hex[:12]}"
         self._started_at: float | None = None
         self._asker = ThreadPoolExecutor(max_workers=8, thread_name_prefix="pool-ask")
-        self._listeners: list[Callable[[], None]] = []
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -201,13 +174,13 @@ class WorkerPool:
 
     # --- slots (under the lock) -----------------------------------------------
 
-    def _slot(self, index: int) -> _Slot:
+    def _slot(self, index: int) -> Slot:
         slot = self._slots.get(index)
         if slot is None:
-            slot = self._slots[index] = _Slot(index)
+            slot = self._slots[index] = Slot(index)
         return slot
 
-    def _launch(self, slot: _Slot) -> _Slot:
+    def _launch(self, slot: Slot) -> Slot:
         spec = worker_spec(self.config, self._source, slot.index)
         spec.config["processing.threads"] = self._threads
         # The handlers get the child too: a slot started again has a new
@@ -229,20 +202,20 @@ class WorkerPool:
         log.info("process_starting", slot=slot.name, pid=pid, restarts=slot.restarts)
         return slot
 
-    def _on_event(self, slot: _Slot, child: ChildProcess, event: dict[str, Any]) -> None:
+    def _on_event(self, slot: Slot, child: ChildProcess, event: dict[str, Any]) -> None:
         if event.get("event") == "status" and slot.child is child:
             slot.figures = event
 
     def _on_exit(
         self,
-        slot: _Slot,
+        slot: Slot,
         child: ChildProcess,
         code: int,
         failure: str | None,
         stopping: bool,
         started: bool,
     ) -> None:
-        reason = _exit_reason(code, failure)
+        reason = exit_reason(code, failure)
         with self._lock:
             if slot.child is not child:
                 return
@@ -255,7 +228,7 @@ class WorkerPool:
             slot.restarts += 1
             slot.last_exit = reason
             now = time.monotonic()
-            if now - slot.started_mono >= _STABLE_UPTIME_S:
+            if now - slot.started_mono >= STABLE_UPTIME_S:
                 slot.early_deaths = 0
             delay_ms = restart_delay_ms(
                 slot.early_deaths,
@@ -290,9 +263,15 @@ class WorkerPool:
                     slot.removing = True
                     if slot.child is not None:
                         stopping.append(slot.child)
-            for index in [i for i, s in self._slots.items() if i >= self._wanted and not s.up]:
-                if self._slots[index].child is None or self._slots[index].child.wait(0):  # type: ignore[union-attr]
-                    del self._slots[index]
+            # Slots above the count whose process has exited (and been
+            # reported) are forgotten; the others are still closing.
+            gone = [
+                i
+                for i, s in self._slots.items()
+                if i >= self._wanted and (s.child is None or (not s.up and s.child.wait(0)))
+            ]
+            for index in gone:
+                del self._slots[index]
         for child in stopping:
             log.info("process_removing", slot=child.name.removeprefix("process-"), pid=child.pid)
             child.request_stop()
@@ -489,27 +468,3 @@ class WorkerPool:
         )
 
     add_query = remove_query = pause_query = resume_query = _no_queries
-
-
-def restart_delay_ms(early_deaths: int, base_ms: int, max_ms: int) -> int:
-    """How long to wait before restarting a slot that died `early_deaths`
-    times in a row within a minute of its start before this death: at once
-    the first time (its open transaction holds back read_committed readers
-    until its successor's init aborts it), then `base_ms` doubling up to
-    `max_ms`."""
-    if early_deaths <= 0:
-        return 0
-    return int(min(base_ms * 2 ** min(early_deaths - 1, 32), max_ms))
-
-
-def _exit_reason(code: int, failure: str | None) -> str:
-    """Why a process exited, in words: the signal that ended it, or its code
-    and what it said."""
-    if code < 0:
-        try:
-            text = f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            text = f"killed by signal {-code}"
-    else:
-        text = f"exited with code {code}"
-    return f"{text}: {failure}" if failure else text

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from runtime.config import StreamsConfig
 from runtime.isolation import workers
 from runtime.isolation.merge import merge_statuses
-from runtime.isolation.workers import WorkerPool, _exit_reason, restart_delay_ms
+from runtime.isolation.slots import exit_reason, restart_delay_ms
+from runtime.isolation.workers import WorkerPool
 from runtime.status import AppStatus, ProcessStatus
 
 
@@ -31,8 +32,8 @@ def test_backoff_never_exceeds_its_cap_and_never_shrinks(deaths: int, base: int,
 
 
 def test_exit_reasons_name_the_signal_or_the_code() -> None:
-    assert _exit_reason(-signal.SIGKILL, None) == "killed by SIGKILL"
-    assert _exit_reason(1, "TaskFailed: boom") == "exited with code 1: TaskFailed: boom"
+    assert exit_reason(-signal.SIGKILL, None) == "killed by SIGKILL"
+    assert exit_reason(1, "TaskFailed: boom") == "exited with code 1: TaskFailed: boom"
 
 
 def _status(tasks: list[str], processed: int, lag: dict[str, int]) -> AppStatus:
