@@ -273,6 +273,16 @@ def build_parser() -> argparse.ArgumentParser:
     threads.add_argument(
         "--wait", type=float, metavar="S", help="seconds to wait for a thread's batch to end"
     )
+    processes = admin_sub.add_parser(
+        "processes",
+        parents=[options],
+        help="list, add, remove or set processing processes (processes > 1)",
+    )
+    processes.add_argument("action", nargs="?", choices=("add", "remove", "set"))
+    processes.add_argument("count", nargs="?", type=int, help="process count for `set`")
+    processes.add_argument(
+        "--wait", type=float, metavar="S", help="seconds to wait for the processes to settle"
+    )
     for name, verb in (("pause", "stop"), ("resume", "restart")):
         p = admin_sub.add_parser(
             name, parents=[options], help=f"{verb} processing a task (default: all tasks)"
@@ -385,11 +395,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "admin_command", None) == "threads":
+    admin_command = getattr(args, "admin_command", None)
+    if admin_command in ("threads", "processes"):
+        what = admin_command.removesuffix("es").removesuffix("s")
         if args.action == "set" and args.count is None:
-            parser.error("admin threads set needs a thread count N")
+            parser.error(f"admin {admin_command} set needs a {what} count N")
         if args.action != "set" and args.count is not None:
-            parser.error("a thread count goes with `admin threads set N` only")
+            parser.error(f"a {what} count goes with `admin {admin_command} set N` only")
     try:
         result: int = args.func(args)
         # Flushed here, inside the try: a reader that went away (`| head`)

@@ -66,6 +66,8 @@ class TaskStatus:
     record_cpu_us: float = 0.0
     record_wait_us: float = 0.0
     probes: int = 0
+    # Under `processes` > 1: the processing process that owns it ("p<i>").
+    process: str | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,28 @@ class ThreadStatus:
     state: str = "idle"
     last_task: str | None = None
     sched_idle: bool = False
+
+
+@dataclass(frozen=True)
+class ProcessStatus:
+    """One processing process of a daemon with `processes` > 1 (its
+    supervisor's view): slot name `p<i>`, pid (None while it does not run),
+    its app's state, whether it runs, restarts since the daemon started,
+    why it last exited (None: never), when it started (wall clock), and its
+    own figures."""
+
+    name: str
+    slot: int
+    pid: int | None
+    state: str
+    up: bool
+    restarts: int = 0
+    last_exit: str | None = None
+    started_at: float | None = None
+    tasks: int = 0
+    threads: int = 0
+    processed: int = 0
+    lag: int = 0
 
 
 @dataclass(frozen=True)
@@ -225,6 +249,9 @@ class AppStatus:
     placement: dict[str, Any] | None = None
     # Named queries (empty when the app runs one plain topology).
     queries: tuple[QueryStatus, ...] = ()
+    # A daemon with `processes` > 1: one row per processing process (empty
+    # for one process); the figures above are their totals.
+    processes: tuple[ProcessStatus, ...] = ()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AppStatus:
@@ -265,17 +292,22 @@ class AppStatus:
                 record_cpu_us=float(t.get("record_cpu_us", 0.0)),
                 record_wait_us=float(t.get("record_wait_us", 0.0)),
                 probes=int(t.get("probes", 0)),
+                process=t.get("process"),
             )
             for t in data.get("tasks") or ()
         )
         simple = {
             f.name: data[f.name]
             for f in dataclasses.fields(cls)
-            if f.name in data and f.name not in ("threads", "tasks", "queries")
+            if f.name in data and f.name not in ("threads", "tasks", "queries", "processes")
         }
         simple["queries"] = tuple(
             QueryStatus(**{k: v for k, v in q.items() if k in _QUERY_FIELDS})
             for q in data.get("queries") or ()
+        )
+        simple["processes"] = tuple(
+            ProcessStatus(**{k: v for k, v in p.items() if k in _PROCESS_FIELDS})
+            for p in data.get("processes") or ()
         )
         for name in ("application_id", "client_id", "instance_id", "state", "processing_guarantee"):
             simple.setdefault(name, "")
@@ -288,6 +320,7 @@ class AppStatus:
         data = dataclasses.asdict(self)
         data["threads"] = list(data["threads"])
         data["queries"] = list(data["queries"])
+        data["processes"] = list(data["processes"])
         data["tasks"] = [
             {**task, "partitions": list(task["partitions"])}
             if task["restore"] is not None
@@ -301,7 +334,7 @@ class AppStatus:
         """The earlier dict API: `status["tasks"]` etc., values as in `to_dict()`."""
         if key not in _FIELDS:
             raise KeyError(key)
-        if key in ("threads", "tasks", "queries"):
+        if key in ("threads", "tasks", "queries", "processes"):
             return self.to_dict()[key]
         return getattr(self, key)
 
@@ -318,3 +351,4 @@ class AppStatus:
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(AppStatus))
 _QUERY_FIELDS = frozenset(f.name for f in dataclasses.fields(QueryStatus))
+_PROCESS_FIELDS = frozenset(f.name for f in dataclasses.fields(ProcessStatus))

@@ -229,7 +229,11 @@ def run_admin(
         )
         return 2
     try:
-        result = request(socket_path, command, timeout=timeout, **arguments)
+        # Not `request(...)`: a command's own `timeout` argument (`threads
+        # remove --wait`, `processes set --wait`) would collide with its
+        # keyword.
+        with AdminConnection(socket_path, _timeout_for(arguments, timeout)) as conn:
+            result = conn.call(command, **arguments)
     except AdminUnavailable as exc:
         print(f"streams-runtime admin: {exc}", file=sys.stderr)
         return 1

@@ -354,10 +354,14 @@ class Daemon:
         # The metrics endpoint first: a client that reaches the admin socket
         # may ask `status`, which names the metrics address.
         if config.metrics_port is not None:
+            # A daemon with processes > 1 serves its processes' metrics
+            # merged (runtime.isolation.pool_metrics); an App, its own.
+            own_registry = getattr(self.app, "metrics_registry", None)
             metrics = MetricsServer(
                 self.app,
                 config.metrics_host,
                 config.metrics_port,
+                registry=own_registry() if callable(own_registry) else None,
                 limits=self._metrics_limits(),
             )
             try:

@@ -41,9 +41,12 @@ def format_tasks(tasks: Sequence[Mapping[str, Any]]) -> str:
     if not tasks:
         return "no tasks assigned"
     key_parallel = any(t.get("key_parallel") for t in tasks)
+    # A daemon with processes > 1: which process owns each task.
+    by_process = any(t.get("process") for t in tasks)
     rows = []
     for t in tasks:
-        row: tuple[Any, ...] = (
+        row: tuple[Any, ...] = (t.get("process"),) if by_process else ()
+        row += (
             t.get("id"),
             t.get("state"),
             t.get("owner"),
@@ -58,7 +61,8 @@ def format_tasks(tasks: Sequence[Mapping[str, Any]]) -> str:
                 else (None, None, None)
             )
         rows.append(row + (",".join(t.get("partitions", [])),))
-    header: tuple[str, ...] = ("TASK", "STATE", "OWNER", "BUFFERED", "LAG", "PROCESSED")
+    header: tuple[str, ...] = ("PROCESS",) if by_process else ()
+    header += ("TASK", "STATE", "OWNER", "BUFFERED", "LAG", "PROCESSED")
     if key_parallel:
         header += ("IN_FLIGHT", "WM_LAG", "PARALLEL")
     return _table(header + ("PARTITIONS",), rows)
@@ -214,8 +218,14 @@ def format_status(status: Mapping[str, Any], now: float | None = None) -> str:
     metrics = daemon.get("metrics")
     if metrics:
         lines.append(("metrics", f"{metrics.get('url')}/metrics"))
+    processes = status.get("processes") or []
+    if processes:
+        up = sum(1 for p in processes if p.get("up"))
+        lines.insert(3, ("processes", f"{up} up of {len(processes)}"))
     width = max(len(k) for k, _ in lines)
     head = "\n".join(f"{k.ljust(width)}  {v}" for k, v in lines)
+    if processes:
+        head += "\n\n" + format_processes(processes)
     return head + "\n\n" + format_tasks(tasks)
 
 
@@ -296,9 +306,46 @@ def _format(command: str, result: Any) -> str:
         return f"{command}d {target}{note}"
     if command == "shutdown":
         return f"shutting down (state {result.get('state')})"
+    if command == "processes" or command.startswith("processes."):
+        return format_processes(result.get("rows") or [])
     if command == "queries" or command.startswith("query."):
         return format_queries(result.get("queries") or [])
     return json.dumps(result, indent=2)
+
+
+def format_processes(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The processing processes of a daemon with `processes` > 1 (`admin
+    processes`, the status's PROCESSES block)."""
+    if not rows:
+        return "one process (processes=1)"
+    table = [
+        (
+            r.get("name"),
+            r.get("pid"),
+            r.get("state"),
+            r.get("tasks"),
+            r.get("threads"),
+            r.get("processed"),
+            r.get("lag"),
+            r.get("restarts"),
+            r.get("last_exit"),
+        )
+        for r in rows
+    ]
+    return _table(
+        (
+            "PROCESS",
+            "PID",
+            "STATE",
+            "TASKS",
+            "THREADS",
+            "PROCESSED",
+            "LAG",
+            "RESTARTS",
+            "LAST_EXIT",
+        ),
+        table,
+    )
 
 
 def format_queries(queries: list[Mapping[str, Any]]) -> str:

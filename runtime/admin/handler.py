@@ -26,6 +26,7 @@ __all__ = ["DEFAULT_REMOVE_TIMEOUT_S", "AdminHandler", "task_rows"]
 log = get_logger("runtime.admin")
 
 DEFAULT_REMOVE_TIMEOUT_S = 30.0
+DEFAULT_PROCESSES_TIMEOUT_S = 120.0
 
 # --- dispatch --------------------------------------------------------------------
 
@@ -138,6 +139,8 @@ class AdminHandler:
             return {command + "d": task or "all", "assigned": known}
         if command == "queries" or command.startswith("query."):
             return self._query_command(command, args)
+        if command == "processes" or command.startswith("processes."):
+            return self._processes_command(command, args)
         if command == "shutdown":
             if self._shutdown is None:
                 raise CommandError("shutdown is not available here")
@@ -182,6 +185,38 @@ class AdminHandler:
         except (TopologyError, RuntimeError) as exc:
             raise CommandError(str(exc)) from exc
         return {"queries": [dict(q) for q in app.status().to_dict()["queries"]]}
+
+    def _processes_command(self, command: str, args: Mapping[str, Any]) -> Any:
+        """`processes` and `processes.add|remove|set` (a daemon with
+        `processes` > 1 or `processes.resizable`: runtime.isolation.workers).
+        Resizing waits until the new processes run and removed ones have
+        exited (`timeout`, default `DEFAULT_PROCESSES_TIMEOUT_S`)."""
+        app = self._app
+        if not hasattr(app, "set_processes"):
+            if command == "processes":
+                return {"processes": 1, "rows": []}
+            raise CommandError(
+                "this daemon runs in one process (processes=1): start it with processes=N "
+                "(N > 1 or auto) or processes.resizable=true to change the count at runtime"
+            )
+        timeout = args.get("timeout", DEFAULT_PROCESSES_TIMEOUT_S)
+        try:
+            if command == "processes.add":
+                app.add_process(timeout)
+            elif command == "processes.remove":
+                if app.processes <= 1:
+                    raise CommandError("one process is the fewest: shut the daemon down instead")
+                app.remove_process(timeout)
+            elif command == "processes.set":
+                app.set_processes(args["count"], timeout)
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from None
+        if command != "processes":
+            log.info("admin_processes_changed", command=command, processes=app.processes)
+        return {
+            "processes": app.processes,
+            "rows": [dict(row.__dict__) for row in app.process_rows()],
+        }
 
     def _limit_reached(self) -> str:
         return f"processing.threads.limit ({self._max_threads}) threads are running already"

@@ -158,6 +158,13 @@ COMMANDS: Mapping[str, Mapping[str, Argument]] = {
     "query.resume": {"name": Argument(_query, required=True)},
     "shutdown": {},
     "prepare-leave": {},
+    "processes": {},
+    "processes.add": {"timeout": Argument(_timeout)},
+    "processes.remove": {"timeout": Argument(_timeout)},
+    "processes.set": {
+        "count": Argument(_int_in("count", 1, 256), required=True),
+        "timeout": Argument(_timeout),
+    },
 }
 """Command name -> its arguments (name -> validator). Unknown arguments are errors."""
 

@@ -121,7 +121,9 @@ class OutputChannel(RefusedBatchSettling):
         self._plain: Producer | None = None
         if config.exactly_once:
             app_dir = Path(config.state_dir) / config.application_id
-            settings["transactional.id"] = stable_transactional_id(app_dir, config.application_id)
+            settings["transactional.id"] = stable_transactional_id(
+                app_dir, config.application_id, config.process_slot
+            )
             settings.setdefault("transaction.timeout.ms", 10000)
             timeout_s = max(10.0, int(settings["transaction.timeout.ms"]) / 1000.0)
             self.transactions = Transactions(

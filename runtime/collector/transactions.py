@@ -43,9 +43,14 @@ log = get_logger("runtime.transactions")
 _ID_FILE = ".transactional-id"
 
 
-def stable_transactional_id(app_dir: Path, application_id: str) -> str:
-    """The instance's transactional.id, created once and kept in `app_dir`."""
-    path = app_dir / _ID_FILE
+def stable_transactional_id(app_dir: Path, application_id: str, slot: int = -1) -> str:
+    """The instance's transactional.id, created once and kept in `app_dir`.
+
+    `slot`: the processing process's slot under `processes` > 1 (`process.slot`);
+    each slot keeps its own id (`.transactional-id-p<slot>`), so a restarted
+    slot fences its own zombie. Slot 0 and a one-process daemon (-1) share the
+    old file: going from one process to several keeps the id of the first."""
+    path = app_dir / (_ID_FILE if slot <= 0 else f"{_ID_FILE}-p{slot}")
     try:
         existing = path.read_text().strip()
         if existing:

@@ -28,6 +28,12 @@ def main(args: argparse.Namespace) -> int:
             arguments["count"] = args.count
         if args.action in ("remove", "set") and args.wait is not None:
             arguments["timeout"] = args.wait
+    elif command == "processes" and args.action is not None:
+        command = f"processes.{args.action}"
+        if args.action == "set":
+            arguments["count"] = args.count
+        if args.wait is not None:
+            arguments["timeout"] = args.wait
     elif command in ("pause", "resume") and args.task is not None:
         arguments["task"] = args.task
     elif command == "query":

@@ -7,13 +7,18 @@ thread, SIGTTOU removes one), the admin socket and the metrics endpoint.
 Exit codes: 0 clean shutdown (SIGTERM or SIGINT once the app started
 included), 1 the app failed, 2 bad input (config, topology, topics), 130/143
 SIGINT/SIGTERM before the app started anything (`runtime.admin.signals`).
+
+With `processes` > 1 (or `processes.resizable`) the admin loop serves a
+`runtime.isolation.workers.WorkerPool` instead of an `App`: this process
+becomes the supervisor of that many processing processes.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runtime.commands.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, load_config_and_topology
 from runtime.gc_tuning import tune_for_app_process
@@ -66,12 +71,34 @@ def _run(args: argparse.Namespace, signals: StartupSignals) -> int:
     try:
         admin_socket = preflight(config)
         raise_open_files_limit()
-        app = App(topology, config, source=args.target)
-        # From here a signal is recorded, and acted on by the daemon once
-        # start() returns (start() may be half-way through starting
-        # threads), except in the wait for the cluster: nothing started yet.
-        signals.defer(wait_for_cluster)
-        app.start()
+        app: Any
+        if config.processes > 1 or config.processes_resizable:
+            # A supervisor and `processes` processing processes
+            # (runtime.isolation.workers); each checks topics and waits for
+            # the cluster itself, and one that cannot start fails the start.
+            from runtime.isolation.workers import WorkerPool
+            from runtime.logging import configure_logging
+
+            # One log stream: the supervisor's lines say so, its processes'
+            # say `p<i>` (runtime.isolation.child).
+            configure_logging(
+                config.log_level, fields={"process": "supervisor", "pid": os.getpid()}
+            )
+            app = WorkerPool(config, args.target)
+            signals.defer()
+            try:
+                app.start()
+            except RuntimeError as exc:
+                reason = str(exc).replace("MODULE:ATTR", args.target)
+                print(f"streams-runtime: {reason}", file=sys.stderr)
+                return EXIT_BAD_INPUT
+        else:
+            app = App(topology, config, source=args.target)
+            # From here a signal is recorded, and acted on by the daemon once
+            # start() returns (start() may be half-way through starting
+            # threads), except in the wait for the cluster: nothing started yet.
+            signals.defer(wait_for_cluster)
+            app.start()
     except (ConfigError, TopicError, DaemonSetupError, SerializationError, QueryError) as exc:
         print(f"streams-runtime: {str(exc).replace('MODULE:ATTR', args.target)}", file=sys.stderr)
         return EXIT_BAD_INPUT

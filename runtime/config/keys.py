@@ -98,6 +98,9 @@ class ConfigKey:
     # Strings (compared lower-cased, stripped) that turn the setting off: parsed
     # as "" (admin.socket's "" or "none": no socket, while unset means a default).
     off_words: tuple[str, ...] = ()
+    # ints: a word (compared lower-cased, stripped) that stands for a number
+    # computed when the config is built (`processes=auto`: the usable CPUs).
+    auto: tuple[str, Callable[[], int]] | None = None
     # kind "callable": turns `module:attr` into the object (raises ValueError),
     # and checks an object given from code (raises ValueError).
     resolve: Callable[[str], Any] | None = None
@@ -126,6 +129,8 @@ class ConfigKey:
                 text += f" <= {self.max}"
             if self.also:
                 text += " or " + " or ".join(str(n) for n in self.also)
+            if self.auto is not None:
+                text += f" or {self.auto[0]!r}"
             return text
         if self.kind == "float":
             return f"a number between {self.min} and {self.max}"
@@ -162,6 +167,10 @@ class ConfigKey:
     def _parse_int(self, value: Any) -> int:
         if isinstance(value, bool):
             raise self._bad(value)
+        if self.auto is not None and isinstance(value, str):
+            word, compute = self.auto
+            if value.strip().lower() == word:
+                return compute()
         if isinstance(value, int):
             number = value
         elif isinstance(value, str) and INT_TEXT.fullmatch(value.strip()):

@@ -88,6 +88,15 @@ def _cpu_count(values: Mapping[str, Any]) -> int:
     return min(os.cpu_count() or 1, int(values["processing.threads.limit"]))
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, as a container's
+    cpuset limits it): what `processes=auto` means."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
 def _autoscale_max_default(values: Mapping[str, Any]) -> int:
     return min(8, int(values["processing.threads.limit"]))
 
@@ -146,6 +155,11 @@ class StreamsConfig:
     client_id: str = setting("client.id", "str", _client_id_default, "Prefix of the client ids of this process's Kafka clients.", default_doc="`application.id`", max_length=200, check=check_no_controls)
     processing_threads_limit: int = setting("processing.threads.limit", "int", 64, "Most processing threads this process may run: caps `processing.threads`, `processing.threads.max`, `admin threads set`/`add` and SIGTTIN.", min=1, max=THREADS_CEILING)
     processing_threads: int = setting("processing.threads", "int", _cpu_count, "Processing threads at start-up (resizable at runtime); at most `processing.threads.limit`.", min=0, max=THREADS_CEILING, default_doc="number of CPUs, at most `processing.threads.limit`")
+    processes: int = setting("processes", "int", 1, "Processing processes of one daemon (`streams-runtime run`): each is a full runtime (its own consumer, producer and `processing.threads` threads) in the application's one consumer group, under one supervisor that owns the admin socket, `/metrics`, signals and the log (see the docs, Several processes). `auto`: the CPUs this process may run on. 1 (the default) runs no supervisor: today's one process. Embedded `App`s ignore it.", min=1, max=256, auto=("auto", usable_cpus))
+    processes_resizable: bool = setting("processes.resizable", "bool", False, "Run the supervisor even at `processes=1`, so that `streams-runtime admin processes add|remove|set` can change the count at runtime (with `processes` above 1 it always can).")
+    process_restart_backoff_ms: int = setting("process.restart.backoff.ms", "int", 1000, "Wait (ms) before restarting a processing process that died (kill -9, OOM, its app failed) when it had run for less than a minute; doubled for each further early death; the first death is restarted at once.", min=0, max=3_600_000)
+    process_restart_backoff_max_ms: int = setting("process.restart.backoff.max.ms", "int", 60000, "Longest wait (ms) before restarting a processing process.", min=0, max=3_600_000)
+    process_slot: int = setting("process.slot", "int", -1, "Set by the daemon's supervisor for its processing processes (slot i: client.id `-p<i>`, its own transactional id); -1 outside one. Not for users.", min=-1, max=255)
     processing_guarantee: ProcessingGuarantee = setting("processing.guarantee", "enum", "at_least_once", "Commit offsets after output is acknowledged, or one transaction per commit.", choices=_GUARANTEES)
     allow_unsafe_producer_settings: bool = setting("allow.unsafe.producer.settings", "bool", False, "Under `at_least_once`, accept `producer.acks` 0 or 1 and `producer.enable.idempotence=false`, which are refused otherwise: with `acks=0` the producer never hears whether output arrived and with `acks=1` output a partition leader acknowledged is lost if the leader fails before replicating it (either way input offsets are committed past output that is gone), and without idempotence a retried batch can be duplicated or land behind a later one. Under `exactly_once_v2` these settings are always refused.")
     commit_interval_ms: int = setting("commit.interval.ms", "int", _commit_interval_default, f"How often (ms) to commit offsets or the transaction. {_WAIT_DOC}", min=0, max=JAVA_LONG_MAX, clamp=MAX_WAIT_MS, default_doc="`30000`; `100` with `exactly_once_v2`")

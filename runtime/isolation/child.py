@@ -1,15 +1,23 @@
-"""Entry point of a process-isolated query's child: `python -m runtime.isolation.child`.
+"""Entry point of every child process: `python -m runtime.isolation.child`.
 
-Protocol (JSON lines): the daemon writes a `ChildSpec` line, then commands
-(`{"cmd": "pause" | "resume" | "stop"}`) on stdin; the child writes events
-on stdout: `started`, `status` (every `STATUS_INTERVAL_S`), `failed` (start-up
-or the app failed). Logs go to stderr, which the child shares with
-the daemon. stdin closing (the daemon died, even by kill -9) stops the child
+Two roles (`ChildSpec.role`): a process-isolated named query, and a
+processing process (`worker`) of a daemon with `processes` > 1, which runs
+the whole topology with its slot's identity (runtime.isolation.workers).
+
+Protocol (JSON lines; the parent's side is runtime.isolation.process): the
+daemon writes a `ChildSpec` line, then commands (`{"cmd": "pause" |
+"resume" | "stop"}`, and requests `{"cmd": "request", "id": n, "op": ...}`
+answered by a `reply` event: `status`, `metrics`, `threads.add`,
+`threads.remove`, `threads.set`, `pause`, `resume`) on stdin; the child
+writes events on stdout: `started`, `status` (every `STATUS_INTERVAL_S`),
+`failed` (start-up or the app failed), `reply`. Logs go to stderr, which
+the child shares with the daemon; each line says whose it is. stdin closing (the daemon died, even by kill -9) stops the child
 gracefully. Not PR_SET_PDEATHSIG: that fires when the *thread* that started
 the child ends, and `resume_query` may run on any short-lived thread.
 
 Threads: the main thread runs the app's lifecycle and the status loop; one
-reader thread takes the commands.
+reader thread takes the commands; each request runs on a short-lived thread
+of its own (`threads.remove` may wait for a batch to end).
 """
 
 from __future__ import annotations
@@ -67,10 +75,18 @@ def main() -> int:
     def read_commands() -> None:
         for command_line in sys.stdin:
             try:
-                command = json.loads(command_line).get("cmd")
-            except ValueError:
+                message = json.loads(command_line)
+                command = message.get("cmd")
+            except (ValueError, AttributeError):
                 continue
-            if command == "pause":
+            if command == "request":
+                threading.Thread(
+                    target=_answer,
+                    args=(app, message, out, write_lock),
+                    name="child-request",
+                    daemon=True,
+                ).start()
+            elif command == "pause":
                 app.pause()
             elif command == "resume":
                 app.resume()
@@ -82,14 +98,56 @@ def main() -> int:
     return _run(app, spec, out, write_lock, stop)
 
 
+def _answer(app: Any, message: dict[str, Any], out: IO[str], lock: threading.Lock) -> None:
+    """Carry out one request of the parent and write its reply."""
+    request_id = message.get("id")
+    try:
+        result = _request(app, str(message.get("op")), message)
+    except Exception as exc:  # the reply carries it; the child goes on
+        _write(out, lock, "reply", id=request_id, error=f"{type(exc).__name__}: {exc}")
+        return
+    _write(out, lock, "reply", id=request_id, result=result)
+
+
+def _request(app: Any, op: str, message: dict[str, Any]) -> Any:
+    timeout = message.get("timeout")
+    if op == "status":
+        return app.status().to_dict()
+    if op == "metrics":
+        from prometheus_client import generate_latest
+
+        from runtime.metrics.families import make_registry
+
+        return generate_latest(make_registry(app)).decode()
+    if op == "threads":
+        return list(app.processing_threads)
+    if op == "threads.add":
+        return app.add_processing_thread()
+    if op == "threads.remove":
+        return app.remove_processing_thread(timeout)
+    if op == "threads.set":
+        return app.set_processing_threads(int(message["count"]), timeout)
+    if op in ("pause", "resume"):
+        getattr(app, op)(message.get("task"))
+        return None
+    raise ValueError(f"unknown request {op!r}")
+
+
 def _start(spec: Any) -> Any:
     from runtime.app import App
     from runtime.config import StreamsConfig
     from runtime.isolation.offsets import carry_into_child
+    from runtime.isolation.plan import WORKER_ROLE
     from runtime.logging import configure_logging
     from runtime.topology.loading import load_topology
 
     config = StreamsConfig.from_dict(spec.config)
+    if spec.role == WORKER_ROLE:
+        # One log stream: every line says which process wrote it.
+        configure_logging(config.log_level, fields={"process": f"p{spec.slot}", "pid": os.getpid()})
+        worker = App(load_topology(spec.source, named=True), config, source=spec.source)
+        worker.start()
+        return worker
     # Every line of the child's log says whose it is (it shares the daemon's stderr).
     configure_logging(config.log_level, fields={"query": spec.query, "query_pid": os.getpid()})
     loaded = load_topology(spec.source, named=True)
@@ -110,8 +168,14 @@ def _run(app: Any, spec: Any, out: IO[str], lock: threading.Lock, stop: threadin
             out,
             lock,
             "status",
+            state=status.state,
             tasks=len(status.tasks),
+            threads=len(app.processing_threads),
+            consumed=status.consumed,
             processed=status.processed,
+            produced=status.produced,
+            commits=status.commits,
+            last_commit=status.last_commit,
             lag=status.total_lag,
             busy_seconds=figures[0].get(spec.query, 0.0),
             p99_latency_ms=figures[1].get(spec.query),
@@ -123,7 +187,7 @@ def _run(app: Any, spec: Any, out: IO[str], lock: threading.Lock, stop: threadin
             app.close()
             break
     if app.state is AppState.ERROR:
-        _write(out, lock, "failed", error=app.status().failure or "the query's app failed")
+        _write(out, lock, "failed", error=app.status().failure or "its app failed")
         return 1
     return 0
 

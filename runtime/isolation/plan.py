@@ -1,4 +1,5 @@
-"""What a process-isolated query's child runs with (pure; any thread).
+"""What a child process runs with (pure; any thread): a process-isolated
+query's, or a processing process's (`worker_spec`, `processes` > 1).
 
 The child runs the query as a plain topology under application.id
 `<application.id>-<query>`. Why that id: the names of the query's internal
@@ -45,15 +46,23 @@ def child_nice(config: StreamsConfig, name: str, priorities: Mapping[str, int]) 
     return LOWER_PRIORITY_NICE if any(p > own for p in priorities.values()) else 0
 
 
+QUERY_ROLE = "query"
+WORKER_ROLE = "worker"
+
+
 @dataclass(frozen=True)
 class ChildSpec:
-    """The first line a child reads on stdin (JSON)."""
+    """The first line a child reads on stdin (JSON). `role`: `query` (one
+    process-isolated named query) or `worker` (slot `slot` of a daemon with
+    `processes` > 1: the whole topology, runtime.isolation.workers)."""
 
     query: str
     source: str
     config: dict[str, Any]
     nice: int
     parent_group: str
+    role: str = QUERY_ROLE
+    slot: int = -1
 
     def to_line(self) -> str:
         return json.dumps(self.__dict__) + "\n"
@@ -61,6 +70,54 @@ class ChildSpec:
     @classmethod
     def from_line(cls, line: str) -> ChildSpec:
         return cls(**json.loads(line))
+
+
+def _text_config(config: StreamsConfig, who: str, skip: tuple[str, ...]) -> dict[str, Any]:
+    """The config's keys as given, as text a child can parse; raises
+    ConfigError for a value that is an object."""
+    raw: dict[str, Any] = {}
+    for key, value in config.raw.items():
+        if key.startswith(skip):
+            continue
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if value is not None and not isinstance(value, str | int | float | bool):
+            raise ConfigError(
+                key,
+                f"{who}, which gets the config as text: give {key} as a string (a serde or "
+                "partitioner as 'module:attr')",
+            )
+        raw[key] = value
+    return raw
+
+
+# What a worker does not take: the endpoints (the supervisor has them) and
+# the supervisor's own keys.
+_NOT_FOR_A_WORKER = ("admin.socket", "metrics.", "processes", "process.slot")
+
+
+def worker_spec(config: StreamsConfig, source: str, slot: int) -> ChildSpec:
+    """Slot `slot`'s spec: the daemon's config with the slot's identity
+    (client.id and group.instance.id suffixed `-p<slot>`, `process.slot`,
+    which picks its transactional id). Raises ConfigError like `child_spec`."""
+    raw = _text_config(
+        config, "the app runs in several processes (processes > 1)", _NOT_FOR_A_WORKER
+    )
+    suffix = f"-p{slot}"
+    raw["client.id"] = f"{config.client_id}{suffix}"
+    raw["process.slot"] = slot
+    for key in ("consumer.group.instance.id", "group.instance.id"):
+        if raw.get(key):
+            raw[key] = f"{raw[key]}{suffix}"
+    return ChildSpec(
+        query="",
+        source=source,
+        config=raw,
+        nice=0,
+        parent_group=config.application_id,
+        role=WORKER_ROLE,
+        slot=slot,
+    )
 
 
 def child_spec(
@@ -72,20 +129,11 @@ def child_spec(
 ) -> ChildSpec:
     """The child's spec for query `name`; raises ConfigError when a config
     value cannot be passed to another process (an object, not text)."""
-    raw: dict[str, Any] = {}
-    for key, value in config.raw.items():
-        if key.startswith(_NOT_FOR_THE_CHILD):
-            continue
-        if isinstance(value, os.PathLike):
-            value = os.fspath(value)
-        if value is not None and not isinstance(value, str | int | float | bool):
-            raise ConfigError(
-                key,
-                f"query {name!r} runs in its own process (query.{name}.isolation=process), "
-                f"which gets the config as text: give {key} as a string (a serde or "
-                "partitioner as 'module:attr')",
-            )
-        raw[key] = value
+    raw = _text_config(
+        config,
+        f"query {name!r} runs in its own process (query.{name}.isolation=process)",
+        _NOT_FOR_THE_CHILD + ("processes", "process."),
+    )
     settings = config.query_settings.get(name, {})
     raw["application.id"] = child_application_id(config, name)
     raw["client.id"] = f"{config.client_id}-{name}"

@@ -1,7 +1,8 @@
 """The daemon's side of a process-isolated query (`query.<name>.isolation=process`).
 
-`QueryProcess` starts the child (`python -m runtime.isolation.child`), reads
-its event lines on a reader thread, forwards pause/resume and stops it. The
+`QueryProcess` starts the child (a `runtime.isolation.process.ChildProcess`,
+the codebase's one way to run a child), takes its status lines, forwards
+pause/resume and stops it. The
 child's last status line is what `App.status()` reports for the query; a
 child that exits on its own (its app failed, or it was killed) marks the
 query FAILED through `on_exit`, and the daemon's other queries go on.
@@ -13,17 +14,14 @@ exits without being asked to (one that never started makes `start` raise).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 from runtime.isolation.plan import ChildSpec
+from runtime.isolation.process import ChildProcess
 from runtime.logging import get_logger
 
 log = get_logger("runtime.isolation")
@@ -43,31 +41,28 @@ class ChildFigures:
 
 
 class QueryProcess:
-    """One child process running one named query."""
+    """One child process running one named query (a `ChildProcess`)."""
 
     def __init__(self, spec: ChildSpec, on_exit: ExitListener) -> None:
         self.spec = spec
         self._on_exit = on_exit
         self._lock = threading.Lock()
-        self._process: subprocess.Popen[str] | None = None
+        self._child: ChildProcess | None = None
         self._figures = ChildFigures()
         # Figures of earlier children of this query (a restart after a
         # failure starts counting at 0 again).
         self._carried = 0
-        self._started = threading.Event()
-        self._start_error: str | None = None
-        self._stopping = False
 
     @property
     def pid(self) -> int | None:
         """The running child's pid; None before the start and once it exited."""
-        process = self._process
-        return process.pid if process is not None and process.poll() is None else None
+        child = self._child
+        return child.pid if child is not None else None
 
     @property
     def alive(self) -> bool:
-        process = self._process
-        return process is not None and process.poll() is None
+        child = self._child
+        return child is not None and child.alive
 
     def start(self, timeout: float) -> None:
         """Start the child and wait until its app started. Raises RuntimeError
@@ -75,71 +70,34 @@ class QueryProcess:
         with self._lock:
             if self.alive:
                 return
-            old = self._figures
-            self._carried += old.processed
+            self._carried += self._figures.processed
             self._figures = ChildFigures()
-            self._started.clear()
-            self._start_error = None
-            self._stopping = False
-            process = subprocess.Popen(
-                [sys.executable, "-m", "runtime.isolation.child"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-                bufsize=1,
-                # Its own session: a terminal's Ctrl-C reaches the daemon
-                # only, which then stops the child itself (final commit,
-                # no FAILED state for a child that merely obeyed SIGINT).
-                start_new_session=True,
+            child = ChildProcess(
+                f"query-{self.spec.query}", self.spec.to_line(), self._event, self._exited
             )
-            self._process = process
-            assert process.stdin is not None and process.stdout is not None
-            process.stdin.write(self.spec.to_line())
-            process.stdin.flush()
-            threading.Thread(
-                target=self._read,
-                args=(process, process.stdout),
-                name=f"query-{self.spec.query}-reader",
-                daemon=True,
-            ).start()
-        log.info("query_process_starting", query=self.spec.query, pid=process.pid)
-        if not self._started.wait(timeout):
-            self._kill(process)
-            raise RuntimeError(
-                f"query {self.spec.query!r}: its process did not start within {timeout:.0f} s"
-            )
-        if self._start_error is not None:
-            raise RuntimeError(f"query {self.spec.query!r} could not start: {self._start_error}")
+            self._child = child
+            pid = child.launch()
+        log.info("query_process_starting", query=self.spec.query, pid=pid)
+        try:
+            child.wait_started(timeout)
+        except RuntimeError as exc:
+            raise RuntimeError(f"query {self.spec.query!r} could not start: {exc}") from None
 
-    def _read(self, process: subprocess.Popen[str], stdout: IO[str]) -> None:
-        failure: str | None = None
-        for line in stdout:
-            try:
-                event: dict[str, Any] = json.loads(line)
-            except ValueError:
-                continue
-            kind = event.get("event")
-            if kind == "status":
-                self._figures = ChildFigures(
-                    tasks=int(event.get("tasks", 0)),
-                    processed=int(event.get("processed", 0)),
-                    lag=int(event.get("lag", 0)),
-                    busy_seconds=float(event.get("busy_seconds", 0.0)),
-                    p99_latency_ms=event.get("p99_latency_ms"),
-                )
-            elif kind == "started":
-                self._started.set()
-            elif kind == "failed":
-                failure = str(event.get("error"))
-        code = process.wait()
+    def _event(self, event: dict[str, Any]) -> None:
+        if event.get("event") == "status":
+            self._figures = ChildFigures(
+                tasks=int(event.get("tasks", 0)),
+                processed=int(event.get("processed", 0)),
+                lag=int(event.get("lag", 0)),
+                busy_seconds=float(event.get("busy_seconds", 0.0)),
+                p99_latency_ms=event.get("p99_latency_ms"),
+            )
+
+    def _exited(self, code: int, failure: str | None, stopping: bool, started: bool) -> None:
         # Its tasks went with it; the counts stay (the next child adds to them).
         self._figures = dataclasses.replace(self._figures, tasks=0)
-        log.info("query_process_exited", query=self.spec.query, pid=process.pid, code=code)
-        if not self._started.is_set():
-            # `start` reports this one (it raises with the reason).
-            self._start_error = failure or f"its process exited with code {code}"
-            self._started.set()
-        elif not self._stopping:
+        # One that never started: `start` raises with the reason instead.
+        if started and not stopping:
             self._on_exit(self.spec.query, failure or f"its process exited with code {code}")
 
     def figures(self) -> ChildFigures:
@@ -154,46 +112,26 @@ class QueryProcess:
             figures.p99_latency_ms,
         )
 
-    def _send(self, command: str) -> None:
-        with self._lock:
-            process = self._process
-            if process is None or process.poll() is not None or process.stdin is None:
-                return
-            try:
-                process.stdin.write(json.dumps({"cmd": command}) + "\n")
-                process.stdin.flush()
-            except (BrokenPipeError, ValueError):  # it is exiting; the reader reports it
-                pass
-
     def pause(self) -> None:
-        self._send("pause")
+        if self._child is not None:
+            self._child.send("pause")
 
     def resume(self) -> None:
-        self._send("resume")
+        if self._child is not None:
+            self._child.send("resume")
 
     def request_stop(self) -> None:
         """Ask the child to close gracefully (final commit); no wait."""
-        with self._lock:
-            self._stopping = True
-        self._send("stop")
+        if self._child is not None:
+            self._child.request_stop()
 
     def stop(self, timeout: float) -> bool:
         """`request_stop`, then wait; kill it after `timeout`. True if it
         stopped in time."""
-        self.request_stop()
-        process = self._process
-        if process is None or process.poll() is not None:
+        child = self._child
+        if child is None:
             return True
-        try:
-            process.wait(timeout)
-            return True
-        except subprocess.TimeoutExpired:
-            log.warning("query_process_killed", query=self.spec.query, pid=process.pid)
-            self._kill(process)
-            return False
-
-    @staticmethod
-    def _kill(process: subprocess.Popen[str]) -> None:
-        process.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(10.0)
+        stopped = child.stop(timeout)
+        if not stopped:
+            log.warning("query_process_killed", query=self.spec.query)
+        return stopped

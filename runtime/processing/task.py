@@ -29,6 +29,7 @@ from runtime.state.builders import LayeredStore, build_task_stores, task_directo
 from runtime.state.cache import CacheBudget
 from runtime.state.checkpoint import checkpoint_path, read_checkpoint, write_checkpoint
 from runtime.state.rocksdb_memory import RocksDBMemory
+from runtime.state.task_lock import TaskDirectoryLock
 from runtime.topology.context import PunctuationType
 from runtime.topology.topology import Subtopology, TaskGraph
 
@@ -194,17 +195,26 @@ class StreamTask(RecordPath):
         # changelog records logged per store at the last prepare_commit
         # (polling thread, task locked): which changelogs a commit wrote.
         self._logged_at_commit: dict[str, int] = {}
-        self.stores: dict[str, LayeredStore] = build_task_stores(
-            subtopology.store_specs,
-            self.directory,
-            subtopology.topic_prefix(settings.application_id),
-            partition,
-            settings.cache_budget,
-            self.send,
-            on_flush=self._flush_dispatcher,
-            clock=self._store_clock(),
-            rocksdb_memory=settings.rocksdb_memory,
-        )
+        # One owner per directory (another process of this daemon may still
+        # be closing the task): runtime.state.task_lock.
+        self._directory_lock = TaskDirectoryLock(self.directory)
+        if subtopology.store_specs:
+            self._directory_lock.acquire()
+        try:
+            self.stores: dict[str, LayeredStore] = build_task_stores(
+                subtopology.store_specs,
+                self.directory,
+                subtopology.topic_prefix(settings.application_id),
+                partition,
+                settings.cache_budget,
+                self.send,
+                on_flush=self._flush_dispatcher,
+                clock=self._store_clock(),
+                rocksdb_memory=settings.rocksdb_memory,
+            )
+        except BaseException:
+            self._directory_lock.release()
+            raise
         checkpoint = read_checkpoint(checkpoint_path(self.directory)) if self.stores else None
         # changelog (topic, partition) -> offset to restore from (None: beginning)
         self.restore_from: dict[tuple[str, int], int | None] = {}
@@ -491,4 +501,5 @@ class StreamTask(RecordPath):
                     log.warning(
                         "store_close_failed", task_id=self.id, store=store.name, error=str(exc)
                     )
+            self._directory_lock.release()
             log.debug("task_closed", task_id=self.id)

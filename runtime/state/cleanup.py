@@ -3,8 +3,10 @@
 A task's directory stays after the task moves away, in case it comes back
 (its checkpoint makes the return cheap). Once a directory has been neither
 owned here (active, restoring or standby) nor written for
-`state.cleanup.delay.ms`, this thread deletes it. It only reads the owned set
-the polling thread publishes; it never touches a store.
+`state.cleanup.delay.ms`, this thread deletes it, if it can take the
+directory's lock (runtime.state.task_lock: another processing process of
+the daemon may own it). It only reads the owned set the polling thread
+publishes; it never touches a store.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from runtime.logging import get_logger
+from runtime.state.task_lock import TaskDirectoryLock
 
 log = get_logger("runtime.cleanup")
 
@@ -69,7 +72,16 @@ class CleanupThread(threading.Thread):
             last_used = max(since, _last_write(entry))
             if now - last_used < self._delay_s:
                 continue
-            shutil.rmtree(entry, ignore_errors=True)
+            # Another process of this daemon (processes > 1) may own it: only
+            # a directory nobody holds is deleted, under its lock.
+            lock = TaskDirectoryLock(entry)
+            if not lock.try_acquire():
+                self._unowned_since.pop(task_id, None)
+                continue
+            try:
+                shutil.rmtree(entry, ignore_errors=True)
+            finally:
+                lock.release()
             self._unowned_since.pop(task_id, None)
             deleted.append(task_id)
             log.info("state_directory_deleted", task_id=task_id, path=str(entry))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from runtime.state.builders import LayeredStore, StoreSpec, build_task_stores, task_directory
 from runtime.state.checkpoint import checkpoint_path, read_checkpoint, write_checkpoint
 from runtime.state.rocksdb_memory import RocksDBMemory
+from runtime.state.task_lock import TaskDirectoryLock
 
 
 def _no_writes(
@@ -46,6 +47,8 @@ class StandbyTask:
         self.partition = partition
         self.directory = task_directory(state_dir, application_id, task_id)
         logged = [s for s in specs if s.changelog]
+        self._directory_lock = TaskDirectoryLock(self.directory)
+        self._directory_lock.acquire()
         # Only persistent stores are worth keeping warm; in-memory ones are
         # rebuilt by the active task anyway.
         self.stores: dict[str, LayeredStore] = build_task_stores(
@@ -78,5 +81,8 @@ class StandbyTask:
         try:
             self.checkpoint()
         finally:
-            for store in self.stores.values():
-                store.close()
+            try:
+                for store in self.stores.values():
+                    store.close()
+            finally:
+                self._directory_lock.release()

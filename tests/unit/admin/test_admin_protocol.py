@@ -122,6 +122,26 @@ class FakeApp:
         self.calls.append(("resume_query", name))
 
 
+class FakePool(FakeApp):
+    """A daemon with processes > 1 (runtime.isolation.workers.WorkerPool's calls)."""
+
+    processes = 2
+
+    def set_processes(self, count: int, timeout: float | None = None) -> list[Any]:
+        self.calls.append(("set_processes", count, timeout))
+        self.processes = count
+        return []
+
+    def add_process(self, timeout: float | None = None) -> list[Any]:
+        return self.set_processes(self.processes + 1, timeout)
+
+    def remove_process(self, timeout: float | None = None) -> list[Any]:
+        return self.set_processes(self.processes - 1, timeout)
+
+    def process_rows(self) -> list[Any]:
+        return []
+
+
 # --- parsing --------------------------------------------------------------------------
 
 
@@ -177,7 +197,7 @@ def test_parse_errors(line: bytes, message: str) -> None:
 
 
 def test_every_command_is_dispatched() -> None:
-    app = FakeApp()
+    app = FakePool()
     handler = AdminHandler(app, shutdown=lambda: None)
     for command, spec in COMMANDS.items():
         request = {"command": command}
@@ -189,6 +209,25 @@ def test_every_command_is_dispatched() -> None:
             request["target"] = "tests.apps.query_app:topology"
         reply = handler.handle_line(json.dumps(request))
         assert reply["ok"], (command, reply)
+
+
+def test_processes_commands_resize_a_pool_and_explain_a_one_process_daemon() -> None:
+    pool = FakePool()
+    handler = AdminHandler(pool)
+    reply = handler.handle_line(b'{"command": "processes.set", "count": 3, "timeout": 5}')
+    assert reply == {"ok": True, "result": {"processes": 3, "rows": []}}
+    assert pool.calls[-1] == ("set_processes", 3, 5.0)
+    assert handler.handle_line(b'{"command": "processes.add"}')["result"]["processes"] == 4
+    pool.processes = 1
+    reply = handler.handle_line(b'{"command": "processes.remove"}')
+    assert not reply["ok"] and "fewest" in reply["error"]
+    single = AdminHandler(FakeApp())
+    assert single.handle_line(b'{"command": "processes"}') == {
+        "ok": True,
+        "result": {"processes": 1, "rows": []},
+    }
+    reply = single.handle_line(b'{"command": "processes.add"}')
+    assert not reply["ok"] and "processes.resizable=true" in reply["error"]
 
 
 # --- dispatch -------------------------------------------------------------------------
@@ -437,6 +476,27 @@ def test_format_status_and_tasks() -> None:
     ]  # fmt: skip
     assert lines[header + 2].split()[:3] == ["0_1", "PAUSED", "-"]
     assert "retrying" not in text
+
+
+def test_format_status_of_several_processes_has_a_row_each_and_tasks_name_theirs() -> None:
+    status = {
+        "state": "RUNNING",
+        "processes": [
+            {"name": "p0", "pid": 11, "state": "RUNNING", "up": True, "tasks": 1, "restarts": 0},
+            {"name": "p1", "pid": None, "state": "DEAD", "up": False, "restarts": 3,
+             "last_exit": "killed by SIGKILL"},
+        ],
+        "tasks": [{"id": "0_0", "state": "RUNNING", "process": "p0", "partitions": ["in-0"]}],
+    }  # fmt: skip
+    text = admin_client.format_status(status, now=0.0)
+    lines = text.splitlines()
+    assert any(line.split() == ["processes", "1", "up", "of", "2"] for line in lines)
+    header = next(i for i, line in enumerate(lines) if line.startswith("PROCESS  PID"))
+    assert lines[header + 1].split()[:3] == ["p0", "11", "RUNNING"]
+    assert lines[header + 2].split()[-4:] == ["3", "killed", "by", "SIGKILL"]
+    task_header = next(i for i, line in enumerate(lines) if line.startswith("PROCESS  TASK"))
+    assert lines[task_header + 1].split()[:2] == ["p0", "0_0"]
+    assert admin_client._format("processes", {"rows": []}) == "one process (processes=1)"
 
 
 def test_format_status_says_which_coordinator_call_the_polling_thread_retries() -> None:

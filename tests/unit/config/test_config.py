@@ -233,6 +233,12 @@ BAD_VALUES = [
     ("processing.threads.min", -1),
     ("processing.threads.max", 0),
     ("processing.threads.limit", 0),
+    ("processes", 0),
+    ("processes", "all"),
+    ("processes.resizable", "maybe"),
+    ("process.restart.backoff.ms", -1),
+    ("process.restart.backoff.max.ms", -1),
+    ("process.slot", -2),
     ("admin.socket.max.connections", 0),
     ("admin.socket.max.buffered.bytes", 1023),
     ("admin.socket.idle.timeout.ms", 0),
@@ -595,6 +601,10 @@ INT = 2**31 - 1
 INT_RANGES = {
     "processing.threads.limit": lambda n: 1 <= n <= 1024,
     "processing.threads": lambda n: 0 <= n <= 64,  # the default processing.threads.limit
+    "processes": lambda n: 1 <= n <= 256,
+    "process.restart.backoff.ms": lambda n: 0 <= n <= 3_600_000,
+    "process.restart.backoff.max.ms": lambda n: 0 <= n <= 3_600_000,
+    "process.slot": lambda n: -1 <= n <= 255,
     "commit.interval.ms": lambda n: 0 <= n <= LONG,
     "buffered.records.per.partition": lambda n: 1 <= n <= INT,
     "task.timeslice.ms": lambda n: 1 <= n <= LONG,
@@ -634,6 +644,15 @@ CLAMPED = {
     "admin.socket.idle.timeout.ms", "partition.check.interval.ms", "metrics.idle.timeout.ms",
     "processing.retry.backoff.ms", "processing.retry.backoff.max.ms",
 }  # fmt: skip
+
+
+def test_processes_auto_is_the_cpus_this_process_may_use() -> None:
+    config = StreamsConfig.from_dict({**REQUIRED, "processes": "auto"})
+    assert config.processes == len(os.sched_getaffinity(0))
+    assert StreamsConfig.from_dict({**REQUIRED, "processes": " AUTO "}).processes >= 1
+    assert StreamsConfig.from_dict(REQUIRED).processes == 1
+    with pytest.raises(ConfigError, match="or 'auto'"):
+        StreamsConfig.from_dict({**REQUIRED, "processes": "many"})
 
 
 def test_int_ranges_cover_every_int_key() -> None:

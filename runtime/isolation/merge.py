@@ -1,0 +1,100 @@
+"""The status of a daemon with `processes` > 1: its processes' statuses merged (pure; any thread).
+
+Each processing process answers `status` with its own `AppStatus` (as a
+dict); `merge_statuses` makes one `AppStatus` of them as the admin socket,
+the metrics endpoint and the autoscaler read it: counts summed, tasks and
+threads listed together (each task says which process owns it, `process`),
+lag and restores merged (a partition and a task belong to one process at a
+time), and one `ProcessStatus` row per slot, a dead or starting one
+included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from runtime.status import AppStatus, ProcessStatus
+
+# AppStatus fields that are counts: the daemon's is the sum of its processes'.
+_SUMMED = (
+    "consumed",
+    "processed",
+    "produced",
+    "skipped",
+    "dead_lettered",
+    "commits",
+    "commit_failures",
+    "transactions_committed",
+    "transactions_aborted",
+    "failed_threads",
+    "total_lag",
+    "restored",
+    "partition_expansions",
+    "tasks_created_by_expansion",
+    "partition_stalls",
+)
+
+
+def merge_statuses(
+    base: Mapping[str, Any],
+    rows: Sequence[ProcessStatus],
+    statuses: Mapping[str, AppStatus],
+) -> AppStatus:
+    """One status for the daemon. `base`: its own fields (application_id,
+    client_id, instance_id, state, started_at, processing_guarantee,
+    failure); `rows`: one per slot; `statuses`: slot name -> the status
+    that process answered (missing: it did not answer)."""
+    parts = list(statuses.items())
+    tasks = tuple(
+        dataclasses.replace(task, process=name) for name, status in parts for task in status.tasks
+    )
+    threads = tuple(thread for _, status in parts for thread in status.threads)
+    merged: dict[str, Any] = {field: sum(getattr(s, field) for _, s in parts) for field in _SUMMED}
+    lag: dict[str, int] = {}
+    restores: dict[str, dict[str, Any]] = {}
+    standbys: dict[str, dict[str, int]] = {}
+    dropped: dict[str, int] = {}
+    partitions: dict[str, int] = {}
+    for name, status in parts:
+        lag.update(status.lag)
+        restores.update({task: {**r, "process": name} for task, r in status.restores.items()})
+        standbys.update(status.standbys)
+        partitions.update(status.partitions)
+        for reason, count in status.dropped.items():
+            dropped[reason] = dropped.get(reason, 0) + count
+    commits = [s.last_commit for _, s in parts if s.last_commit is not None]
+    stalled = sorted({p for _, s in parts for p in s.stalled_partitions})
+    first = parts[0][1] if parts else None
+    return AppStatus(
+        application_id=str(base["application_id"]),
+        client_id=str(base["client_id"]),
+        instance_id=str(base["instance_id"]),
+        state=str(base["state"]),
+        started_at=base.get("started_at"),
+        processing_guarantee=str(base["processing_guarantee"]),
+        assignment_strategy=first.assignment_strategy if first else None,
+        threads=threads,
+        tasks=tasks,
+        lag=lag,
+        restores=restores,
+        standbys=standbys,
+        dropped=dropped,
+        partitions=partitions,
+        stalled_partitions=stalled,
+        last_commit=max(commits) if commits else None,
+        last_commit_duration_s=max((s.last_commit_duration_s for _, s in parts), default=0.0),
+        failure=base.get("failure"),
+        waiting_for=_waiting_for(parts),
+        processes=tuple(rows),
+        **merged,
+    )
+
+
+def _waiting_for(parts: Sequence[tuple[str, AppStatus]]) -> str | None:
+    """What the first process still starting waits for, named."""
+    for name, status in parts:
+        if status.waiting_for:
+            return f"{name}: {status.waiting_for}"
+    return None

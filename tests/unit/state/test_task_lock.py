@@ -1,0 +1,68 @@
+"""One owner per task directory (runtime.state.task_lock): a second owner
+waits for the first to close, a dead process's lock is gone, and the
+cleanup thread leaves a locked directory alone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.state.cleanup import CleanupThread
+from runtime.state.task_lock import TaskDirectoryLock, TaskDirectoryLocked
+
+
+def test_a_second_owner_waits_until_the_first_releases(tmp_path: Path) -> None:
+    first, second = TaskDirectoryLock(tmp_path / "0_1"), TaskDirectoryLock(tmp_path / "0_1")
+    assert first.try_acquire()
+    assert not second.try_acquire()
+    with pytest.raises(TaskDirectoryLocked, match="locked by another process"):
+        second.acquire(timeout=0.1)
+    threading.Timer(0.2, first.release).start()
+    started = time.monotonic()
+    second.acquire(timeout=10)
+    assert second.held and time.monotonic() - started >= 0.15
+    second.release()
+    assert not second.held
+
+
+def test_the_lock_of_a_killed_process_is_free(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from runtime.state.task_lock import TaskDirectoryLock; "
+            f"TaskDirectoryLock(Path({str(tmp_path / '0_0')!r})).acquire(); "
+            "print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        lock = TaskDirectoryLock(tmp_path / "0_0")
+        assert not lock.try_acquire()
+        holder.kill()
+        holder.wait(10)
+        assert lock.try_acquire()
+        lock.release()
+    finally:
+        holder.kill()
+        holder.wait(10)
+
+
+def test_cleanup_deletes_only_directories_it_can_lock(tmp_path: Path) -> None:
+    owned_elsewhere = TaskDirectoryLock(tmp_path / "0_0")
+    assert owned_elsewhere.try_acquire()
+    (tmp_path / "0_1").mkdir()
+    cleaner = CleanupThread("c", tmp_path, delay_ms=0, owned=frozenset)
+    assert cleaner.clean_once(now=time.time() + 10) == ["0_1"]
+    assert (tmp_path / "0_0").is_dir()
+    owned_elsewhere.release()
+    assert cleaner.clean_once(now=time.time() + 20) == ["0_0"]
+    assert not (tmp_path / "0_0").exists()
