@@ -47,6 +47,15 @@ log = get_logger("runtime.isolation")
 ChildFactory = Callable[..., ChildProcess]
 
 _RECONCILE_S = 0.2
+
+
+def _now() -> float:
+    """The clock of restart backoff and uptime (monotonic); a module function so
+    that a test can move it without touching `time.monotonic` for every
+    thread of its process."""
+    return time.monotonic()
+
+
 START_TIMEOUT_S = 120.0  # a process's start: cluster wait, topic checks, the group join
 _REQUEST_TIMEOUT_S = 10.0
 
@@ -197,7 +206,7 @@ class WorkerPool:
         slot.figures = {}
         slot.removing = False
         slot.started_at = time.time()
-        slot.started_mono = time.monotonic()
+        slot.started_mono = _now()
         pid = child.launch()
         log.info("process_starting", slot=slot.name, pid=pid, restarts=slot.restarts)
         return slot
@@ -227,7 +236,7 @@ class WorkerPool:
                 return
             slot.restarts += 1
             slot.last_exit = reason
-            now = time.monotonic()
+            now = _now()
             if now - slot.started_mono >= STABLE_UPTIME_S:
                 slot.early_deaths = 0
             delay_ms = restart_delay_ms(
@@ -252,7 +261,7 @@ class WorkerPool:
                 AppState.RUNNING,
             ):
                 return
-            now = time.monotonic()
+            now = _now()
             for index in range(self._wanted):
                 slot = self._slot(index)
                 dead = slot.child is None or (not slot.child.alive and slot.child.wait(0))

@@ -164,7 +164,7 @@ def _pool(monkeypatch: pytest.MonkeyPatch, processes: int) -> tuple[WorkerPool, 
     on a clock the test moves."""
     monkeypatch.setattr(workers, "_RECONCILE_S", 3600.0)
     clock = [1000.0]
-    monkeypatch.setattr(workers.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(workers, "_now", lambda: clock[0])
     config = StreamsConfig.from_dict(
         {
             "application.id": "app",
