@@ -146,6 +146,12 @@ def _start(spec: Any) -> Any:
         # One log stream: every line says which process wrote it.
         configure_logging(config.log_level, fields={"process": f"p{spec.slot}", "pid": os.getpid()})
         worker = App(load_topology(spec.source, named=True), config, source=spec.source)
+        # Paused before it starts, as the daemon's other processes are: a task
+        # moving here must not run for a moment before a `pause` reaches it.
+        if spec.paused_all:
+            worker.pause()
+        for task_id in spec.paused_tasks:
+            worker.pause(task_id)
         worker.start()
         return worker
     # Every line of the child's log says whose it is (it shares the daemon's stderr).

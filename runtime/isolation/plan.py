@@ -63,13 +63,19 @@ class ChildSpec:
     parent_group: str
     role: str = QUERY_ROLE
     slot: int = -1
+    # A worker starts with these paused, as the daemon's other processes are
+    # (`pause` before a slot was started or restarted must hold in it too).
+    paused_all: bool = False
+    paused_tasks: tuple[str, ...] = ()
 
     def to_line(self) -> str:
         return json.dumps(self.__dict__) + "\n"
 
     @classmethod
     def from_line(cls, line: str) -> ChildSpec:
-        return cls(**json.loads(line))
+        fields = json.loads(line)
+        fields["paused_tasks"] = tuple(fields.get("paused_tasks", ()))
+        return cls(**fields)
 
 
 def _text_config(config: StreamsConfig, who: str, skip: tuple[str, ...]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ reader thread reports its events and exit.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -94,6 +95,10 @@ class WorkerPool:
         self._child_factory = child_factory
         self._wanted = processes if processes is not None else config.processes
         self._threads = config.processing_threads  # a new slot's, follows `threads set`
+        # What `pause`/`resume` left paused, for slots started later (the
+        # task manager's own semantics: resume(None) resumes everything).
+        self._paused_all = False
+        self._paused_tasks: set[str] = set()
         self._slots: dict[int, Slot] = {}
         self._lock = threading.RLock()
         self._state = AppState.CREATED
@@ -190,7 +195,11 @@ class WorkerPool:
         return slot
 
     def _launch(self, slot: Slot) -> Slot:
-        spec = worker_spec(self.config, self._source, slot.index)
+        spec = dataclasses.replace(
+            worker_spec(self.config, self._source, slot.index),
+            paused_all=self._paused_all,
+            paused_tasks=tuple(sorted(self._paused_tasks)),
+        )
         spec.config["processing.threads"] = self._threads
         # The handlers get the child too: a slot started again has a new
         # one, and the old one's last lines must not count as the new one's.
@@ -462,9 +471,22 @@ class WorkerPool:
         return [name for _, names in sorted(answers.items()) for name in names]
 
     def pause(self, task_id: str | None = None) -> None:
+        """Pause one task (wherever it runs) or all, in every process, and in
+        every process started later (a new or restarted slot)."""
+        with self._lock:
+            if task_id is None:
+                self._paused_all = True
+            else:
+                self._paused_tasks.add(task_id)
         self._ask_all("pause", task=task_id)
 
     def resume(self, task_id: str | None = None) -> None:
+        with self._lock:
+            if task_id is None:
+                self._paused_all = False
+                self._paused_tasks.clear()
+            else:
+                self._paused_tasks.discard(task_id)
         self._ask_all("resume", task=task_id)
 
     def prepare_leave(self) -> None:

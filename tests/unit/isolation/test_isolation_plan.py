@@ -3,6 +3,8 @@ and the config rules around `query.<name>.isolation`."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 import pytest
@@ -44,6 +46,8 @@ def test_the_child_gets_its_own_identity_and_none_of_the_daemons_endpoints() -> 
     # Without query.heavy.max.threads the child has the daemon's thread count.
     assert spec.config["processing.threads"] == 4
     assert ChildSpec.from_line(spec.to_line()) == spec
+    paused = dataclasses.replace(spec, paused_all=True, paused_tasks=("0_1", "0_2"))
+    assert ChildSpec.from_line(paused.to_line()) == paused
 
 
 def test_max_threads_becomes_the_childs_thread_count() -> None:

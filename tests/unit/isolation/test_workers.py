@@ -127,6 +127,7 @@ class FakeChild:
         self.exited = False
         self.stopping = False
         self._pid = 0
+        self.asked: list[tuple[str, dict[str, Any]]] = []
         FakeChild.made.append(self)
 
     @property
@@ -153,6 +154,10 @@ class FakeChild:
         self.stopping = True
         if self.alive:
             self.die(0)
+
+    def request(self, op: str, wait_s: float, **fields: Any) -> Any:
+        self.asked.append((op, fields))
+        return None
 
     def kill(self) -> None:
         if self.alive:
@@ -254,3 +259,28 @@ def test_resizing_starts_new_slots_and_stops_the_highest(monkeypatch: pytest.Mon
     assert pool.close(1)
     with pytest.raises(RuntimeError, match="NOT_RUNNING"):
         pool.set_processes(2)
+
+
+def test_a_slot_started_after_a_pause_starts_paused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pause reaches the running processes and every process started later:
+    a restarted slot (whose tasks come back to it) and a new one."""
+    pool, _ = _pool(monkeypatch, 2)
+    pool.start()
+    assert [c.spec["paused_all"] for c in FakeChild.made] == [False, False]
+    pool.pause()
+    pool.pause("0_3")
+    assert all(("pause", {"task": None}) in c.asked for c in FakeChild.made)
+    FakeChild.made[1].die()
+    pool.reconcile()
+    restarted = FakeChild.made[-1]
+    assert restarted.spec["paused_all"] is True and restarted.spec["paused_tasks"] == ["0_3"]
+    pool.resume("0_3")
+    pool.set_processes(3, timeout=1)
+    added = FakeChild.made[-1]
+    assert added.spec["slot"] == 2
+    assert added.spec["paused_all"] is True and added.spec["paused_tasks"] == []
+    pool.resume()
+    FakeChild.made[0].die()
+    pool.reconcile()
+    assert FakeChild.made[-1].spec["paused_all"] is False
+    assert pool.close(1)
