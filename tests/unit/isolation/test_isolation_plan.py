@@ -4,7 +4,6 @@ and the config rules around `query.<name>.isolation`."""
 from __future__ import annotations
 
 import dataclasses
-
 from typing import Any
 
 import pytest
