@@ -87,8 +87,11 @@ def _gated_restoration_class() -> Any:
     return GatedRestorationThread
 
 
-# Models that are `runtime.App` (keypar: with num.threads.per.task > 1).
-RUNTIME_MODELS = ("runtime", "keypar")
+# Models that are `runtime.App` (keypar: with num.threads.per.task > 1), and
+# the runtime in several processes (`processes`): a `WorkerPool`, the
+# daemon's supervisor, which answers the same calls for all its processes.
+PROCESS_MODELS = {"runtime-p2": 2}
+RUNTIME_MODELS = ("runtime", "keypar", *PROCESS_MODELS)
 # The raw consume-transform-produce loop (benchmarks/raw_loop.py), one thread.
 RAW_MODEL = "raw"
 
@@ -124,6 +127,25 @@ class _Model:
                 operation_for(spec["topology"]),
                 float(config.get("commit.interval.ms", 1000)) / 1000.0,
             )
+        elif self.kind in PROCESS_MODELS:
+            from benchmarks.compare import pool_topology
+            from runtime.config import StreamsConfig
+            from runtime.isolation.workers import WorkerPool
+
+            if self.gate_restore:
+                raise ValueError(
+                    f"{self.kind}: the restore workload gates one process's restoration"
+                )
+            os.environ.update(
+                pool_topology.environment(
+                    spec["topology"], spec["input_topic"], spec["output_topic"], spec.get("echo")
+                )
+            )
+            pool_config = dict(config, processes=PROCESS_MODELS[self.kind])
+            self.app = WorkerPool(
+                StreamsConfig.from_dict(pool_config), "benchmarks.compare.pool_topology:topology"
+            )
+            self.app.pause()  # every process starts paused (runtime.isolation.plan.ChildSpec)
         elif self.kind in RUNTIME_MODELS:
             from runtime import App
 

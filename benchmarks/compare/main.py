@@ -27,12 +27,14 @@ NAME = "compare"
 ALL_WORKLOADS = ("stateless", "stateful", "io", "skew", "restore")
 MODELS = ("runtime", "baseline")
 # Also runnable: workload io1 (the io topology, every record on partition 0),
-# model keypar (the runtime with num.threads.per.task, --threads-per-task) and
+# model keypar (the runtime with num.threads.per.task, --threads-per-task),
+# model runtime-p2 (the runtime in 2 processes, `processes=2`, each with the
+# run's thread count: the `processes` axis, issue 36) and
 # model raw (the raw consume-transform-produce loop, benchmarks/raw_loop.py:
 # stateless and stateful only, one thread, so it runs at the lowest thread
 # count only).
 EXTRA_WORKLOADS = ("io1",)
-EXTRA_MODELS = ("keypar", "raw")
+EXTRA_MODELS = ("keypar", "runtime-p2", "raw")
 
 # Same for both models; everything else is the runtime's defaults.
 # - commit.interval.ms=1000: as the stateless benchmark (the default is 30 s).

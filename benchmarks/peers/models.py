@@ -1,6 +1,10 @@
 """The models of ``python -m benchmarks peers`` and how each one's child is started.
 
 - ``runtime``: ``runtime.App`` (``benchmarks/compare/child.py``), as in compare;
+- ``runtime-p2``: the runtime with ``processes=2`` (a supervisor and two full
+  runtimes in the one group, ``runtime.isolation.workers.WorkerPool``), each
+  process with N processing threads; CPU, RSS and connections cover all three
+  processes (``benchmarks/compare/procfs.py``);
 - ``ks-classic``: Kafka Streams 4.3.1, ``num.stream.threads`` = threads, every
   stream thread with its own consumer, producer and restore consumer, polling
   and processing its own tasks;
@@ -43,6 +47,11 @@ MODELS: dict[str, Model] = {
     m.name: m
     for m in (
         Model("runtime", "streams-runtime: shared clients, N processing threads"),
+        Model(
+            "runtime-p2",
+            "streams-runtime, processes=2: 2 processes x N processing threads",
+            workloads=frozenset({"stateless", "stateful", "io"}),
+        ),
         Model("ks-classic", "Kafka Streams 4.3.1, classic: N stream threads"),
         Model(
             "ks-proc",
@@ -116,6 +125,6 @@ class Launcher:
             quix_config.update(self.quix_settings)
             spec = dict(spec, config=quix_config)
             return [str(self.quix_python), "-m", "benchmarks.peers.quix_child"], spec
-        if model in ("runtime", "keypar"):
+        if model in ("runtime", "runtime-p2", "keypar"):
             return [], spec  # the compare child (an empty command means the default)
         raise ValueError(f"unknown model {model!r}; choose from {', '.join(MODELS)}")
