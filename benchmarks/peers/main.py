@@ -30,7 +30,7 @@ from benchmarks.report import choose, rerender
 
 NAME = "peers"
 ALL_WORKLOADS = ("stateless", "stateful", "io", "io1", "skew")
-DEFAULT_MODELS = ("runtime", "keypar", "ks-classic", "ks-proc", "quixstreams")
+DEFAULT_MODELS = ("runtime", "runtime-p2", "keypar", "ks-classic", "ks-proc", "quixstreams")
 DEFAULT_THREADS = "1,2,4"
 # Records the JVM processes before the measured run (benchmarks/peers/kafka_streams/
 # README.md, "Warm-up"); the I/O-bound workloads take ~1 ms per record, so fewer.

@@ -35,6 +35,7 @@ __all__ = ["headline", "markdown", "plot", "ratios", "summarize", "write"]
 PEERS = ("ks-classic", "ks-proc", "quixstreams")
 TITLES = {
     "runtime": "runtime",
+    "runtime-p2": "runtime, 2 processes",
     "keypar": "runtime key-parallel",
     "ks-classic": "Kafka Streams classic",
     "ks-proc": "Kafka Streams processing threads",
@@ -42,11 +43,14 @@ TITLES = {
 }
 COLORS = {
     "runtime": "#3b75af",
+    "runtime-p2": "#7fb3e0",
     "keypar": "#1f3f66",
     "ks-classic": "#d9822b",
     "ks-proc": "#9b59b6",
     "quixstreams": "#2ca02c",
 }
+# Issue 36's targets for the runtime in 2 processes (stateful count).
+PROCESSES_SPEEDUP = 1.4
 MATCH = 0.97  # a throughput ratio counted as "at least equal"
 
 
@@ -177,6 +181,7 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {wl} | {n} | " + " | ".join(cells) + " |")
     lines += ["", "## Targets", "", *_verdicts(result, by_key), ""]
     lines += _against_kafka_streams(result, by_key)
+    lines += _processes(result, by_key)
     for wl_name, wl in result["workloads"].items():
         lines += [
             "",
@@ -460,3 +465,64 @@ def plot(out_dir: str, name: str, result: dict[str, Any]) -> list[str]:
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def _processes(result: dict[str, Any], by_key: dict[tuple[str, str, int], Any]) -> list[str]:
+    """The `processes` axis (issue 36): the runtime in 2 processes against itself in
+    one, Kafka Streams at equal threads per process count, and quixstreams in two."""
+    if "runtime-p2" not in result["models"]:
+        return []
+    lines = [
+        "",
+        "## Processes (runtime-p2: `processes=2`)",
+        "",
+        "CPU, RSS and connections of a model in several processes are the sums over its "
+        "process tree (the supervisor and its processing processes). "
+        "Peak RSS of a tree is the sum of each process's own peak.",
+        "",
+        "| workload | threads per process | p2 / p1 records/s | p2 / Kafka Streams at "
+        "2x threads | p2 / Kafka Streams at equal threads | CPU s / M p1 -> p2 | peak RSS MB "
+        "p1 -> p2 | connections p1 -> p2 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    verdicts = []
+    for wl in result["workloads"]:
+        key = headline(result, wl)
+        for n in result["threads"]:
+            p2, p1 = by_key.get((wl, "runtime-p2", n)), by_key.get((wl, "runtime", n))
+            if p2 is None:
+                continue
+            speedup = _figure_ratio(by_key, wl, ("runtime-p2", n), ("runtime", n), key)
+            ks_double = _figure_ratio(by_key, wl, ("runtime-p2", n), ("ks-classic", 2 * n), key)
+            ks_equal = _figure_ratio(by_key, wl, ("runtime-p2", n), ("ks-classic", n), key)
+
+            def pair(field: str, digits: int = 0, a: Any = p1, b: Any = p2) -> str:
+                left = _med(a[field], digits) if a else "n/a"
+                return f"{left} -> {_med(b[field], digits)}"
+
+            lines.append(
+                f"| {wl} | {n} | {_ratio(speedup)} | {_ratio(ks_double)} | {_ratio(ks_equal)} | "
+                f"{pair('cpu_s_per_million', 1)} | {pair('peak_rss_mb')} | "
+                f"{pair('connections_at_ready')} |"
+            )
+            if wl == "stateful" and speedup is not None:
+                cpu1 = p1["cpu_s_per_million"]["median"] if p1 else None
+                cpu2 = p2["cpu_s_per_million"]["median"]
+                verdicts.append(
+                    f"- stateful t={n}: 2 processes / 1 process {_ratio(speedup)} (target >= "
+                    f"{PROCESSES_SPEEDUP}x: {'met' if speedup >= PROCESSES_SPEEDUP else 'missed'})"
+                    + (
+                        f"; against Kafka Streams at {n} thread(s): {_ratio(ks_equal)} "
+                        f"({'ahead' if ks_equal >= 1.0 else 'behind'})"
+                        if ks_equal is not None
+                        else ""
+                    )
+                    + (
+                        f"; CPU per million records {cpu1:.1f} -> {cpu2:.1f} s "
+                        f"({'no worse' if cpu2 <= cpu1 * 1.03 else 'worse'})"
+                        if cpu1
+                        else ""
+                    )
+                    + "."
+                )
+    return lines + ([""] + verdicts if verdicts else [])
