@@ -176,11 +176,14 @@ class KGroupedStream:
             True,
         )
 
-    def windowed_by(self, windows: TimeWindows) -> TimeWindowedKStream:
-        """Aggregate per key and time window (tumbling or hopping, on event time)."""
-        if not isinstance(windows, TimeWindows):
-            raise TopologyError(f"windowed_by() expects TimeWindows, got {windows!r}")
-        return TimeWindowedKStream(self, windows)
+    def windowed_by(self, windows: Any) -> Any:
+        """Aggregate per key and window, on event time: `TimeWindows` (tumbling,
+        hopping), `SessionWindows` or `SlidingWindows`."""
+        if isinstance(windows, TimeWindows):
+            return TimeWindowedKStream(self, windows)
+        from runtime.topology.windowed_by import other_windowed_by  # sessions, sliding
+
+        return other_windowed_by(self, windows)
 
     # -- internals -------------------------------------------------------------
 
