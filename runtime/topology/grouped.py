@@ -181,9 +181,13 @@ class KGroupedStream:
         hopping), `SessionWindows` or `SlidingWindows`."""
         if isinstance(windows, TimeWindows):
             return TimeWindowedKStream(self, windows)
-        from runtime.topology.windowed_by import other_windowed_by  # sessions, sliding
-
-        return other_windowed_by(self, windows)
+        windowed_stream = getattr(windows, "windowed_stream", None)  # sessions, sliding
+        if windowed_stream is None:
+            raise TopologyError(
+                "windowed_by() expects TimeWindows, SessionWindows or SlidingWindows, "
+                f"got {windows!r}"
+            )
+        return windowed_stream(self)
 
     # -- internals -------------------------------------------------------------
 

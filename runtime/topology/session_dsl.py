@@ -26,10 +26,9 @@ from runtime.topology.errors import TopologyError
 from runtime.topology.graph import NodeDef, StateStoreDef
 from runtime.topology.ktable import KTable
 from runtime.topology.nodes import Node
-from runtime.topology.session_windows import (
+from runtime.topology.session_store import (
     SessionFunctions,
     SessionWindowAggregateNode,
-    SessionWindows,
     session_windowed,
 )
 from runtime.topology.suppressed import EmitStrategy
@@ -37,6 +36,7 @@ from runtime.topology.suppressed import EmitStrategy
 if TYPE_CHECKING:
     from runtime.topology.grouped import KGroupedStream
     from runtime.topology.kstream import KStream
+    from runtime.topology.session_windows import SessionWindows
 
 
 def _make_session_aggregate(d: NodeDef) -> Node:

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.topology import StreamsBuilder, TopologyError, Windowed, serdes
-from runtime.topology.session_windows import SessionWindows, session_windowed
+from runtime.topology.session_store import session_windowed
+from runtime.topology.session_windows import SessionWindows
 from runtime.topology.suppressed import EmitStrategy
 from runtime.topology.testing import RecordingTaskContext
 
