@@ -75,9 +75,13 @@ class SessionWindowedKTable(KTable):
             table.window_size_ms,
         )
 
+    def session_key_serde(self) -> Any:
+        """The serde of this table's keys as its stream writes them."""
+        return session_windowed(self.key_serde)
+
     def to_stream(self, name: str | None = None) -> KStream:
         stream = super().to_stream(name)
-        stream.key_serde = session_windowed(self.key_serde)
+        stream.key_serde = self.session_key_serde()
         return stream
 
 
