@@ -53,6 +53,9 @@ NAMES = [
     "tumbling_count_suppress",
     "table_suppress_time_limit",
     "clickstream_sessions",
+    "sliding_count",
+    "sliding_aggregate",
+    "sliding_count_suppress",
 ]
 # Aggregations: values compared, not timestamps (Kafka Streams stamps a result
 # with the largest timestamp its aggregate has seen, this runtime with the
@@ -115,3 +118,4 @@ def test_the_input_exercises_session_merges_and_final_results(runs: dict[str, Ru
     assert None not in ks("session_count_on_close") + ks("clickstream_sessions")
     assert len(ks("tumbling_count_suppress")) < len(ks("tumbling_count")) / 2
     assert 0 < len(ks("table_suppress_time_limit")) < len(ks("to_table"))
+    assert 0 < len(ks("sliding_count_suppress")) < len(ks("sliding_count"))

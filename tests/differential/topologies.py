@@ -22,6 +22,7 @@ from runtime import StreamsBuilder, serdes
 from runtime.topology.kstream import KStream
 from runtime.topology.session_store import session_windowed
 from runtime.topology.session_windows import SessionWindows
+from runtime.topology.sliding_windows import SlidingWindows
 from runtime.topology.suppressed import BufferConfig, EmitStrategy, Suppressed
 from runtime.topology.topology import Topology
 from runtime.topology.windows import JoinWindows, TimeWindows
@@ -283,6 +284,45 @@ def clickstream_sessions(builder: StreamsBuilder, topic: str, out: str) -> None:
     )
 
 
+SLIDE_MS = 2_000
+SLIDING = SlidingWindows.of_time_difference_and_grace(SLIDE_MS, GRACE_MS)
+SLIDING_KEY = serdes.windowed(serdes.STRING, SLIDE_MS)
+
+
+def sliding_count(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .group_by_key()
+        .windowed_by(SLIDING)
+        .count()
+        .to_stream()
+        .to(out, key_serde=SLIDING_KEY, value_serde=LONG)
+    )
+
+
+def sliding_aggregate(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .group_by_key()
+        .windowed_by(SLIDING)
+        .aggregate(lambda: "", lambda key, value, agg: agg + value[0], value_serde=STR)
+        .to_stream()
+        .to(out, key_serde=SLIDING_KEY, value_serde=STR)
+    )
+
+
+def sliding_count_suppress(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .group_by_key()
+        .windowed_by(SLIDING)
+        .count()
+        .suppress(Suppressed.until_window_closes(BufferConfig.unbounded()))
+        .to_stream()
+        .to(out, key_serde=SLIDING_KEY, value_serde=LONG)
+    )
+
+
 TOPOLOGIES: dict[str, Callable[[StreamsBuilder, str, str], None]] = {
     "count": count,
     "reduce": reduce,
@@ -307,6 +347,9 @@ TOPOLOGIES: dict[str, Callable[[StreamsBuilder, str, str], None]] = {
     "tumbling_count_suppress": tumbling_count_suppress,
     "table_suppress_time_limit": table_suppress_time_limit,
     "clickstream_sessions": clickstream_sessions,
+    "sliding_count": sliding_count,
+    "sliding_aggregate": sliding_aggregate,
+    "sliding_count_suppress": sliding_count_suppress,
 }
 
 

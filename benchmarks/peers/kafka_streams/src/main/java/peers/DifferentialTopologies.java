@@ -26,6 +26,7 @@ import org.apache.kafka.streams.kstream.KTable;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
 import org.apache.kafka.streams.kstream.SessionWindows;
+import org.apache.kafka.streams.kstream.SlidingWindows;
 import org.apache.kafka.streams.kstream.StreamJoined;
 import org.apache.kafka.streams.kstream.Suppressed;
 import org.apache.kafka.streams.kstream.Suppressed.BufferConfig;
@@ -34,6 +35,7 @@ import org.apache.kafka.streams.kstream.ValueJoiner;
 import org.apache.kafka.streams.kstream.WindowedSerdes;
 import org.apache.kafka.streams.state.KeyValueStore;
 import org.apache.kafka.streams.state.SessionStore;
+import org.apache.kafka.streams.state.WindowStore;
 
 /**
  * The Kafka Streams side of the differential tests ({@code tests/differential/}).
@@ -61,6 +63,7 @@ public final class DifferentialTopologies {
     static final Duration SESSION_GAP = Duration.ofMillis(1500);
     static final Duration CLICK_GAP = Duration.ofSeconds(2);
     static final Duration CLICK_GRACE = Duration.ofSeconds(1);
+    static final Duration SLIDE = Duration.ofSeconds(2);
 
     private DifferentialTopologies() {}
 
@@ -214,7 +217,8 @@ public final class DifferentialTopologies {
                                 lng));
             }
             case "session_count", "session_reduce", "session_aggregate", "session_count_on_close",
-                    "tumbling_count_suppress", "table_suppress_time_limit", "clickstream_sessions" ->
+                    "tumbling_count_suppress", "table_suppress_time_limit", "clickstream_sessions",
+                    "sliding_count", "sliding_aggregate", "sliding_count_suppress" ->
                 sessionsAndSuppression(name, in, output);
             default -> throw new IllegalArgumentException("unknown differential topology " + name);
         }
@@ -229,6 +233,7 @@ public final class DifferentialTopologies {
         final var sessionSerde = WindowedSerdes.sessionWindowedSerdeFrom(String.class);
         final SessionWindows sessions = SessionWindows.ofInactivityGapAndGrace(SESSION_GAP, GRACE);
         final KStream<String, String> nonNull = in.filter((k, v) -> v != null);
+        final var slidingSerde = WindowedSerdes.timeWindowedSerdeFrom(String.class, SLIDE.toMillis());
         switch (name) {
             case "session_count" -> in.groupByKey()
                     .windowedBy(sessions)
@@ -281,6 +286,25 @@ public final class DifferentialTopologies {
                     .map((wk, v) -> KeyValue.pair(
                             wk.key(), wk.window().start() + "-" + wk.window().end() + ":" + v))
                     .to(output, Produced.with(str, str));
+            case "sliding_count" -> in.groupByKey()
+                    .windowedBy(SlidingWindows.ofTimeDifferenceAndGrace(SLIDE, GRACE))
+                    .count()
+                    .toStream()
+                    .to(output, Produced.with(slidingSerde, lng));
+            case "sliding_aggregate" -> in.groupByKey()
+                    .windowedBy(SlidingWindows.ofTimeDifferenceAndGrace(SLIDE, GRACE))
+                    .aggregate(
+                            () -> "",
+                            (k, v, agg) -> agg + v.charAt(0),
+                            Materialized.<String, String, WindowStore<Bytes, byte[]>>with(str, str))
+                    .toStream()
+                    .to(output, Produced.with(slidingSerde, str));
+            case "sliding_count_suppress" -> in.groupByKey()
+                    .windowedBy(SlidingWindows.ofTimeDifferenceAndGrace(SLIDE, GRACE))
+                    .count()
+                    .suppress(Suppressed.untilWindowCloses(BufferConfig.unbounded()))
+                    .toStream()
+                    .to(output, Produced.with(slidingSerde, lng));
             default -> throw new IllegalArgumentException("unknown differential topology " + name);
         }
     }
