@@ -289,6 +289,13 @@ class TimeWindowedKStream:
     def __repr__(self) -> str:
         return f"TimeWindowedKStream({self._grouped!r}, {self.windows!r})"
 
+    def emit_strategy(self, strategy: Any) -> Any:
+        """`EmitStrategy.on_window_close()`: forward each window once, when it
+        closes (KIP-825; `runtime.topology.window_emit_final`)."""
+        from runtime.topology.window_emit_final import emit_strategy
+
+        return emit_strategy(self, strategy, store_spec)
+
     def count(self, store: str | None = None, name: str | None = None) -> KTable:
         """Records per key and window (values INT64)."""
         return self._grouped._aggregate(

@@ -284,6 +284,18 @@ def clickstream_sessions(builder: StreamsBuilder, topic: str, out: str) -> None:
     )
 
 
+def hopping_count_on_close(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .group_by_key()
+        .windowed_by(TimeWindows.of_size_and_grace(WINDOW_MS, GRACE_MS).advance_by(HOP_MS))
+        .emit_strategy(EmitStrategy.on_window_close())
+        .count()
+        .to_stream()
+        .to(out, key_serde=WINDOWED, value_serde=LONG)
+    )
+
+
 SLIDE_MS = 2_000
 SLIDING = SlidingWindows.of_time_difference_and_grace(SLIDE_MS, GRACE_MS)
 SLIDING_KEY = serdes.windowed(serdes.STRING, SLIDE_MS)
@@ -350,6 +362,7 @@ TOPOLOGIES: dict[str, Callable[[StreamsBuilder, str, str], None]] = {
     "sliding_count": sliding_count,
     "sliding_aggregate": sliding_aggregate,
     "sliding_count_suppress": sliding_count_suppress,
+    "hopping_count_on_close": hopping_count_on_close,
 }
 
 

@@ -218,7 +218,8 @@ public final class DifferentialTopologies {
             }
             case "session_count", "session_reduce", "session_aggregate", "session_count_on_close",
                     "tumbling_count_suppress", "table_suppress_time_limit", "clickstream_sessions",
-                    "sliding_count", "sliding_aggregate", "sliding_count_suppress" ->
+                    "sliding_count", "sliding_aggregate", "sliding_count_suppress",
+                    "hopping_count_on_close" ->
                 sessionsAndSuppression(name, in, output);
             default -> throw new IllegalArgumentException("unknown differential topology " + name);
         }
@@ -305,6 +306,14 @@ public final class DifferentialTopologies {
                     .suppress(Suppressed.untilWindowCloses(BufferConfig.unbounded()))
                     .toStream()
                     .to(output, Produced.with(slidingSerde, lng));
+            case "hopping_count_on_close" -> in.groupByKey()
+                    .windowedBy(TimeWindows.ofSizeAndGrace(WINDOW, GRACE).advanceBy(HOP))
+                    .emitStrategy(EmitStrategy.onWindowClose())
+                    .count()
+                    .toStream()
+                    .to(output, Produced.with(
+                            WindowedSerdes.timeWindowedSerdeFrom(String.class, WINDOW.toMillis()),
+                            lng));
             default -> throw new IllegalArgumentException("unknown differential topology " + name);
         }
     }
