@@ -26,7 +26,8 @@ The buffer is a key-value store named `KTABLE-SUPPRESS-STATE-STORE-<n>`
 `buffer time (8 bytes) + key bytes`, so a range read yields the oldest first,
 and whose values are `timestamp (8 bytes) + flag (1) + value bytes`. The node
 keeps an index of key -> buffer time, the entry count and byte size in
-memory, rebuilt from the store when the task starts. Headers are not kept.
+memory, rebuilt from the store at the task's first record (after restoration:
+`init` may run while the store is still being restored). Headers are not kept.
 
 Threads: the node runs on the processing thread holding its task. Its
 buffer and stream time are shared by all keys, so it opts out of key-parallel
@@ -81,6 +82,7 @@ class SuppressNode(Node):
         "_bytes",
         "_min",
         "_observed",
+        "_loaded",
     )
 
     def __init__(
@@ -113,6 +115,7 @@ class SuppressNode(Node):
         self._bytes = 0
         self._min: int | None = None
         self._observed = -1
+        self._loaded = False
 
     def init(self, ctx: TaskContext) -> None:
         self._store = ctx.state_store(self.store_name)
@@ -124,6 +127,11 @@ class SuppressNode(Node):
         self._index = {}
         self._bytes = 0
         self._min = None
+        self._loaded = False  # the store may still be restoring: read it at the first record
+
+    def _load(self) -> None:
+        """The in-memory index of the (restored) buffer."""
+        self._loaded = True
         for data, value_bytes in self._store.all():
             time = _LONG.unpack_from(data)[0]
             size = len(data) + len(value_bytes)
@@ -136,6 +144,8 @@ class SuppressNode(Node):
         self._store = None
 
     def process(self, record: Record) -> None:
+        if not self._loaded:
+            self._load()
         timestamp = record.timestamp
         if timestamp > self._observed:
             self._observed = timestamp

@@ -58,13 +58,12 @@ class EmitFinalWindowAggregateNode(WindowAggregateNode):
         super().__init__(*args)
         self.meta_store = meta_store
         self._meta: Any = None
-        self._last_emit = -1
+        self._last_emit: int | None = None
 
     def init(self, ctx: TaskContext) -> None:
         super().init(ctx)
         self._meta = ctx.state_store(self.meta_store)
-        data = self._meta.get(_META_KEY)
-        self._last_emit = -1 if data is None else _LONG.unpack(data)[0]
+        self._last_emit = None  # read at the first record: the store may still be restoring
 
     def close(self) -> None:
         super().close()
@@ -82,6 +81,9 @@ class EmitFinalWindowAggregateNode(WindowAggregateNode):
 
     def _emit_closed(self, close: int, record: Record) -> None:
         """Kafka's maybeForwardFinalResult for time windows."""
+        if self._last_emit is None:
+            data = self._meta.get(_META_KEY)
+            self._last_emit = -1 if data is None else _LONG.unpack(data)[0]
         last = self._last_emit
         if last != -1 and last >= close:
             return
