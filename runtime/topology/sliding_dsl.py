@@ -57,6 +57,16 @@ class SlidingWindowedKStream:
     def __repr__(self) -> str:
         return f"SlidingWindowedKStream({self._grouped!r}, {self.windows!r})"
 
+    def emit_strategy(self, strategy: Any) -> SlidingWindowedKStream:
+        """Only `on_window_update` (the default) for now; for final results use
+        `.suppress(Suppressed.until_window_closes(...))` on the table."""
+        if getattr(strategy, "on_close", False):
+            raise TopologyError(
+                "emit_strategy(on_window_close()) is not offered for sliding windows yet: "
+                "use .count()/.aggregate(...).suppress(Suppressed.until_window_closes(...))"
+            )
+        return self
+
     def count(self, store: str | None = None, name: str | None = None) -> KTable:
         """Records per key and window (values INT64; null values are dropped, as Kafka's)."""
         functions: SlidingFunctions = (lambda: 0, lambda key, value, agg: agg + 1)

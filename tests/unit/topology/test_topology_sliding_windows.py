@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from runtime.topology import StreamsBuilder, TopologyError, serdes
 from runtime.topology.sliding_windows import SlidingWindows
-from runtime.topology.suppressed import BufferConfig, Suppressed
+from runtime.topology.suppressed import BufferConfig, EmitStrategy, Suppressed
 from runtime.topology.testing import RecordingTaskContext
 
 
@@ -96,6 +96,9 @@ def test_sliding_topology_opts_out_of_key_parallel() -> None:
     assert not builder.build().subtopologies[0].key_parallel
     with pytest.raises(TopologyError, match="SlidingWindows"):
         builder.stream("in2").group_by_key().windowed_by(10)
+    sliding = builder.stream("in3").group_by_key().windowed_by(SlidingWindows(10))
+    with pytest.raises(TopologyError, match="suppress"):
+        sliding.emit_strategy(EmitStrategy.on_window_close())
 
 
 @settings(max_examples=80, deadline=None)
