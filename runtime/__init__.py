@@ -38,6 +38,9 @@ from runtime.topology import (
     serdes,
 )
 from runtime.topology.named_queries import QueryError
+from runtime.topology.session_windows import SessionWindows
+from runtime.topology.sliding_windows import SlidingWindows
+from runtime.topology.suppressed import BufferConfig, EmitStrategy, Suppressed
 
 __all__ = [
     "REPLACE_THREAD",
@@ -72,4 +75,9 @@ __all__ = [
     "VirtualPartitioner",
     "load_config",
     "serdes",
+    "BufferConfig",
+    "EmitStrategy",
+    "SessionWindows",
+    "SlidingWindows",
+    "Suppressed",
 ]

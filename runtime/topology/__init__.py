@@ -24,6 +24,9 @@ from runtime.topology.kstream import BranchedKStream, KStream
 from runtime.topology.ktable import KTable
 from runtime.topology.processor import Processor, ProcessorContext
 from runtime.topology.record import Record
+from runtime.topology.session_windows import SessionWindows
+from runtime.topology.sliding_windows import SlidingWindows
+from runtime.topology.suppressed import BufferConfig, EmitStrategy, Suppressed
 from runtime.topology.topology import Subtopology, TaskGraph, TopicSpec, Topology
 from runtime.topology.windows import JoinWindows, TimeWindows, Windowed
 
@@ -49,4 +52,9 @@ __all__ = [
     "TopologyError",
     "Windowed",
     "serdes",
+    "BufferConfig",
+    "EmitStrategy",
+    "SessionWindows",
+    "SlidingWindows",
+    "Suppressed",
 ]

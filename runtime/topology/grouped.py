@@ -176,11 +176,18 @@ class KGroupedStream:
             True,
         )
 
-    def windowed_by(self, windows: TimeWindows) -> TimeWindowedKStream:
-        """Aggregate per key and time window (tumbling or hopping, on event time)."""
-        if not isinstance(windows, TimeWindows):
-            raise TopologyError(f"windowed_by() expects TimeWindows, got {windows!r}")
-        return TimeWindowedKStream(self, windows)
+    def windowed_by(self, windows: Any) -> Any:
+        """Aggregate per key and window, on event time: `TimeWindows` (tumbling,
+        hopping), `SessionWindows` or `SlidingWindows`."""
+        if isinstance(windows, TimeWindows):
+            return TimeWindowedKStream(self, windows)
+        windowed_stream = getattr(windows, "windowed_stream", None)  # sessions, sliding
+        if windowed_stream is None:
+            raise TopologyError(
+                "windowed_by() expects TimeWindows, SessionWindows or SlidingWindows, "
+                f"got {windows!r}"
+            )
+        return windowed_stream(self)
 
     # -- internals -------------------------------------------------------------
 
@@ -281,6 +288,13 @@ class TimeWindowedKStream:
 
     def __repr__(self) -> str:
         return f"TimeWindowedKStream({self._grouped!r}, {self.windows!r})"
+
+    def emit_strategy(self, strategy: Any) -> Any:
+        """`EmitStrategy.on_window_close()`: forward each window once, when it
+        closes (KIP-825; `runtime.topology.window_emit_final`)."""
+        from runtime.topology.window_emit_final import emit_strategy
+
+        return emit_strategy(self, strategy, store_spec)
 
     def count(self, store: str | None = None, name: str | None = None) -> KTable:
         """Records per key and window (values INT64)."""

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from runtime.topology import serdes as _serdes
-from runtime.topology.builder import GraphBuilder, check_callable
+from runtime.topology.builder import GraphBuilder, check_callable, store_spec
 from runtime.topology.errors import TopologyError
 from runtime.topology.graph import NodeDef
 from runtime.topology.nodes import Node, PassThroughNode
@@ -184,6 +184,13 @@ class KTable:
         node = self._graph.node_name(name, "KTABLE-TOSTREAM-")
         self._graph.add_processor(node, _make_to_stream, (self._node,))
         return KStream(self._graph, node, key_serde, self.value_serde, False)
+
+    def suppress(self, suppressed: Any) -> KTable:
+        """Hold updates back: `Suppressed.until_window_closes(...)` (final results
+        of a windowed table) or `until_time_limit(...)`; see `runtime.topology.suppress`."""
+        from runtime.topology.suppress import suppress
+
+        return suppress(self, suppressed, store_spec)
 
     # -- for stream-table joins (package-internal) -----------------------------
 

@@ -4,7 +4,7 @@ Each function builds, with this project's DSL, the topology its Java namesake
 builds in `benchmarks/peers/kafka_streams/src/main/java/peers/DifferentialTopologies.java`:
 same operators, same functions (written to give the same strings: Java's
 `"a" + null` is `"a" + "null"`), same serdes (UTF-8 strings, 8-byte longs,
-Kafka's time-windowed key layout), same windows. Change both sides together.
+Kafka's time- and session-windowed key layouts), same windows. Change both sides together.
 
 The input (`tests.differential.harness.generate`) is one topic of string keys
 and values; a value's first letter says which side of a join it feeds ("L"/"R"
@@ -20,6 +20,10 @@ from typing import Any
 
 from runtime import StreamsBuilder, serdes
 from runtime.topology.kstream import KStream
+from runtime.topology.session_store import session_windowed
+from runtime.topology.session_windows import SessionWindows
+from runtime.topology.sliding_windows import SlidingWindows
+from runtime.topology.suppressed import BufferConfig, EmitStrategy, Suppressed
 from runtime.topology.topology import Topology
 from runtime.topology.windows import JoinWindows, TimeWindows
 
@@ -175,6 +179,162 @@ def ss_join_windowed_count(builder: StreamsBuilder, topic: str, out: str) -> Non
     )
 
 
+# -- session windows and suppression (issue 35, items 4-5) ---------------------------
+
+SESSION_GAP_MS = 1_500
+CLICK_GAP_MS = 2_000
+CLICK_GRACE_MS = 1_000
+SESSION = session_windowed(serdes.STRING)
+SESSIONS = SessionWindows.of_inactivity_gap_with_grace(SESSION_GAP_MS, GRACE_MS)
+
+
+def _non_null(builder: StreamsBuilder, topic: str) -> KStream:
+    return _source(builder, topic).filter(lambda key, value: value is not None)
+
+
+def session_count(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .group_by_key()
+        .windowed_by(SESSIONS)
+        .count()
+        .to_stream()
+        .to(out, key_serde=SESSION, value_serde=LONG)
+    )
+
+
+def session_reduce(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _non_null(builder, topic)
+        .group_by_key()
+        .windowed_by(SESSIONS)
+        .reduce(lambda agg, value: f"{agg}|{value}")
+        .to_stream()
+        .to(out, key_serde=SESSION, value_serde=STR)
+    )
+
+
+def session_aggregate(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _non_null(builder, topic)
+        .group_by_key()
+        .windowed_by(SESSIONS)
+        .aggregate(
+            lambda: 0,
+            lambda key, value, agg: agg + len(value),
+            lambda key, a, b: a + b,
+            value_serde=LONG,
+        )
+        .to_stream()
+        .to(out, key_serde=SESSION, value_serde=LONG)
+    )
+
+
+def session_count_on_close(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .group_by_key()
+        .windowed_by(SESSIONS)
+        .emit_strategy(EmitStrategy.on_window_close())
+        .count()
+        .to_stream()
+        .to(out, key_serde=SESSION, value_serde=LONG)
+    )
+
+
+def tumbling_count_suppress(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .group_by_key()
+        .windowed_by(TimeWindows.of_size_and_grace(WINDOW_MS, GRACE_MS))
+        .count()
+        .suppress(Suppressed.until_window_closes(BufferConfig.unbounded()))
+        .to_stream()
+        .to(out, key_serde=WINDOWED, value_serde=LONG)
+    )
+
+
+def table_suppress_time_limit(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .to_table()
+        .suppress(Suppressed.until_time_limit(2_000, BufferConfig.max_records(3)).with_name("hold"))
+        .to_stream()
+        .to(out, value_serde=STR)
+    )
+
+
+def clickstream_sessions(builder: StreamsBuilder, topic: str, out: str) -> None:
+    """Composed: click-stream sessionization with suppress. Each key's clicks
+    (the values' first letters) per session, one final line per session."""
+    (
+        _non_null(builder, topic)
+        .group_by_key()
+        .windowed_by(SessionWindows.of_inactivity_gap_with_grace(CLICK_GAP_MS, CLICK_GRACE_MS))
+        .aggregate(
+            lambda: "",
+            lambda key, value, agg: agg + value[0],
+            lambda key, a, b: a + b,
+            value_serde=STR,
+        )
+        .suppress(Suppressed.until_window_closes(BufferConfig.unbounded()))
+        .to_stream()
+        .map(lambda wk, value: (wk.key, f"{wk.start}-{wk.end}:{value}"))
+        .to(out, key_serde=STR, value_serde=STR)
+    )
+
+
+def hopping_count_on_close(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .group_by_key()
+        .windowed_by(TimeWindows.of_size_and_grace(WINDOW_MS, GRACE_MS).advance_by(HOP_MS))
+        .emit_strategy(EmitStrategy.on_window_close())
+        .count()
+        .to_stream()
+        .to(out, key_serde=WINDOWED, value_serde=LONG)
+    )
+
+
+SLIDE_MS = 2_000
+SLIDING = SlidingWindows.of_time_difference_and_grace(SLIDE_MS, GRACE_MS)
+SLIDING_KEY = serdes.windowed(serdes.STRING, SLIDE_MS)
+
+
+def sliding_count(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .group_by_key()
+        .windowed_by(SLIDING)
+        .count()
+        .to_stream()
+        .to(out, key_serde=SLIDING_KEY, value_serde=LONG)
+    )
+
+
+def sliding_aggregate(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .group_by_key()
+        .windowed_by(SLIDING)
+        .aggregate(lambda: "", lambda key, value, agg: agg + value[0], value_serde=STR)
+        .to_stream()
+        .to(out, key_serde=SLIDING_KEY, value_serde=STR)
+    )
+
+
+def sliding_count_suppress(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .group_by_key()
+        .windowed_by(SLIDING)
+        .count()
+        .suppress(Suppressed.until_window_closes(BufferConfig.unbounded()))
+        .to_stream()
+        .to(out, key_serde=SLIDING_KEY, value_serde=LONG)
+    )
+
+
 TOPOLOGIES: dict[str, Callable[[StreamsBuilder, str, str], None]] = {
     "count": count,
     "reduce": reduce,
@@ -192,6 +352,17 @@ TOPOLOGIES: dict[str, Callable[[StreamsBuilder, str, str], None]] = {
         "outer", JoinWindows.of_time_difference_with_no_grace(JOIN_DIFFERENCE_MS)
     ),
     "ss_join_windowed_count": ss_join_windowed_count,
+    "session_count": session_count,
+    "session_reduce": session_reduce,
+    "session_aggregate": session_aggregate,
+    "session_count_on_close": session_count_on_close,
+    "tumbling_count_suppress": tumbling_count_suppress,
+    "table_suppress_time_limit": table_suppress_time_limit,
+    "clickstream_sessions": clickstream_sessions,
+    "sliding_count": sliding_count,
+    "sliding_aggregate": sliding_aggregate,
+    "sliding_count_suppress": sliding_count_suppress,
+    "hopping_count_on_close": hopping_count_on_close,
 }
 
 

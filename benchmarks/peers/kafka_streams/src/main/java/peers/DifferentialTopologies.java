@@ -13,21 +13,29 @@ import org.apache.kafka.common.serialization.Serde;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.utils.Bytes;
 import org.apache.kafka.streams.KafkaStreams;
+import org.apache.kafka.streams.KeyValue;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.Topology;
 import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.EmitStrategy;
 import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.JoinWindows;
 import org.apache.kafka.streams.kstream.KStream;
 import org.apache.kafka.streams.kstream.KTable;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.kstream.SessionWindows;
+import org.apache.kafka.streams.kstream.SlidingWindows;
 import org.apache.kafka.streams.kstream.StreamJoined;
+import org.apache.kafka.streams.kstream.Suppressed;
+import org.apache.kafka.streams.kstream.Suppressed.BufferConfig;
 import org.apache.kafka.streams.kstream.TimeWindows;
 import org.apache.kafka.streams.kstream.ValueJoiner;
 import org.apache.kafka.streams.kstream.WindowedSerdes;
 import org.apache.kafka.streams.state.KeyValueStore;
+import org.apache.kafka.streams.state.SessionStore;
+import org.apache.kafka.streams.state.WindowStore;
 
 /**
  * The Kafka Streams side of the differential tests ({@code tests/differential/}).
@@ -52,6 +60,10 @@ public final class DifferentialTopologies {
     static final Duration GRACE = Duration.ofSeconds(3);
     static final Duration JOIN_DIFFERENCE = Duration.ofSeconds(5);
     static final Duration JOIN_GRACE = Duration.ofSeconds(2);
+    static final Duration SESSION_GAP = Duration.ofMillis(1500);
+    static final Duration CLICK_GAP = Duration.ofSeconds(2);
+    static final Duration CLICK_GRACE = Duration.ofSeconds(1);
+    static final Duration SLIDE = Duration.ofSeconds(2);
 
     private DifferentialTopologies() {}
 
@@ -110,6 +122,8 @@ public final class DifferentialTopologies {
         // passes the window's end; by default at most once a second of wall-clock time,
         // which makes the output depend on timing. Every record checks here.
         props.put("__emit.interval.ms.kstreams.outer.join.spurious.results.fix__", 0L);
+        // Likewise the final results of EmitStrategy.onWindowClose().
+        props.put("__emit.interval.ms.kstreams.windowed.aggregation__", 0L);
         props.put(StreamsConfig.consumerPrefix("session.timeout.ms"), 6000);
         props.put(StreamsConfig.consumerPrefix("heartbeat.interval.ms"), 500);
         return props;
@@ -202,8 +216,105 @@ public final class DifferentialTopologies {
                                 WindowedSerdes.timeWindowedSerdeFrom(String.class, WINDOW.toMillis()),
                                 lng));
             }
+            case "session_count", "session_reduce", "session_aggregate", "session_count_on_close",
+                    "tumbling_count_suppress", "table_suppress_time_limit", "clickstream_sessions",
+                    "sliding_count", "sliding_aggregate", "sliding_count_suppress",
+                    "hopping_count_on_close" ->
+                sessionsAndSuppression(name, in, output);
             default -> throw new IllegalArgumentException("unknown differential topology " + name);
         }
         return builder.build();
+    }
+
+    /** Session windows, the on-window-close emit strategy and suppression (issue 35). */
+    static void sessionsAndSuppression(
+            final String name, final KStream<String, String> in, final String output) {
+        final Serde<String> str = Serdes.String();
+        final Serde<Long> lng = Serdes.Long();
+        final var sessionSerde = WindowedSerdes.sessionWindowedSerdeFrom(String.class);
+        final SessionWindows sessions = SessionWindows.ofInactivityGapAndGrace(SESSION_GAP, GRACE);
+        final KStream<String, String> nonNull = in.filter((k, v) -> v != null);
+        final var slidingSerde = WindowedSerdes.timeWindowedSerdeFrom(String.class, SLIDE.toMillis());
+        switch (name) {
+            case "session_count" -> in.groupByKey()
+                    .windowedBy(sessions)
+                    .count()
+                    .toStream()
+                    .to(output, Produced.with(sessionSerde, lng));
+            case "session_reduce" -> nonNull.groupByKey()
+                    .windowedBy(sessions)
+                    .reduce((agg, v) -> agg + "|" + v)
+                    .toStream()
+                    .to(output, Produced.with(sessionSerde, str));
+            case "session_aggregate" -> nonNull.groupByKey()
+                    .windowedBy(sessions)
+                    .aggregate(
+                            () -> 0L,
+                            (k, v, agg) -> agg + v.length(),
+                            (k, a, b) -> a + b,
+                            Materialized.<String, Long, SessionStore<Bytes, byte[]>>with(str, lng))
+                    .toStream()
+                    .to(output, Produced.with(sessionSerde, lng));
+            case "session_count_on_close" -> in.groupByKey()
+                    .windowedBy(sessions)
+                    .emitStrategy(EmitStrategy.onWindowClose())
+                    .count()
+                    .toStream()
+                    .to(output, Produced.with(sessionSerde, lng));
+            case "tumbling_count_suppress" -> in.groupByKey()
+                    .windowedBy(TimeWindows.ofSizeAndGrace(WINDOW, GRACE))
+                    .count()
+                    .suppress(Suppressed.untilWindowCloses(BufferConfig.unbounded()))
+                    .toStream()
+                    .to(output, Produced.with(
+                            WindowedSerdes.timeWindowedSerdeFrom(String.class, WINDOW.toMillis()),
+                            lng));
+            case "table_suppress_time_limit" -> in.toTable()
+                    .suppress(Suppressed.<String>untilTimeLimit(
+                                    Duration.ofSeconds(2), BufferConfig.maxRecords(3))
+                            .withName("hold"))
+                    .toStream()
+                    .to(output, Produced.with(str, str));
+            case "clickstream_sessions" -> nonNull.groupByKey()
+                    .windowedBy(SessionWindows.ofInactivityGapAndGrace(CLICK_GAP, CLICK_GRACE))
+                    .aggregate(
+                            () -> "",
+                            (k, v, agg) -> agg + v.charAt(0),
+                            (k, a, b) -> a + b,
+                            Materialized.<String, String, SessionStore<Bytes, byte[]>>with(str, str))
+                    .suppress(Suppressed.untilWindowCloses(BufferConfig.unbounded()))
+                    .toStream()
+                    .map((wk, v) -> KeyValue.pair(
+                            wk.key(), wk.window().start() + "-" + wk.window().end() + ":" + v))
+                    .to(output, Produced.with(str, str));
+            case "sliding_count" -> in.groupByKey()
+                    .windowedBy(SlidingWindows.ofTimeDifferenceAndGrace(SLIDE, GRACE))
+                    .count()
+                    .toStream()
+                    .to(output, Produced.with(slidingSerde, lng));
+            case "sliding_aggregate" -> in.groupByKey()
+                    .windowedBy(SlidingWindows.ofTimeDifferenceAndGrace(SLIDE, GRACE))
+                    .aggregate(
+                            () -> "",
+                            (k, v, agg) -> agg + v.charAt(0),
+                            Materialized.<String, String, WindowStore<Bytes, byte[]>>with(str, str))
+                    .toStream()
+                    .to(output, Produced.with(slidingSerde, str));
+            case "sliding_count_suppress" -> in.groupByKey()
+                    .windowedBy(SlidingWindows.ofTimeDifferenceAndGrace(SLIDE, GRACE))
+                    .count()
+                    .suppress(Suppressed.untilWindowCloses(BufferConfig.unbounded()))
+                    .toStream()
+                    .to(output, Produced.with(slidingSerde, lng));
+            case "hopping_count_on_close" -> in.groupByKey()
+                    .windowedBy(TimeWindows.ofSizeAndGrace(WINDOW, GRACE).advanceBy(HOP))
+                    .emitStrategy(EmitStrategy.onWindowClose())
+                    .count()
+                    .toStream()
+                    .to(output, Produced.with(
+                            WindowedSerdes.timeWindowedSerdeFrom(String.class, WINDOW.toMillis()),
+                            lng));
+            default -> throw new IllegalArgumentException("unknown differential topology " + name);
+        }
     }
 }
