@@ -43,6 +43,7 @@ from runtime.processing.task_manager import TaskManager
 from runtime.processing.threads import ProcessingThreadPool
 from runtime.state.cache import CacheBudget
 from runtime.state.cleanup import CleanupThread
+from runtime.state.consolidated import ConsolidatedStores, consolidated_directory
 from runtime.state.remote.capture import SnapshotCapture
 from runtime.state.remote.manager import RemoteState
 from runtime.state.remote.settings import RemoteSettings
@@ -67,6 +68,9 @@ class Assembly:
     cleanup: CleanupThread | None
     # The RocksDB metrics thread (a topology with state only).
     rocksdb_metrics: RocksDBMetricsThread | None
+    # The process's one database (state.store.layout=consolidated, a
+    # topology with state only); closed once every task is.
+    consolidated: ConsolidatedStores | None
     # Undoes static.partitioner's open() (FirstSeenPartitioner's reader).
     close_partitioner: Callable[[], None]
     # Topics the runtime writes besides the topologies' (add_query resolves
@@ -102,6 +106,10 @@ class Assembly:
         self.supervisor_step = "stopping the restoration thread"
         self.restoration.request_stop()
         self.restoration.join(timeout=timeout_s)
+        if self.consolidated is not None and not self.restoration.is_alive():
+            # Every task and standby is closed (polling and restoration
+            # threads ended): no column family is in use any more.
+            self.consolidated.close()
         self.supervisor_step = "stopping the query processes"
         isolated.stop_all(timeout=timeout_s)
         self.supervisor_step = "closing the static partitioner"
@@ -182,6 +190,22 @@ def assemble(
         # A query that ran in a child process before resumes from
         # its commits there (runtime.isolation.offsets).
         carry_back_from_children(config, topology)
+    rocksdb_memory = RocksDBMemory(
+        RocksDBMemorySettings(
+            memory_bytes=config.state_rocksdb_memory_bytes,
+            write_buffer_ratio=config.state_rocksdb_write_buffer_ratio,
+            config_setter=config.state_rocksdb_config_setter,
+            statistics=config.state_rocksdb_statistics,
+        )
+    )
+    consolidated = (
+        ConsolidatedStores(
+            consolidated_directory(config.state_dir, config.application_id, config.process_slot),
+            rocksdb_memory,
+        )
+        if has_state and config.state_store_layout == "consolidated"
+        else None
+    )
     settings = TaskSettings(
         application_id=config.application_id,
         default_key_serde=config.default_key_serde,
@@ -192,14 +216,8 @@ def assemble(
         cache_budget=CacheBudget(config.cache_max_bytes),
         static_partitioner=config.static_partitioner,
         key_parallel=key_parallel_settings(config),
-        rocksdb_memory=RocksDBMemory(
-            RocksDBMemorySettings(
-                memory_bytes=config.state_rocksdb_memory_bytes,
-                write_buffer_ratio=config.state_rocksdb_write_buffer_ratio,
-                config_setter=config.state_rocksdb_config_setter,
-                statistics=config.state_rocksdb_statistics,
-            )
-        ),
+        rocksdb_memory=rocksdb_memory,
+        consolidated=consolidated,
     )
     if config.static_partitioner is not None:
         for sink, topic in topology.partitioned_sinks():
@@ -266,6 +284,8 @@ def assemble(
     if remote is not None:
         capture = remote.capture(restoration.add_upload)
         polling.committer.after_commit = capture.after_commit
+    if consolidated is not None:
+        polling.committer.write_state = consolidated.write_commit
     cleanup = None
     rocksdb_metrics = None
     if has_state:
@@ -274,6 +294,7 @@ def assemble(
             Path(config.state_dir) / config.application_id,
             config.state_cleanup_delay_ms,
             owned=lambda: polling.owned,
+            consolidated=consolidated,
         )
         assert settings.rocksdb_memory is not None
         rocksdb_metrics = RocksDBMetricsThread(
@@ -288,6 +309,7 @@ def assemble(
         capture=capture,
         cleanup=cleanup,
         rocksdb_metrics=rocksdb_metrics,
+        consolidated=consolidated,
         close_partitioner=close_partitioner,
         extra_outputs=extra,
         extra_configs=extra_configs,
