@@ -101,7 +101,7 @@ class ConsolidatedStores:
         self.path.mkdir(parents=True, exist_ok=True)
         existing = Rdict.list_cf(str(self.path)) if (self.path / "CURRENT").exists() else []
         families = {name: self._family_options(name) for name in existing}
-        options = self.memory.options("consolidated", create=True)
+        options = self.memory.options("consolidated", create=True, setter=False)
         options.create_missing_column_families(True)
         try:
             self._db: Rdict | None = Rdict(
@@ -127,8 +127,8 @@ class ConsolidatedStores:
         log.info("consolidated_store_opened", path=str(self.path), column_families=len(existing))
 
     def _family_options(self, name: str) -> Options:
-        if task_of_column_family(name) is None:
-            return Options(raw_mode=True)
+        if task_of_column_family(name) is None:  # offsets, default: in the budget too
+            return self.memory.options(name, create=True, setter=False)
         store = name.rpartition("/")[2]
         return self.memory.options(store, create=True)
 
@@ -277,15 +277,18 @@ class ConsolidatedStores:
             else:
                 batch.put(key, value, handle)
             count += 1
-        if position is not None and count:
+        if not count:
+            return 0
+        if position is not None:
             task_id, partition, offset = position
             key = offsets_key(task_id, partition)
             with self._lock:
-                batch.put(key, _POSITION.pack(offset), self._families[OFFSETS_CF][1])
-                self._database().write(batch)
+                handle = self._families[OFFSETS_CF][1]
+            batch.put(key, _POSITION.pack(offset), handle)
+        self._database().write(batch)
+        if position is not None:
+            with self._lock:
                 self._last_positions[key] = offset
-        elif count:
-            self._database().write(batch)
         return count
 
     def stage(self, store: ColumnFamilyStore) -> None:
@@ -308,7 +311,9 @@ class ConsolidatedStores:
         position into `offsets`. Returns the store writes it held. Polling
         thread, after every task's post-commit (runtime.polling.committer,
         step 6), tasks still locked."""
-        stores = list(self._staged_stores.values())
+        # A store closed since it was staged (its task closed after a commit
+        # that failed before this step) dropped its writes with its overlay.
+        stores = [s for s in self._staged_stores.values() if s.is_open]
         positions = self._staged_positions
         self._staged_stores = {}
         self._staged_positions = {}
@@ -320,9 +325,12 @@ class ConsolidatedStores:
             count += store.add_to_batch(batch)
         with self._lock:
             handle = self._families[OFFSETS_CF][1]
-            for key, position in positions.items():
-                batch.put(key, _POSITION.pack(position), handle)
-            self._database().write(batch, _SYNC)
+        for key, position in positions.items():
+            batch.put(key, _POSITION.pack(position), handle)
+        # Outside the lock: the restoration thread's batches go on meanwhile
+        # (other tasks' families; RocksDB orders the writes).
+        self._database().write(batch, _SYNC)
+        with self._lock:
             self._last_positions.update(positions)
         for store in stores:
             store.batch_written()
