@@ -317,3 +317,31 @@ def test_standby_promotion_restores_only_the_tail(bootstrap: str, tmp_path: Path
     finally:
         b.close(30)
         assert a.close(30)
+
+
+def test_two_processes_each_keep_their_own_database(bootstrap: str, tmp_path: Path) -> None:
+    """`processes` > 1: one consolidated database per processing process."""
+    from tests.integration.test_processes import Run, final_counts
+
+    run = Run(
+        bootstrap,
+        tmp_path,
+        "tests.apps.count_app:topology",
+        **{"state.store.layout": "consolidated"},
+    )
+    keys = [f"k{i}" for i in range(KEYS)]
+    produce(bootstrap, run.input, ((k, "x") for _ in range(30) for k in keys))
+    try:
+        run.start()
+        run.wait_running(2)
+        expected = {k.encode(): 30 for k in keys}
+        assert final_counts(bootstrap, run.output, expected) == expected
+        app_dir = tmp_path / str(run.sets["application.id"])
+        assert (app_dir / "consolidated-p0" / "CURRENT").exists()
+        assert (app_dir / "consolidated-p1" / "CURRENT").exists()
+        assert not (app_dir / "consolidated").exists()
+        assert not list(app_dir.rglob(".checkpoint"))
+        run.stop()
+    finally:
+        if run.daemon is not None:
+            run.daemon.kill()
