@@ -68,8 +68,8 @@ class Assembly:
     cleanup: CleanupThread | None
     # The RocksDB metrics thread (a topology with state only).
     rocksdb_metrics: RocksDBMetricsThread | None
-    # The process's one database (state.store.layout=consolidated, a
-    # topology with state only); closed once every task is.
+    # The process's one database (state.store.layout=consolidated); closed
+    # once every task is.
     consolidated: ConsolidatedStores | None
     # Undoes static.partitioner's open() (FirstSeenPartitioner's reader).
     close_partitioner: Callable[[], None]
@@ -157,7 +157,8 @@ def assemble(
     `runtime.kafka.serde_check`).
     """
     has_state = bool(topology.store_specs())
-    check_startup(config, uses_state_dir=has_state or config.exactly_once)
+    consolidated_layout = config.state_store_layout == "consolidated"
+    check_startup(config, uses_state_dir=has_state or config.exactly_once or consolidated_layout)
     startup_admin = StartupAdmin(config)
     startup_admin.wait_for_cluster()
     admin = startup_admin.client
@@ -198,14 +199,6 @@ def assemble(
             statistics=config.state_rocksdb_statistics,
         )
     )
-    consolidated = (
-        ConsolidatedStores(
-            consolidated_directory(config.state_dir, config.application_id, config.process_slot),
-            rocksdb_memory,
-        )
-        if has_state and config.state_store_layout == "consolidated"
-        else None
-    )
     settings = TaskSettings(
         application_id=config.application_id,
         default_key_serde=config.default_key_serde,
@@ -217,7 +210,6 @@ def assemble(
         static_partitioner=config.static_partitioner,
         key_parallel=key_parallel_settings(config),
         rocksdb_memory=rocksdb_memory,
-        consolidated=consolidated,
     )
     if config.static_partitioner is not None:
         for sink, topic in topology.partitioned_sinks():
@@ -267,6 +259,16 @@ def assemble(
         remote=remote,
         status_view=status_view,
     )
+    # state.store.layout=consolidated: the process's one database, opened
+    # last (a failure before leaves nothing open), before any task exists;
+    # also without state now: a named query added later may bring some.
+    consolidated = None
+    if consolidated_layout:
+        consolidated = ConsolidatedStores(
+            consolidated_directory(config.state_dir, config.application_id, config.process_slot),
+            rocksdb_memory,
+        )
+        settings.consolidated = consolidated
     polling = PollingThread(
         config,
         topology,
