@@ -225,3 +225,21 @@ def test_consolidated_refuses_remote_state() -> None:
     with pytest.raises(ConfigError) as info:
         StreamsConfig.from_dict({**base, "state.store.layout": "one-big"})
     assert info.value.key == "state.store.layout"
+
+
+def test_metrics_thread_reads_each_column_family(tmp_path: Path) -> None:
+    from runtime.state.rocksdb_memory import RocksDBMemory
+    from runtime.state.rocksdb_metrics import read_figures
+
+    memory = RocksDBMemory()
+    stores = ConsolidatedStores(tmp_path / "db", memory)
+    a = _open(tmp_path, tmp_path / "0_0", stores)
+    for i in range(100):
+        a["counts"].store.put(str(i).encode(), b"v")
+    a["counts"].flush()
+    stores.write_commit()
+    (figures,) = read_figures(memory).as_dict()["stores"]
+    assert (figures["task"], figures["store"], figures["estimated_keys"]) == ("0_0", "counts", 100)
+    _close(a)
+    assert read_figures(memory).as_dict()["stores"] == []
+    stores.close()
