@@ -10,8 +10,9 @@ checkpoint's positions into the `offsets` column family in ONE synced batch,
 then deletes the old store directories and checkpoint (a log line says so).
 
 Crash safety: the task's old positions in `offsets` are deleted first and
-its column families recreated empty, then the one batch is written, then the
-old files go. A crash before the batch leaves no position claiming anything
+its column families recreated empty (what an older consolidated run left
+there is superseded by the per-task state), then the one batch is written,
+then the old files go. A crash before the batch leaves no position claiming anything
 (and the old directory still there: the next start does it again); a crash
 after it leaves the old directory naming the same state, copied again. A
 store whose old directory is missing takes no position (it restores from its
@@ -68,9 +69,11 @@ def adopt_per_task_directory(
         for spec in persistent:
             old = rocksdb_dir / spec.name
             changelog = (changelog_topic_name(changelog_prefix, spec.name), partition)
+            # Whatever the family held before (an older consolidated run) the
+            # per-task state superseded: start it empty.
+            _family, handle = stores.recreate_family(task_id, spec.name)
             if not (old / "CURRENT").exists():
                 continue  # no database: it restores from its changelog's start
-            _family, handle = stores.recreate_family(task_id, spec.name)
             db = Rdict(str(old), stores.memory.options(spec.name, create=False))
             try:
                 for key, value in db.items():

@@ -243,3 +243,22 @@ def test_metrics_thread_reads_each_column_family(tmp_path: Path) -> None:
     _close(a)
     assert read_figures(memory).as_dict()["stores"] == []
     stores.close()
+
+
+def test_upgrade_supersedes_what_an_older_consolidated_run_left(tmp_path: Path) -> None:
+    task_dir = tmp_path / "0_0"
+    stores = ConsolidatedStores(tmp_path / "consolidated")
+    built = _open(tmp_path, task_dir, stores)
+    built["counts"].restore_batch([(b"stale", b"1")], 5)
+    _close(built)
+    # Then a per-task run on the same state.dir left its own state.
+    old = RocksDBKeyValueStore("counts", rocksdb_path(task_dir, "counts"))
+    old.put(b"fresh", b"2")
+    old.commit()
+    old.close()
+    write_checkpoint(checkpoint_path(task_dir), {(TOPIC, 0): 9})
+    built = _open(tmp_path, task_dir, stores)
+    assert dict(built["counts"].store.all()) == {b"fresh": b"2"}
+    assert stores.read_positions("0_0") == {(TOPIC, 0): 9}
+    _close(built)
+    stores.close()
