@@ -158,13 +158,21 @@ class ConsolidatedStores:
         return family, handle, created
 
     def release(self, task_id: str) -> None:
-        """A store of `task_id` closed."""
+        """A store of `task_id` closed: its overlay is gone, so positions staged
+        for the task (a commit that failed before its batch was written) would
+        name writes that will never come; they are dropped."""
+        prefix = _offsets_prefix(task_id)
         with self._lock:
             left = self._open_tasks.get(task_id, 0) - 1
             if left > 0:
                 self._open_tasks[task_id] = left
             else:
                 self._open_tasks.pop(task_id, None)
+            staged = self._staged_positions
+            if any(key.startswith(prefix) for key in staged):
+                self._staged_positions = {
+                    k: v for k, v in staged.items() if not k.startswith(prefix)
+                }
 
     def recreate_family(self, task_id: str, store: str) -> tuple[Rdict, ColumnFamily]:
         """Drop a store's column family and create it empty (a wiped store:
@@ -299,11 +307,12 @@ class ConsolidatedStores:
     def stage_positions(self, task_id: str, offsets: Offsets) -> None:
         """Put a task's positions in the commit being assembled (those that
         moved since they were last written). Polling thread."""
-        last = self._last_positions
-        for partition, position in offsets.items():
-            key = offsets_key(task_id, partition)
-            if last.get(key) != position:
-                self._staged_positions[key] = position
+        with self._lock:
+            last = self._last_positions
+            for partition, position in offsets.items():
+                key = offsets_key(task_id, partition)
+                if last.get(key) != position:
+                    self._staged_positions[key] = position
 
     def write_commit(self) -> int:
         """Write the commit assembled since the last one as ONE synced batch:
@@ -314,9 +323,10 @@ class ConsolidatedStores:
         # A store closed since it was staged (its task closed after a commit
         # that failed before this step) dropped its writes with its overlay.
         stores = [s for s in self._staged_stores.values() if s.is_open]
-        positions = self._staged_positions
         self._staged_stores = {}
-        self._staged_positions = {}
+        with self._lock:
+            positions = self._staged_positions
+            self._staged_positions = {}
         if not positions and not any(s.pending_writes for s in stores):
             return 0
         batch = WriteBatch(raw_mode=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from runtime.state.builders import LayeredStore, StoreSpec, build_task_stores
@@ -40,7 +40,11 @@ commit = st.tuples(st.just("commit"), st.sampled_from([True, False]))  # False: 
 crash = st.tuples(
     st.just("crash"), st.integers(min_value=0, max_value=5)
 )  # restored before a crash
-ops = st.lists(st.one_of(write, write, commit, crash), max_size=40)
+# A task closed and opened again in the same process (a rebalance, a rewind):
+# its overlay is gone; it restores from its position before it writes again.
+# Its restore may still run (`budget` batches done) when the other task commits.
+reopen = st.tuples(st.just("reopen"), st.sampled_from(TASKS), st.integers(min_value=0, max_value=3))
+ops = st.lists(st.one_of(write, write, commit, crash, reopen), max_size=40)
 
 
 def _sink(*_args: object, **_kwargs: object) -> None:
@@ -55,16 +59,19 @@ class Process:
         self.db = ConsolidatedStores(root / "consolidated")
         self.stores: dict[str, LayeredStore] = {}
         for task in TASKS:
-            built = build_task_stores(
-                [StoreSpec(STORE, caching=False)],
-                root / task,
-                "app",
-                int(task[-1]),
-                None,
-                _sink,
-                consolidated=self.db,
-            )
-            self.stores[task] = built[STORE]
+            self.open(task)
+
+    def open(self, task: str) -> None:
+        built = build_task_stores(
+            [StoreSpec(STORE, caching=False)],
+            self.root / task,
+            "app",
+            int(task[-1]),
+            None,
+            _sink,
+            consolidated=self.db,
+        )
+        self.stores[task] = built[STORE]
 
     def position(self, task: str) -> int:
         store = self.stores[task]
@@ -102,10 +109,15 @@ def _check(process: Process, changelogs: dict[str, Changelog]) -> None:
         assert process.on_disk(task) == _replay(changelogs[task], position), task
 
 
-def _restore(process: Process, changelogs: dict[str, Changelog], budget: int | None) -> None:
+def _restore(
+    process: Process,
+    changelogs: dict[str, Changelog],
+    budget: int | None,
+    tasks: tuple[str, ...] = TASKS,
+) -> None:
     """Apply each changelog after its position, two records a batch; stop
     after `budget` batches (None: to the end)."""
-    for task in TASKS:
+    for task in tasks:
         store = process.stores[task]
         position = process.position(task)
         log = changelogs[task]
@@ -120,16 +132,22 @@ def _restore(process: Process, changelogs: dict[str, Changelog], budget: int | N
 
 
 @given(ops)
+# A commit whose batch was never written, its task reopened (overlay gone),
+# the other task's commit while it restores: the staged position must not go.
+@example([("write", "0_0", b"a", b"1"), ("commit", False), ("reopen", "0_0", 0), ("commit", True)])
 def test_positions_never_name_records_the_data_lacks(steps: list[tuple[object, ...]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         changelogs: dict[str, Changelog] = {task: [] for task in TASKS}
+        restoring: set[str] = set()
         process = Process(root)
         try:
             for step in steps:
                 if step[0] == "write":
                     _op, task, key, value = step
                     assert isinstance(task, str) and isinstance(key, bytes)
+                    if task in restoring:
+                        continue  # not processed before its restore is done
                     store = process.stores[task].store
                     if value is None:
                         store.delete(key)
@@ -139,6 +157,8 @@ def test_positions_never_name_records_the_data_lacks(steps: list[tuple[object, .
                     changelogs[task].append((key, value))  # sent at once (cache off)
                 elif step[0] == "commit":
                     for task in TASKS:
+                        if task in restoring:
+                            continue  # not committed while it restores
                         layered = process.stores[task]
                         layered.flush()
                         assert layered.positions is not None and layered.changelog is not None
@@ -146,11 +166,26 @@ def test_positions_never_name_records_the_data_lacks(steps: list[tuple[object, .
                         layered.positions.commit({partition: len(changelogs[task])})
                     if step[1]:
                         process.db.write_commit()
+                    _check(process, changelogs)
+                    for task in sorted(restoring):  # done after the commit
+                        _restore(process, changelogs, None, (task,))
+                    restoring.clear()
+                elif step[0] == "reopen":
+                    _op, task, budget = step
+                    assert isinstance(task, str) and isinstance(budget, int)
+                    if task in restoring:
+                        continue
+                    process.stores[task].close()
+                    process.open(task)
+                    _check(process, changelogs)
+                    _restore(process, changelogs, budget, (task,))
+                    restoring.add(task)
                 else:
                     # kill -9: the staged batch and the overlays are gone.
                     process.close()
                     process = Process(root)
                     _check(process, changelogs)
+                    restoring.clear()
                     budget = step[1]
                     assert isinstance(budget, int)
                     _restore(process, changelogs, budget)
