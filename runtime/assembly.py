@@ -43,6 +43,7 @@ from runtime.processing.task_manager import TaskManager
 from runtime.processing.threads import ProcessingThreadPool
 from runtime.state.cache import CacheBudget
 from runtime.state.cleanup import CleanupThread
+from runtime.state.consolidated import ConsolidatedStores, consolidated_directory
 from runtime.state.remote.capture import SnapshotCapture
 from runtime.state.remote.manager import RemoteState
 from runtime.state.remote.settings import RemoteSettings
@@ -67,6 +68,9 @@ class Assembly:
     cleanup: CleanupThread | None
     # The RocksDB metrics thread (a topology with state only).
     rocksdb_metrics: RocksDBMetricsThread | None
+    # The process's one database (state.store.layout=consolidated); closed
+    # once every task is.
+    consolidated: ConsolidatedStores | None
     # Undoes static.partitioner's open() (FirstSeenPartitioner's reader).
     close_partitioner: Callable[[], None]
     # Topics the runtime writes besides the topologies' (add_query resolves
@@ -102,6 +106,10 @@ class Assembly:
         self.supervisor_step = "stopping the restoration thread"
         self.restoration.request_stop()
         self.restoration.join(timeout=timeout_s)
+        if self.consolidated is not None and not self.restoration.is_alive():
+            # Every task and standby is closed (polling and restoration
+            # threads ended): no column family is in use any more.
+            self.consolidated.close()
         self.supervisor_step = "stopping the query processes"
         isolated.stop_all(timeout=timeout_s)
         self.supervisor_step = "closing the static partitioner"
@@ -149,7 +157,8 @@ def assemble(
     `runtime.kafka.serde_check`).
     """
     has_state = bool(topology.store_specs())
-    check_startup(config, uses_state_dir=has_state or config.exactly_once)
+    consolidated_layout = config.state_store_layout == "consolidated"
+    check_startup(config, uses_state_dir=has_state or config.exactly_once or consolidated_layout)
     startup_admin = StartupAdmin(config)
     startup_admin.wait_for_cluster()
     admin = startup_admin.client
@@ -182,6 +191,14 @@ def assemble(
         # A query that ran in a child process before resumes from
         # its commits there (runtime.isolation.offsets).
         carry_back_from_children(config, topology)
+    rocksdb_memory = RocksDBMemory(
+        RocksDBMemorySettings(
+            memory_bytes=config.state_rocksdb_memory_bytes,
+            write_buffer_ratio=config.state_rocksdb_write_buffer_ratio,
+            config_setter=config.state_rocksdb_config_setter,
+            statistics=config.state_rocksdb_statistics,
+        )
+    )
     settings = TaskSettings(
         application_id=config.application_id,
         default_key_serde=config.default_key_serde,
@@ -192,14 +209,7 @@ def assemble(
         cache_budget=CacheBudget(config.cache_max_bytes),
         static_partitioner=config.static_partitioner,
         key_parallel=key_parallel_settings(config),
-        rocksdb_memory=RocksDBMemory(
-            RocksDBMemorySettings(
-                memory_bytes=config.state_rocksdb_memory_bytes,
-                write_buffer_ratio=config.state_rocksdb_write_buffer_ratio,
-                config_setter=config.state_rocksdb_config_setter,
-                statistics=config.state_rocksdb_statistics,
-            )
-        ),
+        rocksdb_memory=rocksdb_memory,
     )
     if config.static_partitioner is not None:
         for sink, topic in topology.partitioned_sinks():
@@ -249,6 +259,16 @@ def assemble(
         remote=remote,
         status_view=status_view,
     )
+    # state.store.layout=consolidated: the process's one database, opened
+    # last (a failure before leaves nothing open), before any task exists;
+    # also without state now: a named query added later may bring some.
+    consolidated = None
+    if consolidated_layout:
+        consolidated = ConsolidatedStores(
+            consolidated_directory(config.state_dir, config.application_id, config.process_slot),
+            rocksdb_memory,
+        )
+        settings.consolidated = consolidated
     polling = PollingThread(
         config,
         topology,
@@ -266,6 +286,8 @@ def assemble(
     if remote is not None:
         capture = remote.capture(restoration.add_upload)
         polling.committer.after_commit = capture.after_commit
+    if consolidated is not None:
+        polling.committer.write_state = consolidated.write_commit
     cleanup = None
     rocksdb_metrics = None
     if has_state:
@@ -274,6 +296,7 @@ def assemble(
             Path(config.state_dir) / config.application_id,
             config.state_cleanup_delay_ms,
             owned=lambda: polling.owned,
+            consolidated=consolidated,
         )
         assert settings.rocksdb_memory is not None
         rocksdb_metrics = RocksDBMetricsThread(
@@ -288,6 +311,7 @@ def assemble(
         capture=capture,
         cleanup=cleanup,
         rocksdb_metrics=rocksdb_metrics,
+        consolidated=consolidated,
         close_partitioner=close_partitioner,
         extra_outputs=extra,
         extra_configs=extra_configs,

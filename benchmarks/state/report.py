@@ -162,7 +162,7 @@ def markdown(result: dict[str, Any]) -> str:
         )
         if side["side"] == "runtime":
             notes.append(
-                f"- {side_name(side)}: the stores' share of a commit (every task's post_commit) "
+                f"- {side_name(side)}: the stores' share of a commit (every task's post_commit; consolidated: with its one batch) "
                 f"p99 {_f(f['commit_stores_p99_ms'])} ms."
             )
         else:

@@ -18,7 +18,9 @@ Commit time: ``Committer.commit`` (steps 2-6 of the commit protocol: prepare,
 flush the output, commit the offsets, changelog positions, every task's
 ``post_commit``, which writes its stores' batches and checkpoint) is wrapped,
 in this process only, to time every commit that committed offsets; the
-stores' share (every ``StreamTask.post_commit`` of the commit) is timed too.
+stores' share (every ``StreamTask.post_commit`` of the commit, and with the
+consolidated layout ``ConsolidatedStores.write_commit``, the one batch the
+post-commits only staged) is timed too.
 Read-only: the runtime keeps only the last commit's duration
 (``last_commit_duration_s``), and a benchmark needs each one. Only commits
 that end between the resume and the end of the measured window count.
@@ -50,6 +52,7 @@ class CommitTimes:
     def install(self) -> None:
         from runtime.polling.committer import Committer
         from runtime.processing.task import StreamTask
+        from runtime.state.consolidated import ConsolidatedStores
 
         commit = Committer.commit
         post_commit = StreamTask.post_commit
@@ -71,6 +74,16 @@ class CommitTimes:
             finally:
                 times._stores_s += time.monotonic() - started
 
+        write_commit = ConsolidatedStores.write_commit
+
+        def timed_write_commit(stores: Any) -> int:
+            started = time.monotonic()
+            try:
+                return write_commit(stores)
+            finally:
+                times._stores_s += time.monotonic() - started
+
+        ConsolidatedStores.write_commit = timed_write_commit  # type: ignore[method-assign]
         Committer.commit = timed_commit  # type: ignore[method-assign]
         StreamTask.post_commit = timed_post_commit  # type: ignore[method-assign]
 

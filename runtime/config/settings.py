@@ -75,6 +75,8 @@ _GUARANTEES: tuple[str, ...] = get_args(ProcessingGuarantee)
 _HANDLERS: tuple[str, ...] = get_args(ErrorHandler)
 _LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 _TASK_ASSIGNMENTS: tuple[str, ...] = get_args(TaskAssignment)
+StoreLayout = Literal["per-task", "consolidated"]
+_STORE_LAYOUTS: tuple[str, ...] = get_args(StoreLayout)
 
 
 # Computed defaults: each sees the parsed values of the keys declared above it.
@@ -192,6 +194,7 @@ class StreamsConfig:
     acceptable_recovery_lag: int = setting("acceptable.recovery.lag", "int", 10000, "With `task.assignment=runtime`: changelog records a learner may still lag behind and be caught up enough to take its task over (Kafka Streams' meaning).", min=0, max=JAVA_LONG_MAX)
     max_warmup_replicas: int = setting("max.warmup.replicas", "int", 2, "With `task.assignment=runtime`: learners (warm-up replicas) restoring at once across the application, besides standbys (Kafka Streams' meaning).", min=1, max=JAVA_INT_MAX)
     state_cleanup_delay_ms: int = setting("state.cleanup.delay.ms", "int", 600000, "How long (ms) a task's state directory may stay unused here before it is deleted.", min=0, max=JAVA_LONG_MAX)
+    state_store_layout: StoreLayout = setting("state.store.layout", "enum", "per-task", "How RocksDB stores sit on disk. `per-task`: one RocksDB database per store of each task under `<state.dir>/<application.id>/<task id>/`, positions in each task's `.checkpoint` file; a commit is one synced write per store plus one checkpoint file per task. `consolidated`: ONE database per process (`<application.id>/consolidated/`) with a column family per task-store and the changelog positions in an `offsets` column family; a commit is ONE synced write batch for every task of the process, data and positions together (no `.checkpoint` files; old per-task directories are copied in once). Not with `state.remote.url`. A task moved to another process of the same daemon restores in full. See the docs, State stores.", choices=_STORE_LAYOUTS)
     state_rocksdb_memory_bytes: int = setting("state.rocksdb.memory.bytes", "int", DEFAULT_MEMORY_BYTES, "Bytes of RocksDB memory shared by ALL RocksDB stores of the process: one block cache of this size holds data, index and filter blocks, and the memtables are charged to it too (their share: `state.rocksdb.write.buffer.ratio`), so RocksDB's memory stays about this large whatever the number of tasks and stores. 256 MiB: a few hundred stores' index and filter blocks and a useful share of hot data blocks, and a daemon with 256 tasks still fits a 1 GiB container. What it does not bound, and a measurement: the docs, State stores.", min=MIN_MEMORY_BYTES, max=JAVA_LONG_MAX)
     state_rocksdb_write_buffer_ratio: float = setting("state.rocksdb.write.buffer.ratio", "float", DEFAULT_WRITE_BUFFER_RATIO, "Share of `state.rocksdb.memory.bytes` for memtables (write buffers) of all stores together: past 90% of it RocksDB flushes the largest memtable. Each store's memtable is a quarter of this share, between 1 and 16 MiB (not RocksDB's 64 MiB).", min=0.05, max=0.9)
     state_rocksdb_config_setter: Any = setting("state.rocksdb.config.setter", "callable", None, "Per-store RocksDB options (Kafka Streams' `rocksdb.config.setter`): `module:attr` naming a callable `setter(store_name, options)` (or a class made with no arguments whose instances are) that changes the `rocksdict.Options` each RocksDB store opens with, after the runtime's own settings. Resolved at start-up (a bad name stops it naming this key); an exception it raises stops the app naming the store. Replacing the block-based table factory or the write-buffer manager takes that store out of the shared budget.", nullable=True, resolve=config_setter_from_name, check_object=lambda value: check_config_setter(value, show_value(value)))
@@ -472,6 +475,14 @@ def build_config(given: Mapping[str, Any], sources: Mapping[str, str]) -> Stream
             "consumer forbids choosing partitions); use task.assignment=group with it"
         )
         raise ConfigError("task.assignment", reason + source("task.assignment"))
+
+    if values["state.store.layout"] == "consolidated" and values["state.remote.url"] is not None:
+        reason = (
+            "'consolidated' does not support remote state snapshots (state.remote.url) yet: "
+            "a snapshot is a per-store RocksDB checkpoint; use state.store.layout=per-task "
+            "with state.remote.url, or unset state.remote.url"
+        )
+        raise ConfigError("state.store.layout", reason + source("state.store.layout"))
 
     attrs: dict[str, Any] = {KEYS[name].attr: value for name, value in values.items()}
     attrs.update(overrides)

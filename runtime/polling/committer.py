@@ -32,7 +32,9 @@ A commit, in order:
    Python call on this thread) per output record. A failed lookup keeps the
    old positions (lower than the truth: restoration replays a little more);
 6. post-commit: each task writes its store batches to disk and a checkpoint
-   naming those changelog positions (`StreamTask.post_commit`); then
+   naming those changelog positions (`StreamTask.post_commit`); under
+   `state.store.layout=consolidated` the tasks only stage them, and
+   `write_state()` writes every task's as one synced batch; then
    `after_commit(tasks)`, if set (remote state takes its snapshots there:
    runtime.state.remote.capture).
 
@@ -158,6 +160,10 @@ class Committer:
         # Called after every task's post_commit, tasks still locked; set once
         # before the polling thread starts. Must not raise.
         self.after_commit: Callable[[Sequence[CommittableTask]], None] | None = None
+        # Called after every task's post_commit (consolidated layout: writes
+        # the staged store batches and positions at once); set once before
+        # the polling thread starts.
+        self.write_state: Callable[[], object] | None = None
 
     @contextmanager
     def tasks_locked(self, barrier: Sequence[Any] = ()) -> Iterator[None]:
@@ -280,6 +286,8 @@ class Committer:
         )
         for task in tasks:
             task.post_commit(positions, offsets_committed)
+        if self.write_state is not None:
+            self.write_state()
         if self.after_commit is not None and offsets_committed:
             self.after_commit(tasks)
         if offsets and offsets_committed:

@@ -170,6 +170,7 @@ class TaskPlacement:
                 self._application_id,
                 changelog_prefix=sub.topic_prefix(self._application_id),
                 rocksdb_memory=self._settings.rocksdb_memory,
+                consolidated=self._settings.consolidated,
             )
             self._standbys[task_id] = standby
             self._restoration.add_standby(standby)

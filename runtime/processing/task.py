@@ -27,7 +27,8 @@ from runtime.processing.key_lanes import KeyParallelSettings, RetryPolicy
 from runtime.processing.record_context import NO_RETRY, FlushListener, RecordPath
 from runtime.state.builders import LayeredStore, build_task_stores, task_directory
 from runtime.state.cache import CacheBudget
-from runtime.state.checkpoint import checkpoint_path, read_checkpoint, write_checkpoint
+from runtime.state.checkpoint import FileCheckpoint, TaskPositions
+from runtime.state.consolidated import ConsolidatedPositions, ConsolidatedStores
 from runtime.state.rocksdb_memory import RocksDBMemory
 from runtime.state.task_lock import TaskDirectoryLock
 from runtime.topology.context import PunctuationType
@@ -118,6 +119,7 @@ class TaskSettings:
         static_partitioner: Any = None,
         key_parallel: KeyParallelSettings | None = None,
         rocksdb_memory: RocksDBMemory | None = None,
+        consolidated: ConsolidatedStores | None = None,
     ) -> None:
         self.application_id = application_id
         self.default_key_serde = default_key_serde
@@ -133,6 +135,9 @@ class TaskSettings:
         # The block cache and write-buffer budget every RocksDB store of the
         # app shares (None: the process's default, runtime.state.rocksdb_memory).
         self.rocksdb_memory = rocksdb_memory
+        # `state.store.layout=consolidated`: the process's one database (None:
+        # a database per store and a checkpoint file per task).
+        self.consolidated = consolidated
 
 
 class StreamTask(RecordPath):
@@ -211,11 +216,17 @@ class StreamTask(RecordPath):
                 on_flush=self._flush_dispatcher,
                 clock=self._store_clock(),
                 rocksdb_memory=settings.rocksdb_memory,
+                consolidated=settings.consolidated,
             )
         except BaseException:
             self._directory_lock.release()
             raise
-        checkpoint = read_checkpoint(checkpoint_path(self.directory)) if self.stores else None
+        self._positions: TaskPositions = (
+            ConsolidatedPositions(settings.consolidated, self.id)
+            if settings.consolidated is not None
+            else FileCheckpoint(self.directory)
+        )
+        checkpoint = self._positions.read() if self.stores else None
         # changelog (topic, partition) -> offset to restore from (None: beginning)
         self.restore_from: dict[tuple[str, int], int | None] = {}
         for store in self.stores.values():
@@ -474,7 +485,7 @@ class StreamTask(RecordPath):
                 store.update_changelog_offset(position)
             checkpoint.update(store.checkpoint_offsets())
         if checkpoint:
-            write_checkpoint(checkpoint_path(self.directory), checkpoint)
+            self._positions.commit(checkpoint)
         if offsets_committed:
             for topic, next_offset in offsets.items():
                 self.committed_offsets[topic] = next_offset - 1

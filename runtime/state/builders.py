@@ -13,8 +13,14 @@ record per key per commit. With caching off (`cache.max.bytes=0`, or
 `StoreSpec.caching=False`) but an `on_flush` listener, the caching layer stays
 as a pass-through that forwards every write at once.
 
-Layout on disk: `<state.dir>/<application.id>/<task id>/rocksdb/<store>`, and
-the task's checkpoint file `<task dir>/.checkpoint`.
+Layout on disk (`state.store.layout=per-task`, the default):
+`<state.dir>/<application.id>/<task id>/rocksdb/<store>`, and the task's
+checkpoint file `<task dir>/.checkpoint`. With `consolidated`, a RocksDB
+store is a column family of the process's one database and the positions
+live there too (runtime.state.consolidated); `build_task_stores` first moves
+a per-task directory left by the other layout into it
+(runtime.state.layout_upgrade). A store's positions are reached through its
+`positions` (`TaskPositions`) whatever the layout.
 
 Threads: `build_store` runs on whichever thread creates the task (the polling
 thread); the returned store then follows the package docstring.
@@ -36,7 +42,10 @@ from runtime.state.changelog import (
     changelog_topic_name,
     wall_clock_ms,
 )
-from runtime.state.checkpoint import Offsets, checkpoint_path, drop_checkpoint_entries
+from runtime.state.checkpoint import FileCheckpoint, Offsets, TaskPositions
+from runtime.state.column_family_store import ColumnFamilyStore
+from runtime.state.consolidated import ConsolidatedPositions, ConsolidatedStores
+from runtime.state.layout_upgrade import adopt_per_task_directory
 from runtime.state.memory_store import InMemoryKeyValueStore
 from runtime.state.metered import MeteredKeyValueStore, metered
 from runtime.state.rocksdb_memory import RocksDBMemory
@@ -94,8 +103,9 @@ class LayeredStore:
     RocksDB or in-memory store (restoration target), `changelog` the
     change-logging layer (None when not logged), `cache` the caching layer
     (None when absent).
-    `task_dir` is the task's directory (its checkpoint file lives there), None
-    when the store was built without one.
+    `task_dir` is the task's directory, None when the store was built without
+    one; `positions` where the task's changelog positions live (its
+    checkpoint file, or the consolidated database's offsets).
     """
 
     def __init__(
@@ -107,6 +117,7 @@ class LayeredStore:
         changelog: ChangeLoggingKeyValueStore | None,
         base: RocksDBKeyValueStore | InMemoryKeyValueStore,
         task_dir: Path | None = None,
+        positions: TaskPositions | None = None,
     ) -> None:
         self.spec = spec
         self.store = store
@@ -115,6 +126,9 @@ class LayeredStore:
         self.changelog = changelog
         self.base = base
         self.task_dir = task_dir
+        if positions is None and task_dir is not None:
+            positions = FileCheckpoint(task_dir)
+        self.positions = positions
 
     @property
     def name(self) -> str:
@@ -213,11 +227,9 @@ class LayeredStore:
             self.store.restored()
 
     def _forget_checkpoint(self) -> None:
-        if self.changelog is None or self.task_dir is None:
+        if self.changelog is None or self.positions is None:
             return
-        drop_checkpoint_entries(
-            checkpoint_path(self.task_dir), [(self.changelog.topic, self.changelog.partition)]
-        )
+        self.positions.drop([(self.changelog.topic, self.changelog.partition)])
 
     @property
     def directory(self) -> Path | None:
@@ -232,7 +244,11 @@ class LayeredStore:
         cache, no downstream); `next_offset` is the position after them.
 
         Call `sync()` before writing a checkpoint that names restored offsets."""
-        count = self.base.restore_batch(records)
+        if isinstance(self.base, ColumnFamilyStore):
+            # Consolidated: the position goes into the records' batch.
+            count = self.base.restore_batch(records, next_offset)
+        else:
+            count = self.base.restore_batch(records)
         if isinstance(self.store, WindowStore):
             self.store.restored()
         if next_offset is not None and self.changelog is not None:
@@ -298,17 +314,28 @@ def build_store(
     on_flush: FlushListener | None = None,
     clock: Callable[[], int] = wall_clock_ms,
     rocksdb_memory: RocksDBMemory | None = None,
+    consolidated: ConsolidatedStores | None = None,
 ) -> LayeredStore:
     """Open (creating if needed) one store of a task and wrap it in its layers.
 
     `changelog_sink` is the task's `send` (required when `spec.changelog`);
     `on_flush(key, value, old_value, timestamp)` receives the folded
     downstream updates; `clock` gives the current record's timestamp;
-    `rocksdb_memory` the app's shared RocksDB memory (default: the process's).
+    `rocksdb_memory` the app's shared RocksDB memory (default: the process's);
+    `consolidated`: the process's one database (`state.store.layout=
+    consolidated`), None for a database per store.
     """
     base: RocksDBKeyValueStore | InMemoryKeyValueStore
+    task_id = Path(task_dir).name
+    positions: TaskPositions = (
+        ConsolidatedPositions(consolidated, task_id)
+        if consolidated is not None
+        else FileCheckpoint(task_dir)
+    )
     if spec.kind == "memory":
         base = InMemoryKeyValueStore(spec.name)
+    elif consolidated is not None:
+        base = ColumnFamilyStore(spec.name, consolidated, task_id)
     else:
         base = RocksDBKeyValueStore(
             spec.name,
@@ -326,6 +353,8 @@ def build_store(
             base, changelog_sink, changelog_topic_name(application_id, spec.name), partition, clock
         )
         stack = changelog
+        if isinstance(base, ColumnFamilyStore):
+            base.changelog_partition = (changelog.topic, partition)
     cache = None
     caching = spec.caching and cache_budget is not None and cache_budget.enabled
     if caching or on_flush is not None:
@@ -338,7 +367,9 @@ def build_store(
         assert spec.window_size_ms is not None
         retention = spec.retention_ms if spec.retention_ms is not None else spec.window_size_ms
         store = WindowStore(metered_layer, spec.window_size_ms, retention, base=base)
-    return LayeredStore(spec, store, metered_layer, cache, changelog, base, Path(task_dir))
+    return LayeredStore(
+        spec, store, metered_layer, cache, changelog, base, Path(task_dir), positions
+    )
 
 
 def build_task_stores(
@@ -351,11 +382,17 @@ def build_task_stores(
     on_flush: Callable[[str], FlushListener | None] | None = None,
     clock: Callable[[], int] = wall_clock_ms,
     rocksdb_memory: RocksDBMemory | None = None,
+    consolidated: ConsolidatedStores | None = None,
 ) -> dict[str, LayeredStore]:
     """All stores of one task, by name; `on_flush(store name)` picks each listener.
 
-    On failure, the stores already opened are closed again.
+    With `consolidated`, a per-task directory the other layout left is moved
+    into the process's database first (once; the caller holds the task
+    directory's lock). On failure, the stores already opened are closed again.
     """
+    specs = list(specs)
+    if consolidated is not None and specs:
+        adopt_per_task_directory(consolidated, task_dir, specs, application_id, partition)
     stores: dict[str, LayeredStore] = {}
     try:
         for spec in specs:
@@ -372,6 +409,7 @@ def build_task_stores(
                 listener,
                 clock,
                 rocksdb_memory,
+                consolidated,
             )
     except BaseException:
         for built in stores.values():

@@ -31,6 +31,7 @@ import contextlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol
 
 from runtime.logging import get_logger
 
@@ -165,3 +166,47 @@ def drop_checkpoint_entries(
         write_checkpoint(path, kept)
     else:
         delete_checkpoint(path)
+
+
+class TaskPositions(Protocol):
+    """Where a task's changelog positions live: its `.checkpoint` file
+    (`FileCheckpoint`, the per-task layout) or the consolidated database's
+    `offsets` column family (runtime.state.consolidated). Called by the
+    task's owner thread (see the module docstring)."""
+
+    def read(self) -> Offsets | None:
+        """The positions, None when there are none (or they are unreadable)."""
+        ...
+
+    def write(self, offsets: Offsets) -> None:
+        """Replace the positions now, durably (a restore or standby checkpoint)."""
+        ...
+
+    def commit(self, offsets: Offsets) -> None:
+        """The positions of a commit (polling thread, post-commit): durable once
+        the commit's writes are (`write` for a file; staged in the commit's
+        one batch for the consolidated layout)."""
+        ...
+
+    def drop(self, partitions: Iterable[ChangelogPartition]) -> None:
+        """Forget these partitions' positions (their stores lost what they named)."""
+        ...
+
+
+class FileCheckpoint:
+    """A task's `.checkpoint` file in its directory, as `TaskPositions`."""
+
+    def __init__(self, task_dir: str | os.PathLike[str]) -> None:
+        self.path = checkpoint_path(task_dir)
+
+    def read(self) -> Offsets | None:
+        return read_checkpoint(self.path)
+
+    def write(self, offsets: Offsets) -> None:
+        write_checkpoint(self.path, offsets)
+
+    def commit(self, offsets: Offsets) -> None:
+        write_checkpoint(self.path, offsets)
+
+    def drop(self, partitions: Iterable[ChangelogPartition]) -> None:
+        drop_checkpoint_entries(self.path, partitions)

@@ -7,6 +7,11 @@ owned here (active, restoring or standby) nor written for
 directory's lock (runtime.state.task_lock: another processing process of
 the daemon may own it). It only reads the owned set the polling thread
 publishes; it never touches a store.
+
+With `state.store.layout=consolidated` a task's state is also its column
+families and positions in the process's database: those of a task not owned
+here for the delay are dropped too (`ConsolidatedStores.drop_task`, which
+refuses while a store of the task is open).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from runtime.logging import get_logger
+from runtime.state.consolidated import ConsolidatedStores
 from runtime.state.task_lock import TaskDirectoryLock
 
 log = get_logger("runtime.cleanup")
@@ -34,6 +40,7 @@ class CleanupThread(threading.Thread):
         delay_ms: int,
         owned: Callable[[], frozenset[str]],
         interval_s: float | None = None,
+        consolidated: ConsolidatedStores | None = None,
     ) -> None:
         super().__init__(name=name, daemon=True)
         self._app_dir = app_dir
@@ -41,6 +48,8 @@ class CleanupThread(threading.Thread):
         self._owned = owned
         self._interval_s = interval_s or min(60.0, max(0.5, self._delay_s / 2))
         self._unowned_since: dict[str, float] = {}
+        self._consolidated = consolidated
+        self._families_unowned_since: dict[str, float] = {}
         self._stop_event = threading.Event()
         self.deleted: list[str] = []
 
@@ -55,12 +64,14 @@ class CleanupThread(threading.Thread):
                 log.warning("state_cleanup_failed", error=str(exc))
 
     def clean_once(self, now: float | None = None) -> list[str]:
-        """Delete directories unused for the delay; returns their task ids."""
+        """Delete directories (and, consolidated, column families) unused for
+        the delay; returns their task ids."""
         now = time.time() if now is None else now
         if not self._app_dir.is_dir():
             return []
         owned = self._owned()
-        deleted = []
+        dropped = self._drop_families(owned, now)
+        deleted: list[str] = []
         for entry in self._app_dir.iterdir():
             task_id = entry.name
             if not entry.is_dir() or not _TASK_DIR.match(task_id):
@@ -85,8 +96,35 @@ class CleanupThread(threading.Thread):
             self._unowned_since.pop(task_id, None)
             deleted.append(task_id)
             log.info("state_directory_deleted", task_id=task_id, path=str(entry))
+        deleted += [task_id for task_id in dropped if task_id not in deleted]
         self.deleted.extend(deleted)
         return deleted
+
+    def _drop_families(self, owned: frozenset[str], now: float) -> list[str]:
+        """Consolidated layout: drop the column families and positions of the
+        tasks not owned here for the delay; returns their task ids."""
+        stores = self._consolidated
+        if stores is None:
+            return []
+        dropped = []
+        present = stores.task_ids()
+        since_map = self._families_unowned_since
+        for task_id in list(since_map):
+            if task_id not in present:
+                del since_map[task_id]
+        for task_id in sorted(present):
+            if task_id in owned:
+                since_map.pop(task_id, None)
+                continue
+            since = since_map.setdefault(task_id, now)
+            if now - since < self._delay_s:
+                continue
+            if stores.drop_task(task_id):
+                since_map.pop(task_id, None)
+                dropped.append(task_id)
+            else:  # a store of it is open again: owned since the owned set was read
+                since_map.pop(task_id, None)
+        return dropped
 
 
 def _last_write(directory: Path) -> float:

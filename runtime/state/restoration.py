@@ -70,7 +70,6 @@ from runtime.state.changelog_reading import (
     restart_from_start,
     sort_changelog_messages,
 )
-from runtime.state.checkpoint import checkpoint_path, write_checkpoint
 from runtime.state.remote.capture import UploadJob
 from runtime.state.remote.download import SnapshotDownload
 from runtime.state.remote.driver import Fetched, SnapshotDriver
@@ -399,19 +398,19 @@ class RestorationThread(threading.Thread):
         exactly the changelog's records up to their positions (read_committed
         under exactly_once_v2), which is what a checkpoint claims."""
         offsets: dict[TopicPartitionKey, int] = {}
-        directory = None
+        positions = None
         for store in task.stores.values():
-            if store.task_dir is None:
+            if store.positions is None:
                 continue
-            directory = store.task_dir
+            positions = store.positions
             try:
                 store.sync()
             except Exception as exc:  # the task closes next; its restore starts over
                 log.warning("restore_checkpoint_failed", task_id=task.id, error=str(exc))
                 return
             offsets.update(store.checkpoint_offsets())
-        if directory is not None and offsets:
-            write_checkpoint(checkpoint_path(directory), offsets)
+        if positions is not None and offsets:
+            positions.write(offsets)
 
     def _start_standby(self, standby: StandbyTask) -> None:
         if self._snapshots is None or not self._snapshots.fetch(standby, standby=True):

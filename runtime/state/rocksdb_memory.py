@@ -163,9 +163,11 @@ class RocksDBMemory:
 
     # --- options (the thread opening a store) --------------------------------
 
-    def options(self, store_name: str, create: bool) -> Options:
+    def options(self, store_name: str, create: bool, setter: bool = True) -> Options:
         """The options store `store_name` opens with: the shared cache and
-        write-buffer manager, small memtables, then the config setter's changes.
+        write-buffer manager, small memtables, then the config setter's changes
+        (`setter=False`: not for a store, the consolidated layout's database
+        and its `offsets` column family, runtime.state.consolidated).
 
         Raises what the setter raises (the app stops naming the key: see
         `ConfigSetterError`)."""
@@ -186,7 +188,7 @@ class RocksDBMemory:
         options.set_arena_block_size(ARENA_BLOCK_BYTES)
         if settings.statistics:
             options.enable_statistics()
-        if settings.config_setter is not None:
+        if setter and settings.config_setter is not None:
             try:
                 settings.config_setter(store_name, options)
             except Exception as exc:

@@ -11,7 +11,8 @@ only what the standby had not seen yet.
 from __future__ import annotations
 
 from runtime.state.builders import LayeredStore, StoreSpec, build_task_stores, task_directory
-from runtime.state.checkpoint import checkpoint_path, read_checkpoint, write_checkpoint
+from runtime.state.checkpoint import FileCheckpoint, TaskPositions
+from runtime.state.consolidated import ConsolidatedPositions, ConsolidatedStores
 from runtime.state.rocksdb_memory import RocksDBMemory
 from runtime.state.task_lock import TaskDirectoryLock
 
@@ -39,10 +40,12 @@ class StandbyTask:
         application_id: str,
         changelog_prefix: str | None = None,
         rocksdb_memory: RocksDBMemory | None = None,
+        consolidated: ConsolidatedStores | None = None,
     ) -> None:
         """`changelog_prefix`: what its changelog topics start with
         (`Subtopology.topic_prefix`; default `application_id`);
-        `rocksdb_memory`: the app's shared RocksDB memory."""
+        `rocksdb_memory`: the app's shared RocksDB memory; `consolidated`:
+        the process's one database (`state.store.layout=consolidated`)."""
         self.id = task_id
         self.partition = partition
         self.directory = task_directory(state_dir, application_id, task_id)
@@ -59,8 +62,14 @@ class StandbyTask:
             None,
             _no_writes,
             rocksdb_memory=rocksdb_memory,
+            consolidated=consolidated,
         )
-        checkpoint = read_checkpoint(checkpoint_path(self.directory))
+        self._positions: TaskPositions = (
+            ConsolidatedPositions(consolidated, task_id)
+            if consolidated is not None
+            else FileCheckpoint(self.directory)
+        )
+        checkpoint = self._positions.read()
         self.restore_from: dict[tuple[str, int], int | None] = {}
         for store in self.stores.values():
             start = store.apply_checkpoint(checkpoint)
@@ -74,7 +83,7 @@ class StandbyTask:
             store.sync()
             offsets.update(store.checkpoint_offsets())
         if offsets:
-            write_checkpoint(checkpoint_path(self.directory), offsets)
+            self._positions.write(offsets)
 
     def close(self) -> None:
         """Write the checkpoint and close the stores."""

@@ -66,7 +66,8 @@ def _figures(side: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_runtime_side_reports_every_figure(broker: Broker, tmp_path: Path) -> None:
-    code, result, text = _run(broker, tmp_path, "--ks-memory=")
+    # One layout: the default runs every layout the runtime accepts.
+    code, result, text = _run(broker, tmp_path, "--ks-memory=", "--layouts=per-task")
     assert code == 0, result["sides"]
     (side,) = result["sides"]
     assert side["ok"] and side["layout"] == "per-task" and side["partitions"] == 4
@@ -82,7 +83,12 @@ def test_runtime_side_reports_every_figure(broker: Broker, tmp_path: Path) -> No
 
 def test_a_failed_side_gives_no_verdict_and_exits_1(broker: Broker, tmp_path: Path) -> None:
     code, result, text = _run(
-        broker, tmp_path, "--ks-memory=", "--set", "state.rocksdb.memory.bytes=1"
+        broker,
+        tmp_path,
+        "--ks-memory=",
+        "--layouts=per-task",
+        "--set",
+        "state.rocksdb.memory.bytes=1",
     )
     assert code == 1
     (side,) = result["sides"]

@@ -210,6 +210,7 @@ BAD_VALUES = [
     ("cache.max.bytes", "-5"),
     ("num.standby.replicas", "-1"),
     ("task.assignment", "sticky"),
+    ("state.store.layout", "per-store"),
     ("acceptable.recovery.lag", "-1"),
     ("max.warmup.replicas", "0"),
     ("state.cleanup.delay.ms", "soon"),
