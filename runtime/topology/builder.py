@@ -285,6 +285,12 @@ class GraphBuilder:
     def store(self, name: str) -> StateStoreDef | None:
         return self._stores.get(name)
 
+    def replace_store(self, store: StateStoreDef) -> None:
+        """Swap a registered store's definition (a table starting to send old values)."""
+        if store.name not in self._stores:
+            raise TopologyError(f"no state store named {store.name!r} to replace")
+        self._stores[store.name] = store
+
     def source_topics_of(self, node: str) -> set[str]:
         """The topics (names as written) of every source upstream of `node`."""
         topics: set[str] = set()
