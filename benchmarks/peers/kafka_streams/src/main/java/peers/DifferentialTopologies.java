@@ -13,6 +13,7 @@ import org.apache.kafka.common.serialization.Serde;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.utils.Bytes;
 import org.apache.kafka.streams.KafkaStreams;
+import org.apache.kafka.streams.KeyValue;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.Topology;
@@ -201,6 +202,55 @@ public final class DifferentialTopologies {
                         .to(output, Produced.with(
                                 WindowedSerdes.timeWindowedSerdeFrom(String.class, WINDOW.toMillis()),
                                 lng));
+            }
+            // Table-table joins and table re-grouping (tests/differential/topologies.py):
+            // each table takes one letter's records and every tombstone.
+            case "tt_join", "tt_left_join", "tt_outer_join", "tt_outer_join_materialized" -> {
+                final KTable<String, String> left =
+                        in.filter((k, v) -> v == null || v.startsWith("L")).toTable();
+                final KTable<String, String> right =
+                        in.filter((k, v) -> v == null || v.startsWith("R")).toTable();
+                final KTable<String, String> out = switch (name) {
+                    case "tt_join" -> left.join(right, JOINER);
+                    case "tt_left_join" -> left.leftJoin(right, JOINER);
+                    case "tt_outer_join" -> left.outerJoin(right, JOINER);
+                    default -> left.outerJoin(right, JOINER,
+                            Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as(
+                                    "tt-outer-store").withValueSerde(str));
+                };
+                out.toStream().to(output, Produced.with(str, str));
+            }
+            case "table_group_count" -> in.toTable()
+                    .groupBy((k, v) -> KeyValue.pair(v.substring(0, 1), v), Grouped.with(str, str))
+                    .count()
+                    .toStream()
+                    .to(output, Produced.with(str, lng));
+            case "table_group_reduce" -> in.toTable()
+                    .groupBy((k, v) -> KeyValue.pair(v.substring(0, 1), Long.parseLong(v.substring(1))),
+                            Grouped.with(str, lng))
+                    .reduce(Long::sum, (agg, v) -> agg - v)
+                    .toStream()
+                    .to(output, Produced.with(str, lng));
+            case "table_group_aggregate" -> in.toTable()
+                    .groupBy((k, v) -> KeyValue.pair(v.substring(0, 1), v), Grouped.with(str, str))
+                    .aggregate(
+                            () -> 0L,
+                            (k, v, agg) -> agg + Long.parseLong(v.substring(1)),
+                            (k, v, agg) -> agg - Long.parseLong(v.substring(1)),
+                            Materialized.<String, Long, KeyValueStore<Bytes, byte[]>>with(str, lng))
+                    .toStream()
+                    .to(output, Produced.with(str, lng));
+            case "tt_join_group_count" -> {
+                final KTable<String, String> left =
+                        in.filter((k, v) -> v == null || v.startsWith("L")).toTable();
+                final KTable<String, String> right =
+                        in.filter((k, v) -> v == null || v.startsWith("R")).toTable();
+                left.leftJoin(right, JOINER)
+                        .groupBy((k, v) -> KeyValue.pair(v.endsWith("+null") ? "alone" : "paired", v),
+                                Grouped.with(str, str))
+                        .count()
+                        .toStream()
+                        .to(output, Produced.with(str, lng));
             }
             default -> throw new IllegalArgumentException("unknown differential topology " + name);
         }
