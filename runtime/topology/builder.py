@@ -246,6 +246,14 @@ class GraphBuilder:
         )
         return self._add(spec, (parent,))
 
+    def add_parent(self, node: str, parent: str) -> None:
+        """Wire `parent` above `node` too (a sink fed by two nodes, as the
+        foreign-key join's response sink)."""
+        if self.specs[parent].kind is NodeKind.SINK:
+            raise TopologyError(f"sink {parent!r} cannot have downstream nodes")
+        self.specs[parent].children.append(node)
+        self.specs[node].parents.append(parent)
+
     def reserve_internal_topic(self, topic: str) -> str:
         """Claim a relative internal topic name; each may be used once."""
         check_topic(topic, "internal topic name")

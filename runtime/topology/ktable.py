@@ -205,31 +205,46 @@ class KTable:
     def join(
         self,
         other: KTable,
-        joiner: Callable[[Any, Any], Any],
+        joiner: Callable[..., Any],
+        foreign_joiner: Callable[[Any, Any], Any] | None = None,
+        *,
         store: str | None = None,
         value_serde: Any = None,
         name: str | None = None,
     ) -> KTable:
-        """The inner join with the table `other` (same keys, co-partitioned):
-        `joiner(value, other_value)` per key both have; see `table_joins`.
-        With `store` the result is materialized (and can be joined again)."""
+        """The inner join with the table `other`.
+
+        `join(other, joiner)`: same keys, co-partitioned; `joiner(value,
+        other_value)` per key both have (`runtime.topology.table_joins`).
+        `join(other, foreign_key_extractor, joiner)`: each row joins the row of
+        `other` whose key is `foreign_key_extractor(value)` (KIP-213,
+        `runtime.topology.fk_join`). With `store` the result is materialized.
+        """
+        if foreign_joiner is not None:
+            return self._fk_join(other, joiner, foreign_joiner, False, store, value_serde, name)
         return self._table_join(other, joiner, False, False, store, value_serde, name, "join")
 
     def left_join(
         self,
         other: KTable,
-        joiner: Callable[[Any, Any], Any],
+        joiner: Callable[..., Any],
+        foreign_joiner: Callable[[Any, Any], Any] | None = None,
+        *,
         store: str | None = None,
         value_serde: Any = None,
         name: str | None = None,
     ) -> KTable:
-        """Every row of this table, `joiner(value, other_value or None)`."""
+        """Every row of this table, `joiner(value, other_value or None)`; with a
+        foreign-key extractor first, the foreign-key left join (see `join`)."""
+        if foreign_joiner is not None:
+            return self._fk_join(other, joiner, foreign_joiner, True, store, value_serde, name)
         return self._table_join(other, joiner, True, False, store, value_serde, name, "left_join")
 
     def outer_join(
         self,
         other: KTable,
         joiner: Callable[[Any, Any], Any],
+        *,
         store: str | None = None,
         value_serde: Any = None,
         name: str | None = None,
@@ -307,6 +322,53 @@ class KTable:
             store_spec,
         )
         return KTable(self._graph, node, self.key_serde, value_serde, store, getter)
+
+    def _fk_join(
+        self,
+        other: KTable,
+        extractor: Callable[[Any], Any],
+        joiner: Callable[[Any, Any], Any],
+        left: bool,
+        store: str | None,
+        value_serde: Any,
+        name: str | None,
+    ) -> KTable:
+        from runtime.topology.builder import check_serde, check_store_name, store_spec
+        from runtime.topology.fk_join import FkTables, fk_join
+
+        what = "KTable.left_join()" if left else "KTable.join()"
+        if not isinstance(other, KTable):
+            raise TopologyError(f"{what} with a foreign key joins two KTables; got {other!r}")
+        if other._graph is not self._graph:
+            raise TopologyError(f"{what}: both tables must come from the same StreamsBuilder")
+        extract = check_callable(extractor, f"{what} foreign_key_extractor")
+        fn = check_callable(joiner, what)
+        value_serde = check_serde(value_serde, "value_serde")
+        if self.key_serde is None or other.key_serde is None:
+            raise TopologyError(
+                f"{what} with a foreign key needs both tables' key serdes (give key_serde= to "
+                "builder.table / builder.stream): the subscription topics carry both keys"
+            )
+        this_side = FkTables(self._node, self.value_getter(what), self.key_serde, self.value_serde)
+        other_side = FkTables(
+            other._node, other.value_getter(what), other.key_serde, other.value_serde
+        )
+        self._enable_old_values(what)
+        other._enable_old_values(what)
+        node, store_name = fk_join(
+            self._graph,
+            this_side,
+            other_side,
+            extract,
+            fn,
+            left,
+            name,
+            None if store is None else check_store_name(store),
+            value_serde,
+            store_spec,
+            make_table_source,
+        )
+        return KTable.materialized(self._graph, node, store_name, self.key_serde, value_serde)
 
     def _enable_old_values(self, what: str) -> None:
         from runtime.topology import table_changes, table_grouping, table_joins

@@ -54,6 +54,9 @@ NAMES = [
     "table_group_reduce",
     "table_group_aggregate",
     "tt_join_group_count",
+    "fk_join",
+    "fk_left_join",
+    "enrichment",
 ]
 # Aggregations: values compared, not timestamps (Kafka Streams stamps a result
 # with the largest timestamp its aggregate has seen, this runtime with the
@@ -83,6 +86,11 @@ FINAL_ONLY = {
     "table_group_reduce",
     "table_group_aggregate",
     "tt_join_group_count",
+    # Foreign-key joins: the answers come back through the response topic from
+    # both foreign tasks, interleaved as those tasks run.
+    "fk_join",
+    "fk_left_join",
+    "enrichment",
 }
 
 

@@ -273,8 +273,40 @@ def tt_join_group_count(builder: StreamsBuilder, topic: str, out: str) -> None:
     )
 
 
+def foreign_key(value: str) -> str:
+    """An "L<n>" row's foreign key: the key `k<n mod 5>` of a right row."""
+    return f"k{int(value[1:]) % 5}"
+
+
+def _fk_join(left: bool) -> Callable[[StreamsBuilder, str, str], None]:
+    def build(builder: StreamsBuilder, topic: str, out: str) -> None:
+        orders, customers = _table_sides(builder, topic)
+        join = orders.left_join if left else orders.join
+        join(customers, foreign_key, joiner, value_serde=STR).to_stream().to(out, value_serde=STR)
+
+    return build
+
+
+def enrichment(builder: StreamsBuilder, topic: str, out: str) -> None:
+    """Composed: orders ("L") joined by foreign key with customers ("R"), then
+    left-joined (same key) with the orders' extras ("S")."""
+    source = _source(builder, topic)
+    orders = source.filter(table_side("L")).to_table()
+    customers = source.filter(table_side("R")).to_table()
+    extras = source.filter(table_side("S")).to_table()
+    (
+        orders.join(customers, foreign_key, joiner, value_serde=STR)
+        .left_join(extras, joiner)
+        .to_stream()
+        .to(out, value_serde=STR)
+    )
+
+
 TOPOLOGIES.update(
     {
+        "fk_join": _fk_join(False),
+        "fk_left_join": _fk_join(True),
+        "enrichment": enrichment,
         "tt_join": _table_join("join"),
         "tt_left_join": _table_join("left_join"),
         "tt_outer_join": _table_join("outer_join"),

@@ -123,6 +123,11 @@ public final class DifferentialTopologies {
 
     static final ValueJoiner<String, String, String> JOINER = (l, r) -> l + "+" + r;
 
+    /** A foreign-key join's extractor: an "L<n>" row points at the right row {@code k<n mod 5>}. */
+    static String foreignKey(final String value) {
+        return "k" + (Long.parseLong(value.substring(1)) % 5);
+    }
+
     static Topology build(final String name, final String input, final String output) {
         final StreamsBuilder builder = new StreamsBuilder();
         final Serde<String> str = Serdes.String();
@@ -251,6 +256,29 @@ public final class DifferentialTopologies {
                         .count()
                         .toStream()
                         .to(output, Produced.with(str, lng));
+            }
+            case "fk_join", "fk_left_join" -> {
+                final KTable<String, String> orders =
+                        in.filter((k, v) -> v == null || v.startsWith("L")).toTable();
+                final KTable<String, String> customers =
+                        in.filter((k, v) -> v == null || v.startsWith("R")).toTable();
+                (name.equals("fk_join")
+                                ? orders.join(customers, DifferentialTopologies::foreignKey, JOINER)
+                                : orders.leftJoin(customers, DifferentialTopologies::foreignKey, JOINER))
+                        .toStream()
+                        .to(output, Produced.with(str, str));
+            }
+            case "enrichment" -> {
+                final KTable<String, String> orders =
+                        in.filter((k, v) -> v == null || v.startsWith("L")).toTable();
+                final KTable<String, String> customers =
+                        in.filter((k, v) -> v == null || v.startsWith("R")).toTable();
+                final KTable<String, String> extras =
+                        in.filter((k, v) -> v == null || v.startsWith("S")).toTable();
+                orders.join(customers, DifferentialTopologies::foreignKey, JOINER)
+                        .leftJoin(extras, JOINER)
+                        .toStream()
+                        .to(output, Produced.with(str, str));
             }
             default -> throw new IllegalArgumentException("unknown differential topology " + name);
         }
