@@ -334,7 +334,7 @@ class KTable:
         name: str | None,
     ) -> KTable:
         from runtime.topology.builder import check_serde, check_store_name, store_spec
-        from runtime.topology.fk_join import FkTables, fk_join
+        from runtime.topology.fk_join_dsl import FkTables, fk_join
 
         what = "KTable.left_join()" if left else "KTable.join()"
         if not isinstance(other, KTable):
