@@ -176,7 +176,10 @@ def test_foreign_key_join_survives_kill_9_exactly_once(bootstrap: str, tmp_path:
                 f"final join differs (want, got): {wrong}; last input rows: {history}"
             ) from None
         results = consume_all(bootstrap, output, timeout=30)
-        assert len(results) > 200, f"only {len(results)} join results: too few to mean much"
+        # Sparse by design: an order changes several times while its answer
+        # makes the round trip through two transactions, and stale answers
+        # are dropped; tens of results over the run are usual.
+        assert len(results) > ORDERS, f"only {len(results)} join results: too few to mean much"
         for key, seqs in sequences(results).items():
             assert seqs == sorted(seqs), f"{key}: results went back in time: {seqs}"
         final = daemons[-1]
