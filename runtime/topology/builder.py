@@ -246,6 +246,14 @@ class GraphBuilder:
         )
         return self._add(spec, (parent,))
 
+    def add_parent(self, node: str, parent: str) -> None:
+        """Wire `parent` above `node` too (a sink fed by two nodes, as the
+        foreign-key join's response sink)."""
+        if self.specs[parent].kind is NodeKind.SINK:
+            raise TopologyError(f"sink {parent!r} cannot have downstream nodes")
+        self.specs[parent].children.append(node)
+        self.specs[node].parents.append(parent)
+
     def reserve_internal_topic(self, topic: str) -> str:
         """Claim a relative internal topic name; each may be used once."""
         check_topic(topic, "internal topic name")
@@ -284,6 +292,12 @@ class GraphBuilder:
 
     def store(self, name: str) -> StateStoreDef | None:
         return self._stores.get(name)
+
+    def replace_store(self, store: StateStoreDef) -> None:
+        """Swap a registered store's definition (a table starting to send old values)."""
+        if store.name not in self._stores:
+            raise TopologyError(f"no state store named {store.name!r} to replace")
+        self._stores[store.name] = store
 
     def source_topics_of(self, node: str) -> set[str]:
         """The topics (names as written) of every source upstream of `node`."""

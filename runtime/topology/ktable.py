@@ -36,6 +36,7 @@ from runtime.topology.stateful_nodes import (
 
 if TYPE_CHECKING:
     from runtime.topology.kstream import KStream
+    from runtime.topology.table_grouping import KGroupedTable
 
 
 def make_table_source(d: NodeDef) -> Node:
@@ -204,3 +205,189 @@ class KTable:
 
     def graph_builder(self) -> GraphBuilder:
         return self._graph
+
+    # -- table-table joins and re-grouping (runtime.topology.table_joins,
+    #    table_grouping; old values: table_changes) ---------------------------
+
+    def join(
+        self,
+        other: KTable,
+        joiner: Callable[..., Any],
+        foreign_joiner: Callable[[Any, Any], Any] | None = None,
+        *,
+        store: str | None = None,
+        value_serde: Any = None,
+        name: str | None = None,
+    ) -> KTable:
+        """The inner join with the table `other`.
+
+        `join(other, joiner)`: same keys, co-partitioned; `joiner(value,
+        other_value)` per key both have (`runtime.topology.table_joins`).
+        `join(other, foreign_key_extractor, joiner)`: each row joins the row of
+        `other` whose key is `foreign_key_extractor(value)` (KIP-213,
+        `runtime.topology.fk_join`). With `store` the result is materialized.
+        """
+        if foreign_joiner is not None:
+            return self._fk_join(other, joiner, foreign_joiner, False, store, value_serde, name)
+        return self._table_join(other, joiner, False, False, store, value_serde, name, "join")
+
+    def left_join(
+        self,
+        other: KTable,
+        joiner: Callable[..., Any],
+        foreign_joiner: Callable[[Any, Any], Any] | None = None,
+        *,
+        store: str | None = None,
+        value_serde: Any = None,
+        name: str | None = None,
+    ) -> KTable:
+        """Every row of this table, `joiner(value, other_value or None)`; with a
+        foreign-key extractor first, the foreign-key left join (see `join`)."""
+        if foreign_joiner is not None:
+            return self._fk_join(other, joiner, foreign_joiner, True, store, value_serde, name)
+        return self._table_join(other, joiner, True, False, store, value_serde, name, "left_join")
+
+    def outer_join(
+        self,
+        other: KTable,
+        joiner: Callable[[Any, Any], Any],
+        *,
+        store: str | None = None,
+        value_serde: Any = None,
+        name: str | None = None,
+    ) -> KTable:
+        """Every row of either table; the missing side's value is None."""
+        return self._table_join(other, joiner, True, True, store, value_serde, name, "outer_join")
+
+    def group_by(
+        self,
+        selector: Callable[[Any, Any], Any],
+        key_serde: Any = None,
+        value_serde: Any = None,
+        name: str | None = None,
+    ) -> KGroupedTable:
+        """Rows regrouped by `selector(key, value) -> (new key, new value)`, to
+        re-aggregate with an adder and a subtractor (`runtime.topology.table_grouping`).
+        `name` names the repartition topic `<name>-repartition` (default: the store's)."""
+        from runtime.topology.builder import check_serde
+        from runtime.topology.table_grouping import KGroupedTable, add_select
+
+        fn = check_callable(selector, "KTable.group_by()")
+        if self.window_size_ms is not None:
+            raise TopologyError("KTable.group_by(): a windowed table cannot be regrouped")
+        self._enable_old_values("KTable.group_by()")
+        node = add_select(self._graph, self._node, fn, name)
+        return KGroupedTable(
+            self._graph,
+            node,
+            check_serde(key_serde, "key_serde"),
+            check_serde(value_serde, "value_serde"),
+            name,
+            KTable.materialized,
+        )
+
+    def _table_join(
+        self,
+        other: KTable,
+        joiner: Callable[[Any, Any], Any],
+        left_outer: bool,
+        right_outer: bool,
+        store: str | None,
+        value_serde: Any,
+        name: str | None,
+        op: str,
+    ) -> KTable:
+        from runtime.topology.builder import check_serde, check_store_name, store_spec
+        from runtime.topology.table_joins import table_join
+
+        what = f"KTable.{op}()"
+        if not isinstance(other, KTable):
+            raise TopologyError(
+                f"{what} joins two KTables; got {other!r} (a KStream joins a table)"
+            )
+        if other._graph is not self._graph:
+            raise TopologyError(f"{what}: both tables must come from the same StreamsBuilder")
+        fn = check_callable(joiner, what)
+        value_serde = check_serde(value_serde, "value_serde")
+        this_getter, other_getter = self.value_getter(what), other.value_getter(what)
+        if left_outer:
+            self._enable_old_values(what)
+        if right_outer:
+            other._enable_old_values(what)
+        materialized = None
+        if store is not None:
+            materialized = (check_store_name(store), self.key_serde, value_serde)
+        node, getter = table_join(
+            self._graph,
+            (self._node, this_getter),
+            (other._node, other_getter),
+            fn,
+            left_outer,
+            right_outer,
+            name,
+            materialized,
+            store_spec,
+        )
+        return KTable(self._graph, node, self.key_serde, value_serde, store, getter)
+
+    def _fk_join(
+        self,
+        other: KTable,
+        extractor: Callable[[Any], Any],
+        joiner: Callable[[Any, Any], Any],
+        left: bool,
+        store: str | None,
+        value_serde: Any,
+        name: str | None,
+    ) -> KTable:
+        from runtime.topology.builder import check_serde, check_store_name, store_spec
+        from runtime.topology.fk_join_dsl import FkTables, fk_join
+
+        what = "KTable.left_join()" if left else "KTable.join()"
+        if not isinstance(other, KTable):
+            raise TopologyError(f"{what} with a foreign key joins two KTables; got {other!r}")
+        if other._graph is not self._graph:
+            raise TopologyError(f"{what}: both tables must come from the same StreamsBuilder")
+        extract = check_callable(extractor, f"{what} foreign_key_extractor")
+        fn = check_callable(joiner, what)
+        value_serde = check_serde(value_serde, "value_serde")
+        if self.key_serde is None or other.key_serde is None:
+            raise TopologyError(
+                f"{what} with a foreign key needs both tables' key serdes (give key_serde= to "
+                "builder.table / builder.stream): the subscription topics carry both keys"
+            )
+        this_side = FkTables(self._node, self.value_getter(what), self.key_serde, self.value_serde)
+        other_side = FkTables(
+            other._node, other.value_getter(what), other.key_serde, other.value_serde
+        )
+        self._enable_old_values(what)
+        other._enable_old_values(what)
+        node, store_name = fk_join(
+            self._graph,
+            this_side,
+            other_side,
+            extract,
+            fn,
+            left,
+            name,
+            None if store is None else check_store_name(store),
+            value_serde,
+            store_spec,
+            make_table_source,
+        )
+        return KTable.materialized(self._graph, node, store_name, self.key_serde, value_serde)
+
+    def _enable_old_values(self, what: str) -> None:
+        from runtime.topology import table_changes, table_grouping, table_joins
+        from runtime.topology.grouped import _make_aggregate
+
+        kinds = {
+            make_table_source: table_changes.STORE,
+            _make_aggregate: table_changes.STORE,
+            table_joins.make_join_store: table_changes.STORE,
+            table_grouping.make_table_aggregate: table_changes.STORE,
+            _make_filter: table_changes.FILTER,
+            _make_map_values: table_changes.MAP_VALUES,
+            table_joins.make_merge: table_changes.JOIN,
+        }
+        table_changes.enable_old_values(self._graph, self._node, kinds, what)

@@ -63,8 +63,9 @@ def resolve_serde(given: Any, default: Any, node: str, what: str) -> _serdes.Ser
         serde = _serdes.serde_from_name(serde)
     if not isinstance(serde, _serdes.Serde):
         raise ValueError(f"node {node!r}: {what} serde {serde!r} has no serialize/deserialize")
-    if isinstance(serde, _serdes.TimeWindowedSerde) and serde.inner is None:
-        # A windowed serde over "the default": the inner serde is the default.
+    if getattr(serde, "inner", False) is None and hasattr(serde, "with_inner"):
+        # A wrapping serde over "the default" (windowed keys, a table
+        # re-grouping's value pairs): the inner serde is the default.
         serde = serde.with_inner(resolve_serde(None, default, node, what))
     return serde
 

@@ -366,6 +366,130 @@ TOPOLOGIES: dict[str, Callable[[StreamsBuilder, str, str], None]] = {
 }
 
 
+# -- table-table joins and table re-grouping (issue 35, items 2-3) -------------
+
+
+def table_side(prefix: str) -> Callable[[Any, Any], bool]:
+    """A table's records: values of one letter, and every tombstone (a null
+    value deletes the key from both tables)."""
+    return lambda key, value: value is None or value.startswith(prefix)
+
+
+def _table_sides(builder: StreamsBuilder, topic: str) -> tuple[Any, Any]:
+    source = _source(builder, topic)
+    return source.filter(table_side("L")).to_table(), source.filter(table_side("R")).to_table()
+
+
+def _table_join(kind: str, store: str | None = None) -> Callable[[StreamsBuilder, str, str], None]:
+    def build(builder: StreamsBuilder, topic: str, out: str) -> None:
+        left, right = _table_sides(builder, topic)
+        extra: dict[str, Any] = {} if store is None else {"store": store, "value_serde": STR}
+        getattr(left, kind)(right, joiner, **extra).to_stream().to(out, value_serde=STR)
+
+    return build
+
+
+def _regrouped(builder: StreamsBuilder, topic: str) -> Any:
+    return _source(builder, topic).to_table()
+
+
+def table_group_count(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _regrouped(builder, topic)
+        .group_by(lambda key, value: (value[0], value), key_serde=STR, value_serde=STR)
+        .count()
+        .to_stream()
+        .to(out, key_serde=STR, value_serde=LONG)
+    )
+
+
+def table_group_reduce(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _regrouped(builder, topic)
+        .group_by(lambda key, value: (value[0], int(value[1:])), key_serde=STR, value_serde=LONG)
+        .reduce(lambda agg, value: agg + value, lambda agg, value: agg - value)
+        .to_stream()
+        .to(out, key_serde=STR, value_serde=LONG)
+    )
+
+
+def table_group_aggregate(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _regrouped(builder, topic)
+        .group_by(lambda key, value: (value[0], value), key_serde=STR, value_serde=STR)
+        .aggregate(
+            lambda: 0,
+            lambda key, value, agg: agg + int(value[1:]),
+            lambda key, value, agg: agg - int(value[1:]),
+            value_serde=LONG,
+        )
+        .to_stream()
+        .to(out, key_serde=STR, value_serde=LONG)
+    )
+
+
+def tt_join_group_count(builder: StreamsBuilder, topic: str, out: str) -> None:
+    """Composed: a table-table left join regrouped by whether a right row matched."""
+    left, right = _table_sides(builder, topic)
+    (
+        left.left_join(right, joiner)
+        .group_by(
+            lambda key, value: ("alone" if value.endswith("+null") else "paired", value),
+            key_serde=STR,
+            value_serde=STR,
+        )
+        .count()
+        .to_stream()
+        .to(out, key_serde=STR, value_serde=LONG)
+    )
+
+
+def foreign_key(value: str) -> str:
+    """An "L<n>" row's foreign key: the key `k<n mod 5>` of a right row."""
+    return f"k{int(value[1:]) % 5}"
+
+
+def _fk_join(left: bool) -> Callable[[StreamsBuilder, str, str], None]:
+    def build(builder: StreamsBuilder, topic: str, out: str) -> None:
+        orders, customers = _table_sides(builder, topic)
+        join = orders.left_join if left else orders.join
+        join(customers, foreign_key, joiner, value_serde=STR).to_stream().to(out, value_serde=STR)
+
+    return build
+
+
+def enrichment(builder: StreamsBuilder, topic: str, out: str) -> None:
+    """Composed: orders ("L") joined by foreign key with customers ("R"), then
+    left-joined (same key) with the orders' extras ("S")."""
+    source = _source(builder, topic)
+    orders = source.filter(table_side("L")).to_table()
+    customers = source.filter(table_side("R")).to_table()
+    extras = source.filter(table_side("S")).to_table()
+    (
+        orders.join(customers, foreign_key, joiner, value_serde=STR)
+        .left_join(extras, joiner)
+        .to_stream()
+        .to(out, value_serde=STR)
+    )
+
+
+TOPOLOGIES.update(
+    {
+        "fk_join": _fk_join(False),
+        "fk_left_join": _fk_join(True),
+        "enrichment": enrichment,
+        "tt_join": _table_join("join"),
+        "tt_left_join": _table_join("left_join"),
+        "tt_outer_join": _table_join("outer_join"),
+        "tt_outer_join_materialized": _table_join("outer_join", store="tt-outer-store"),
+        "table_group_count": table_group_count,
+        "table_group_reduce": table_group_reduce,
+        "table_group_aggregate": table_group_aggregate,
+        "tt_join_group_count": tt_join_group_count,
+    }
+)
+
+
 def build(name: str, topic: str, out: str) -> Topology:
     builder = StreamsBuilder()
     TOPOLOGIES[name](builder, topic, out)

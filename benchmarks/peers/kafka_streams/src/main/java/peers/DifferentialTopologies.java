@@ -136,6 +136,11 @@ public final class DifferentialTopologies {
 
     static final ValueJoiner<String, String, String> JOINER = (l, r) -> l + "+" + r;
 
+    /** A foreign-key join's extractor: an "L<n>" row points at the right row {@code k<n mod 5>}. */
+    static String foreignKey(final String value) {
+        return "k" + (Long.parseLong(value.substring(1)) % 5);
+    }
+
     static Topology build(final String name, final String input, final String output) {
         final StreamsBuilder builder = new StreamsBuilder();
         final Serde<String> str = Serdes.String();
@@ -221,6 +226,78 @@ public final class DifferentialTopologies {
                     "sliding_count", "sliding_aggregate", "sliding_count_suppress",
                     "hopping_count_on_close" ->
                 sessionsAndSuppression(name, in, output);
+            // Table-table joins and table re-grouping (tests/differential/topologies.py):
+            // each table takes one letter's records and every tombstone.
+            case "tt_join", "tt_left_join", "tt_outer_join", "tt_outer_join_materialized" -> {
+                final KTable<String, String> left =
+                        in.filter((k, v) -> v == null || v.startsWith("L")).toTable();
+                final KTable<String, String> right =
+                        in.filter((k, v) -> v == null || v.startsWith("R")).toTable();
+                final KTable<String, String> out = switch (name) {
+                    case "tt_join" -> left.join(right, JOINER);
+                    case "tt_left_join" -> left.leftJoin(right, JOINER);
+                    case "tt_outer_join" -> left.outerJoin(right, JOINER);
+                    default -> left.outerJoin(right, JOINER,
+                            Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as(
+                                    "tt-outer-store").withValueSerde(str));
+                };
+                out.toStream().to(output, Produced.with(str, str));
+            }
+            case "table_group_count" -> in.toTable()
+                    .groupBy((k, v) -> KeyValue.pair(v.substring(0, 1), v), Grouped.with(str, str))
+                    .count()
+                    .toStream()
+                    .to(output, Produced.with(str, lng));
+            case "table_group_reduce" -> in.toTable()
+                    .groupBy((k, v) -> KeyValue.pair(v.substring(0, 1), Long.parseLong(v.substring(1))),
+                            Grouped.with(str, lng))
+                    .reduce(Long::sum, (agg, v) -> agg - v)
+                    .toStream()
+                    .to(output, Produced.with(str, lng));
+            case "table_group_aggregate" -> in.toTable()
+                    .groupBy((k, v) -> KeyValue.pair(v.substring(0, 1), v), Grouped.with(str, str))
+                    .aggregate(
+                            () -> 0L,
+                            (k, v, agg) -> agg + Long.parseLong(v.substring(1)),
+                            (k, v, agg) -> agg - Long.parseLong(v.substring(1)),
+                            Materialized.<String, Long, KeyValueStore<Bytes, byte[]>>with(str, lng))
+                    .toStream()
+                    .to(output, Produced.with(str, lng));
+            case "tt_join_group_count" -> {
+                final KTable<String, String> left =
+                        in.filter((k, v) -> v == null || v.startsWith("L")).toTable();
+                final KTable<String, String> right =
+                        in.filter((k, v) -> v == null || v.startsWith("R")).toTable();
+                left.leftJoin(right, JOINER)
+                        .groupBy((k, v) -> KeyValue.pair(v.endsWith("+null") ? "alone" : "paired", v),
+                                Grouped.with(str, str))
+                        .count()
+                        .toStream()
+                        .to(output, Produced.with(str, lng));
+            }
+            case "fk_join", "fk_left_join" -> {
+                final KTable<String, String> orders =
+                        in.filter((k, v) -> v == null || v.startsWith("L")).toTable();
+                final KTable<String, String> customers =
+                        in.filter((k, v) -> v == null || v.startsWith("R")).toTable();
+                (name.equals("fk_join")
+                                ? orders.join(customers, DifferentialTopologies::foreignKey, JOINER)
+                                : orders.leftJoin(customers, DifferentialTopologies::foreignKey, JOINER))
+                        .toStream()
+                        .to(output, Produced.with(str, str));
+            }
+            case "enrichment" -> {
+                final KTable<String, String> orders =
+                        in.filter((k, v) -> v == null || v.startsWith("L")).toTable();
+                final KTable<String, String> customers =
+                        in.filter((k, v) -> v == null || v.startsWith("R")).toTable();
+                final KTable<String, String> extras =
+                        in.filter((k, v) -> v == null || v.startsWith("S")).toTable();
+                orders.join(customers, DifferentialTopologies::foreignKey, JOINER)
+                        .leftJoin(extras, JOINER)
+                        .toStream()
+                        .to(output, Produced.with(str, str));
+            }
             default -> throw new IllegalArgumentException("unknown differential topology " + name);
         }
         return builder.build();
