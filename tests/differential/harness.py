@@ -139,9 +139,14 @@ class Run:
 
 
 def _topics_read(bootstrap: str, app_id: str, input_topic: str) -> list[str]:
-    """The input topic and the application's repartition topics."""
+    """The input topic and the internal topics the application reads back:
+    repartition topics, and a foreign-key join's subscription and response
+    topics (`...-topic`; without them the run could stop before the last
+    answer's round trip). Changelogs are written, not read, while running."""
     names = _admin(bootstrap).list_topics(timeout=10).topics
-    internal = [t for t in names if t.startswith(f"{app_id}-") and t.endswith("-repartition")]
+    internal = [
+        t for t in names if t.startswith(f"{app_id}-") and t.endswith(("-repartition", "-topic"))
+    ]
     return [input_topic, *sorted(internal)]
 
 
