@@ -55,6 +55,7 @@ NAMES = [
     "table_group_aggregate",
     "tt_join_group_count",
     "fk_join",
+    "fk_left_join",
     "enrichment",
 ]
 # Aggregations: values compared, not timestamps (Kafka Streams stamps a result
@@ -88,6 +89,7 @@ FINAL_ONLY = {
     # Foreign-key joins: the answers come back through the response topic from
     # both foreign tasks, interleaved as those tasks run.
     "fk_join",
+    "fk_left_join",
     "enrichment",
 }
 
