@@ -226,11 +226,23 @@ class SubscriptionSendNode(Node):
         new, old = record.value, old_value_of(record)
         out: list[tuple[Any, int]] = []
         if self.left_join:
+            # Kafka Streams 3.x answered from the old foreign key too
+            # (DELETE_KEY_AND_PROPAGATE: joiner(row, None) for the current
+            # row), racing the new key's answer, and a deleted row twice;
+            # as the later fixes (KAFKA-16394), the old key is unsubscribed
+            # silently and only the new key (or the deletion) answers.
             if old is not None:
-                old_fk, new_fk = self._fk(old), self._fk(new)
-                if old_fk is not None and not self._same(new_fk, old_fk):
-                    out.append((old_fk, DELETE_KEY_AND_PROPAGATE))
-                out.append((new_fk, PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE))
+                old_fk = self._fk(old)
+                if new is None:
+                    if old_fk is not None:
+                        out.append((old_fk, DELETE_KEY_AND_PROPAGATE))
+                    else:  # no subscription to remove: answer the deletion at once
+                        out.append((None, PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE))
+                else:
+                    new_fk = self._fk(new)
+                    if old_fk is not None and not self._same(new_fk, old_fk):
+                        out.append((old_fk, DELETE_KEY_NO_PROPAGATE))
+                    out.append((new_fk, PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE))
             elif new is not None:
                 out.append((self._fk(new), PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE))
         elif old is not None:

@@ -72,8 +72,8 @@ class InputFeeder(threading.Thread):
                     n = rng.randrange(ORDERS)
                     # Orders are never deleted: a row deleted and at once
                     # re-created pointing at a missing customer can keep its
-                    # old result, in Kafka Streams too (the deletion's answer
-                    # comes back stale, the new row asks for none; docs/dsl.md).
+                    # old result, as in Kafka Streams 3.x's logic (the deletion's
+                    # answer comes back stale, the new row asks for none; docs/dsl.md).
                     self._send(f"o{n}", f"c{rng.randrange(CUSTOMERS + 2)}:{self.sent}")
             self.producer.poll(0)
             time.sleep(0.1)  # a steady trickle (about 200 records a second)
