@@ -125,6 +125,52 @@ class Node:
         return f"{type(self).__name__}({self.name!r})"
 
 
+class StoreNode(Node):
+    """A node that owns one store of its task, with the key and value serdes it
+    reads and writes that store with.
+
+    `init` binds the store, the serdes (the app's defaults where none was
+    given) and the drop counter; `close` lets the store go. The aggregations,
+    session and sliding windows and suppression build on it. Called by the
+    thread holding the task.
+    """
+
+    __slots__ = (
+        "store_name",
+        "key_serde",
+        "value_serde",
+        "_store",
+        "_key_ser",
+        "_key_de",
+        "_value_ser",
+        "_value_de",
+        "_dropped",
+    )
+
+    def __init__(self, name: str, store: str, key_serde: Any, value_serde: Any) -> None:
+        super().__init__(name)
+        self.store_name = store
+        self.key_serde = key_serde
+        self.value_serde = value_serde
+        self._store: Any = None
+        self._key_ser: Callable[[Any], bytes | None] = _not_initialized
+        self._key_de: Callable[[bytes | None], Any] = _not_initialized
+        self._value_ser: Callable[[Any], bytes | None] = _not_initialized
+        self._value_de: Callable[[bytes | None], Any] = _not_initialized
+        self._dropped: Callable[[str], None] = _not_initialized
+
+    def init(self, ctx: TaskContext) -> None:
+        self._store = ctx.state_store(self.store_name)
+        key = resolve_serde(self.key_serde, ctx.default_key_serde, self.name, "key")
+        value = resolve_serde(self.value_serde, ctx.default_value_serde, self.name, "value")
+        self._key_ser, self._key_de = key.serialize, key.deserialize
+        self._value_ser, self._value_de = value.serialize, value.deserialize
+        self._dropped = ctx.record_dropped
+
+    def close(self) -> None:
+        self._store = None
+
+
 class SourceNode(Node):
     """Turns one consumed Kafka record into a `Record` and forwards it.
 

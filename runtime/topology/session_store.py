@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.topology import serdes as _serdes
 from runtime.topology.context import TaskContext
-from runtime.topology.nodes import Node, _not_initialized, resolve_serde
+from runtime.topology.nodes import StoreNode
 from runtime.topology.record import Record
 from runtime.topology.windows import Windowed
 
@@ -121,7 +121,7 @@ SessionFunctions = tuple[
 ]
 
 
-class SessionWindowAggregateNode(Node):
+class SessionWindowAggregateNode(StoreNode):
     """`windowed_by(SessionWindows).count/reduce/aggregate` (see the module docstring).
 
     Records with a null key are dropped (`null_key`), records with a negative
@@ -131,19 +131,10 @@ class SessionWindowAggregateNode(Node):
     """
 
     __slots__ = (
-        "store_name",
-        "key_serde",
-        "value_serde",
         "windows",
         "functions",
         "values_needed",
         "emit_final",
-        "_store",
-        "_key_ser",
-        "_key_de",
-        "_value_ser",
-        "_value_de",
-        "_dropped",
         "_observed",
         "_store_time",
         "_swept",
@@ -161,32 +152,18 @@ class SessionWindowAggregateNode(Node):
         values_needed: bool,
         emit_final: bool = False,
     ) -> None:
-        super().__init__(name)
-        self.store_name = store
-        self.key_serde = key_serde
-        self.value_serde = value_serde
+        super().__init__(name, store, key_serde, value_serde)
         self.windows = windows
         self.functions = functions
         self.values_needed = values_needed
         self.emit_final = emit_final
-        self._store: Any = None
-        self._key_ser: Callable[[Any], bytes | None] = _not_initialized
-        self._key_de: Callable[[bytes | None], Any] = _not_initialized
-        self._value_ser: Callable[[Any], bytes | None] = _not_initialized
-        self._value_de: Callable[[bytes | None], Any] = _not_initialized
-        self._dropped: Callable[[str], None] = _not_initialized
         self._observed = -1
         self._store_time: int | None = None
         self._swept = -1
         self._last_emit: int | None = None
 
     def init(self, ctx: TaskContext) -> None:
-        self._store = ctx.state_store(self.store_name)
-        key = resolve_serde(self.key_serde, ctx.default_key_serde, self.name, "key")
-        value = resolve_serde(self.value_serde, ctx.default_value_serde, self.name, "value")
-        self._key_ser, self._key_de = key.serialize, key.deserialize
-        self._value_ser, self._value_de = value.serialize, value.deserialize
-        self._dropped = ctx.record_dropped
+        super().init(ctx)
         # Stream time starts over in a new instance (as Kafka Streams'); the
         # store's time and the last emitted close time are read back lazily,
         # once the store has been restored.
@@ -194,9 +171,6 @@ class SessionWindowAggregateNode(Node):
         self._store_time = None
         self._swept = -1
         self._last_emit = None
-
-    def close(self) -> None:
-        self._store = None
 
     def _scan_store_time(self) -> int:
         latest = -1

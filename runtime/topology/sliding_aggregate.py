@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from runtime.topology.context import TaskContext
-from runtime.topology.nodes import Node, _not_initialized, resolve_serde
+from runtime.topology.nodes import StoreNode
 from runtime.topology.record import Record
 from runtime.topology.windows import Windowed
 
@@ -51,21 +51,12 @@ SlidingFunctions = tuple[Callable[[], Any], Callable[[Any, Any, Any], Any]]
 _Window = tuple[int, int, Any]
 
 
-class SlidingWindowAggregateNode(Node):
+class SlidingWindowAggregateNode(StoreNode):
     """`windowed_by(SlidingWindows).count/reduce/aggregate`; see the module docstring."""
 
     __slots__ = (
-        "store_name",
-        "key_serde",
-        "value_serde",
         "windows",
         "functions",
-        "_store",
-        "_key_ser",
-        "_key_de",
-        "_value_ser",
-        "_value_de",
-        "_dropped",
         "_observed",
         "_store_time",
         "_swept",
@@ -83,18 +74,9 @@ class SlidingWindowAggregateNode(Node):
         windows: SlidingWindows,
         functions: SlidingFunctions,
     ) -> None:
-        super().__init__(name)
-        self.store_name = store
-        self.key_serde = key_serde
-        self.value_serde = value_serde
+        super().__init__(name, store, key_serde, value_serde)
         self.windows = windows
         self.functions = functions
-        self._store: Any = None
-        self._key_ser: Callable[[Any], bytes | None] = _not_initialized
-        self._key_de: Callable[[bytes | None], Any] = _not_initialized
-        self._value_ser: Callable[[Any], bytes | None] = _not_initialized
-        self._value_de: Callable[[bytes | None], Any] = _not_initialized
-        self._dropped: Callable[[str], None] = _not_initialized
         self._observed = -1
         self._store_time: int | None = None
         self._swept = -1
@@ -103,12 +85,7 @@ class SlidingWindowAggregateNode(Node):
         self._record: Record | None = None
 
     def init(self, ctx: TaskContext) -> None:
-        self._store = ctx.state_store(self.store_name)
-        key = resolve_serde(self.key_serde, ctx.default_key_serde, self.name, "key")
-        value = resolve_serde(self.value_serde, ctx.default_value_serde, self.name, "value")
-        self._key_ser, self._key_de = key.serialize, key.deserialize
-        self._value_ser, self._value_de = value.serialize, value.deserialize
-        self._dropped = ctx.record_dropped
+        super().init(ctx)
         self._observed = -1  # not restored (nor is Kafka Streams')
         self._store_time = None  # read back from the store on first use
         self._swept = -1

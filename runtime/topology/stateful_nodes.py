@@ -30,7 +30,7 @@ from typing import Any
 
 from runtime.state.cache import UNSET
 from runtime.topology.context import TaskContext
-from runtime.topology.nodes import Node, _not_initialized, resolve_serde
+from runtime.topology.nodes import Node, StoreNode, _not_initialized, resolve_serde
 from runtime.topology.record import Record
 from runtime.topology.windows import TimeWindows, Windowed
 
@@ -129,45 +129,22 @@ class NullKeyFilterNode(Node):
         self._emit(record)
 
 
-class _StoreWriterNode(Node):
+class _StoreWriterNode(StoreNode):
     """A node that owns one store of the task and forwards the store's updates."""
 
     __slots__ = (
-        "store_name",
-        "key_serde",
-        "value_serde",
-        "_store",
-        "_key_ser",
-        "_key_de",
-        "_value_ser",
-        "_value_de",
-        "_dropped",
         "_get_value",
         "_put_value",
     )
 
     def __init__(self, name: str, store: str, key_serde: Any, value_serde: Any) -> None:
-        super().__init__(name)
-        self.store_name = store
-        self.key_serde = key_serde
-        self.value_serde = value_serde
-        self._store: Any = None
-        self._key_ser: Callable[[Any], bytes | None] = _not_initialized
-        self._key_de: Callable[[bytes | None], Any] = _not_initialized
-        self._value_ser: Callable[[Any], bytes | None] = _not_initialized
-        self._value_de: Callable[[bytes | None], Any] = _not_initialized
-        self._dropped: Callable[[str], None] = _not_initialized
+        super().__init__(name, store, key_serde, value_serde)
         # The store's get_value/put_value, when it holds values as objects.
         self._get_value: Callable[..., Any] | None = None
         self._put_value: Callable[..., None] = _not_initialized
 
     def init(self, ctx: TaskContext) -> None:
-        self._store = ctx.state_store(self.store_name)
-        key = resolve_serde(self.key_serde, ctx.default_key_serde, self.name, "key")
-        value = resolve_serde(self.value_serde, ctx.default_value_serde, self.name, "value")
-        self._key_ser, self._key_de = key.serialize, key.deserialize
-        self._value_ser, self._value_de = value.serialize, value.deserialize
-        self._dropped = ctx.record_dropped
+        super().init(ctx)
         ctx.register_flush_listener(self.store_name, self.on_flush)
 
     def _bind_values(self, ctx: TaskContext) -> None:

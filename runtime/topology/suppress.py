@@ -44,7 +44,7 @@ from runtime.topology import serdes as _serdes
 from runtime.topology.context import TaskContext
 from runtime.topology.errors import TopologyError
 from runtime.topology.graph import NodeDef, StateStoreDef
-from runtime.topology.nodes import Node, _not_initialized, resolve_serde
+from runtime.topology.nodes import Node, StoreNode
 from runtime.topology.record import Record
 from runtime.topology.suppressed import Suppressed
 from runtime.topology.windows import TimeWindows
@@ -61,23 +61,15 @@ class SuppressionBufferFull(RuntimeError):
     """A suppression with `shut_down_when_full()` exceeded its buffer config."""
 
 
-class SuppressNode(Node):
+class SuppressNode(StoreNode):
     """Holds a table's updates back; see the module docstring."""
 
     __slots__ = (
-        "store_name",
-        "key_serde",
-        "value_serde",
         "final",
         "duration_ms",
         "max_records",
         "max_bytes",
         "shut_down",
-        "_store",
-        "_key_ser",
-        "_key_de",
-        "_value_ser",
-        "_value_de",
         "_index",
         "_bytes",
         "_min",
@@ -97,20 +89,12 @@ class SuppressNode(Node):
         max_bytes: int,
         shut_down: bool,
     ) -> None:
-        super().__init__(name)
-        self.store_name = store
-        self.key_serde = key_serde
-        self.value_serde = value_serde
+        super().__init__(name, store, key_serde, value_serde)
         self.final = final
         self.duration_ms = duration_ms
         self.max_records = max_records
         self.max_bytes = max_bytes
         self.shut_down = shut_down
-        self._store: Any = None
-        self._key_ser: Callable[[Any], bytes | None] = _not_initialized
-        self._key_de: Callable[[bytes | None], Any] = _not_initialized
-        self._value_ser: Callable[[Any], bytes | None] = _not_initialized
-        self._value_de: Callable[[bytes | None], Any] = _not_initialized
         self._index: dict[bytes, tuple[int, int]] = {}  # key -> (buffer time, entry size)
         self._bytes = 0
         self._min: int | None = None
@@ -118,11 +102,7 @@ class SuppressNode(Node):
         self._loaded = False
 
     def init(self, ctx: TaskContext) -> None:
-        self._store = ctx.state_store(self.store_name)
-        key = resolve_serde(self.key_serde, ctx.default_key_serde, self.name, "key")
-        value = resolve_serde(self.value_serde, ctx.default_value_serde, self.name, "value")
-        self._key_ser, self._key_de = key.serialize, key.deserialize
-        self._value_ser, self._value_de = value.serialize, value.deserialize
+        super().init(ctx)
         self._observed = -1  # not restored, as in Kafka Streams
         self._index = {}
         self._bytes = 0
@@ -139,9 +119,6 @@ class SuppressNode(Node):
             self._bytes += size
             if self._min is None or time < self._min:
                 self._min = time
-
-    def close(self) -> None:
-        self._store = None
 
     def process(self, record: Record) -> None:
         if not self._loaded:
