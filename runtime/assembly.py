@@ -41,7 +41,7 @@ from runtime.processing.key_lanes import key_parallel_settings
 from runtime.processing.task import TaskSettings
 from runtime.processing.task_manager import TaskManager
 from runtime.processing.threads import ProcessingThreadPool
-from runtime.state.cache import CacheBudget
+from runtime.state.cache_budget import CacheBudget
 from runtime.state.cleanup import CleanupThread
 from runtime.state.consolidated import ConsolidatedStores, consolidated_directory
 from runtime.state.remote.capture import SnapshotCapture

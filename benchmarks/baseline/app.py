@@ -25,7 +25,7 @@ from runtime.kafka.clients import admin_config
 from runtime.kafka.topics import TopicLayout, resolve_topics
 from runtime.processing.errors import ErrorPolicy
 from runtime.processing.task import TaskSettings
-from runtime.state.cache import CacheBudget
+from runtime.state.cache_budget import CacheBudget
 from runtime.topology.topology import Topology
 
 

@@ -26,7 +26,7 @@ from runtime.processing.errors import ErrorPolicy
 from runtime.processing.key_lanes import KeyParallelSettings, RetryPolicy
 from runtime.processing.record_context import NO_RETRY, FlushListener, RecordPath
 from runtime.state.builders import LayeredStore, build_task_stores, task_directory
-from runtime.state.cache import CacheBudget
+from runtime.state.cache_budget import CacheBudget
 from runtime.state.checkpoint import FileCheckpoint, TaskPositions
 from runtime.state.consolidated import ConsolidatedPositions, ConsolidatedStores
 from runtime.state.rocksdb_memory import RocksDBMemory

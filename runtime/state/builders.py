@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Literal
 
 from runtime.logging import get_logger
-from runtime.state.cache import CacheBudget, CachingKeyValueStore, FlushListener
+from runtime.state.cache import CachingKeyValueStore, FlushListener
+from runtime.state.cache_budget import CacheBudget
 from runtime.state.changelog import (
     ChangeLoggingKeyValueStore,
     ChangelogSink,

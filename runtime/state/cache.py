@@ -53,11 +53,11 @@ Threads: a store's layer as the store (see the package docstring); only
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from runtime.state.cache_budget import CacheBudget
 from runtime.state.changelog import ChangeLoggingKeyValueStore, wall_clock_ms
 from runtime.state.store import KeyValue, KeyValueStore, SortedKeys, merge_overlay
 
@@ -72,60 +72,6 @@ FlushListener = Callable[[bytes, bytes | None, bytes | None, int], None]
 def entry_size(key: bytes, value: bytes | None) -> int:
     """The bytes a cache entry is charged against the budget."""
     return len(key) + (len(value) if value is not None else 0) + ENTRY_OVERHEAD_BYTES
-
-
-class CacheBudget:
-    """Bytes held by all caches of the process, against `cache.max.bytes`.
-
-    Thread-safe: charged by every processing thread (and the polling thread
-    at commit). `used` and `over()` are racy reads, fine for decisions that
-    are re-checked under `charge`.
-    """
-
-    def __init__(self, max_bytes: int) -> None:
-        if max_bytes < 0:
-            raise ValueError("cache.max.bytes must be >= 0")
-        self._max = max_bytes
-        self._used = 0
-        self._stores = 0
-        self._lock = threading.Lock()
-
-    @property
-    def max_bytes(self) -> int:
-        return self._max
-
-    @property
-    def enabled(self) -> bool:
-        return self._max > 0
-
-    @property
-    def used(self) -> int:
-        return self._used
-
-    def charge(self, delta: int) -> bool:
-        """Add `delta` bytes (negative: release); True when now over the budget."""
-        with self._lock:
-            self._used += delta
-            return self._used > self._max
-
-    def over(self) -> bool:
-        return self._used > self._max
-
-    def open_store(self) -> None:
-        """A caching store opened: one more share of the budget."""
-        with self._lock:
-            self._stores += 1
-
-    def close_store(self) -> None:
-        with self._lock:
-            self._stores = max(0, self._stores - 1)
-
-    @property
-    def keep_share(self) -> int:
-        """Bytes one store may keep across a commit: the budget over the caching
-        stores open now (a racy read: the count changes only as tasks open and
-        close)."""
-        return self._max // max(1, self._stores)
 
 
 class _Unset:

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runtime.state.builders import LayeredStore, StoreKind, StoreSpec, build_store
-from runtime.state.cache import CacheBudget, FlushListener
+from runtime.state.cache import FlushListener
+from runtime.state.cache_budget import CacheBudget
 from runtime.topology import serdes
 from runtime.topology.context import PunctuationType
 from runtime.topology.record import Headers, Record

@@ -14,7 +14,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.state.cache import UNSET, CacheBudget, CachingKeyValueStore, entry_size
+from runtime.state.cache import UNSET, CachingKeyValueStore, entry_size
+from runtime.state.cache_budget import CacheBudget
 from runtime.state.changelog import ChangeLoggingKeyValueStore
 from runtime.state.memory_store import InMemoryKeyValueStore
 from runtime.topology import serdes

@@ -15,7 +15,7 @@ from runtime.polling.active_tasks import ActiveTasks
 from runtime.polling.input_buffers import InputBuffers
 from runtime.processing.errors import ErrorPolicy
 from runtime.processing.task import StreamTask, TaskSettings
-from runtime.state.cache import CacheBudget
+from runtime.state.cache_budget import CacheBudget
 
 APP = "lifecycle"
 

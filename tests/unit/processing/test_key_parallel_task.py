@@ -23,7 +23,7 @@ from runtime.processing.key_parallel import KeyParallelTask, make_task
 from runtime.processing.task import StreamTask, TaskSettings
 from runtime.processing.task_manager import TaskManager
 from runtime.processing.threads import ProcessingThreadPool
-from runtime.state.cache import CacheBudget
+from runtime.state.cache_budget import CacheBudget
 from runtime.topology.topology import Topology
 from tests.kafka_helpers import wait_until
 

@@ -15,7 +15,7 @@ from runtime.state.builders import (
     task_checkpoint_offsets,
     task_directory,
 )
-from runtime.state.cache import CacheBudget
+from runtime.state.cache_budget import CacheBudget
 from runtime.state.checkpoint import checkpoint_path, read_checkpoint, write_checkpoint
 from runtime.state.metered import TimedMeteredKeyValueStore
 from runtime.state.rocksdb_store import RocksDBKeyValueStore

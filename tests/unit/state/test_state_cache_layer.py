@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.state.cache import CacheBudget, CachingKeyValueStore, entry_size
+from runtime.state.cache import CachingKeyValueStore, entry_size
+from runtime.state.cache_budget import CacheBudget
 from runtime.state.changelog import ChangeLoggingKeyValueStore
 from runtime.state.memory_store import InMemoryKeyValueStore
 from runtime.topology.record import Headers

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from runtime.state.builders import StoreSpec, build_store
-from runtime.state.cache import UNSET, CacheBudget, CachingKeyValueStore, entry_size
+from runtime.state.cache import UNSET, CachingKeyValueStore, entry_size
+from runtime.state.cache_budget import CacheBudget
 from runtime.state.changelog import ChangeLoggingKeyValueStore
 from runtime.state.memory_store import InMemoryKeyValueStore
 from runtime.state.metered import CacheMeteredKeyValueStore

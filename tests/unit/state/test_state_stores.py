@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.state.cache import CacheBudget, CachingKeyValueStore
+from runtime.state.cache import CachingKeyValueStore
+from runtime.state.cache_budget import CacheBudget
 from runtime.state.memory_store import InMemoryKeyValueStore
 from runtime.state.metered import metered
 from runtime.state.rocksdb_store import RocksDBKeyValueStore
