@@ -61,10 +61,11 @@ def cpu_seconds(pid: int) -> float:
     return total / ticks
 
 
-def memory_mb(pid: int) -> dict[str, float]:
-    """VmRSS (current) and VmHWM (peak) of a process tree in MiB (sums)."""
+def memory_mb(pid: int, members: list[int] | None = None) -> dict[str, float]:
+    """VmRSS (current) and VmHWM (peak) of a process tree in MiB (sums);
+    `members`: the tree, if the caller has it already."""
     out: dict[str, float] = {}
-    for member in tree(pid):
+    for member in members if members is not None else tree(pid):
         with contextlib.suppress(OSError), open(f"/proc/{member}/status") as f:
             for line in f:
                 if line.startswith(("VmRSS:", "VmHWM:")):
@@ -78,10 +79,10 @@ def process_count(pid: int) -> int:
     return len(tree(pid))
 
 
-def thread_count(pid: int) -> int:
+def thread_count(pid: int, members: list[int] | None = None) -> int:
     """OS threads of the tree; -1 if `pid` is gone."""
     total = -1
-    for member in tree(pid):
+    for member in members if members is not None else tree(pid):
         with contextlib.suppress(OSError):
             total = max(total, 0) + len(os.listdir(f"/proc/{member}/task"))
     return total
@@ -101,14 +102,14 @@ def _socket_inodes(pid: int) -> set[str]:
     return inodes
 
 
-def broker_connections(pid: int, broker_port: int) -> int:
+def broker_connections(pid: int, broker_port: int, members: list[int] | None = None) -> int:
     """ESTABLISHED TCP connections the process tree holds to ``broker_port``.
 
     /proc/<pid>/net/tcp{,6} list every socket of the network namespace; the
     ones whose inode is among the tree's open file descriptors are its own.
     """
     inodes: set[str] = set()
-    for member in tree(pid):
+    for member in members if members is not None else tree(pid):
         inodes |= _socket_inodes(member)
     if not inodes:
         return 0

@@ -341,11 +341,12 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self._stop_event.wait(0.25):
-            connections = procfs.broker_connections(self.pid, self.port)
-            rss = procfs.memory_mb(self.pid).get("VmRSS", 0.0)
+            members = procfs.tree(self.pid)  # one /proc scan per sample
+            connections = procfs.broker_connections(self.pid, self.port, members)
+            rss = procfs.memory_mb(self.pid, members).get("VmRSS", 0.0)
             self.max_connections = max(self.max_connections, connections)
             self.max_rss_mb = max(self.max_rss_mb, rss)
-            self.max_threads = max(self.max_threads, procfs.thread_count(self.pid))
+            self.max_threads = max(self.max_threads, procfs.thread_count(self.pid, members))
             self.timeline.append((time.monotonic(), connections, rss))
 
 
