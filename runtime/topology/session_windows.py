@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runtime.topology.windows import Duration, to_ms
+from runtime.topology.windows import Duration, non_negative_ms, positive_ms
 
 if TYPE_CHECKING:
     from runtime.topology.grouped import KGroupedStream
@@ -37,12 +37,8 @@ class SessionWindows:
     grace_ms: int
 
     def __init__(self, gap_ms: Duration, grace_ms: Duration = 0) -> None:
-        gap = to_ms(gap_ms, "session inactivity gap")
-        grace = to_ms(grace_ms, "session grace")
-        if gap <= 0:
-            raise ValueError(f"session inactivity gap must be > 0 ms, got {gap}")
-        if grace < 0:
-            raise ValueError(f"session grace must be >= 0 ms, got {grace}")
+        gap = positive_ms(gap_ms, "session inactivity gap")
+        grace = non_negative_ms(grace_ms, "session grace")
         object.__setattr__(self, "gap_ms", gap)
         object.__setattr__(self, "grace_ms", grace)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runtime.topology.windows import Duration, to_ms
+from runtime.topology.windows import Duration, non_negative_ms, positive_ms
 
 if TYPE_CHECKING:
     from runtime.topology.grouped import KGroupedStream
@@ -32,12 +32,8 @@ class SlidingWindows:
     grace_ms: int
 
     def __init__(self, difference_ms: Duration, grace_ms: Duration = 0) -> None:
-        difference = to_ms(difference_ms, "sliding window time difference")
-        grace = to_ms(grace_ms, "sliding window grace")
-        if difference <= 0:
-            raise ValueError(f"sliding window time difference must be > 0 ms, got {difference}")
-        if grace < 0:
-            raise ValueError(f"sliding window grace must be >= 0 ms, got {grace}")
+        difference = positive_ms(difference_ms, "sliding window time difference")
+        grace = non_negative_ms(grace_ms, "sliding window grace")
         object.__setattr__(self, "difference_ms", difference)
         object.__setattr__(self, "grace_ms", grace)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from runtime.topology.windows import Duration, to_ms
+from runtime.topology.windows import Duration, non_negative_ms
 
 _UNLIMITED = (1 << 63) - 1
 
@@ -107,9 +107,7 @@ class Suppressed:
 
     @classmethod
     def until_time_limit(cls, time_limit: Duration, buffer: BufferConfig) -> Suppressed:
-        limit = to_ms(time_limit, "suppression time limit")
-        if limit < 0:
-            raise ValueError(f"suppression time limit must be >= 0 ms, got {limit}")
+        limit = non_negative_ms(time_limit, "suppression time limit")
         if not isinstance(buffer, BufferConfig):
             raise TypeError(f"until_time_limit() expects a BufferConfig, got {buffer!r}")
         return cls("time_limit", limit, buffer)

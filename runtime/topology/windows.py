@@ -33,6 +33,22 @@ def to_ms(value: Any, what: str) -> int:
     raise TypeError(f"{what} must be int milliseconds or a timedelta, got {value!r}")
 
 
+def positive_ms(value: Any, what: str) -> int:
+    """`to_ms`, refusing 0 and below (a window's size, a session's gap)."""
+    ms = to_ms(value, what)
+    if ms <= 0:
+        raise ValueError(f"{what} must be > 0 ms, got {ms}")
+    return ms
+
+
+def non_negative_ms(value: Any, what: str) -> int:
+    """`to_ms`, refusing negative values (a grace period, a time limit)."""
+    ms = to_ms(value, what)
+    if ms < 0:
+        raise ValueError(f"{what} must be >= 0 ms, got {ms}")
+    return ms
+
+
 @dataclass(frozen=True, init=False)
 class TimeWindows:
     """Fixed-size windows of `size_ms`, starting every `advance_ms`, with `grace_ms`.
@@ -49,15 +65,11 @@ class TimeWindows:
     def __init__(
         self, size_ms: Duration, advance_ms: Duration | None = None, grace_ms: Duration = 0
     ) -> None:
-        size = to_ms(size_ms, "window size")
+        size = positive_ms(size_ms, "window size")
         advance = size if advance_ms is None else to_ms(advance_ms, "window advance")
-        grace = to_ms(grace_ms, "window grace")
-        if size <= 0:
-            raise ValueError(f"window size must be > 0 ms, got {size}")
         if not 0 < advance <= size:
             raise ValueError(f"window advance must be in (0, size={size}] ms, got {advance}")
-        if grace < 0:
-            raise ValueError(f"window grace must be >= 0 ms, got {grace}")
+        grace = non_negative_ms(grace_ms, "window grace")
         object.__setattr__(self, "size_ms", size)
         object.__setattr__(self, "advance_ms", advance)
         object.__setattr__(self, "grace_ms", grace)
@@ -128,13 +140,11 @@ class JoinWindows:
     def __init__(self, before_ms: Duration, after_ms: Duration, grace_ms: Duration = 0) -> None:
         before = to_ms(before_ms, "join window before")
         after = to_ms(after_ms, "join window after")
-        grace = to_ms(grace_ms, "join window grace")
         if before + after < 0:
             raise ValueError(
                 f"join window size (before + after) must be >= 0 ms, got {before} + {after}"
             )
-        if grace < 0:
-            raise ValueError(f"join window grace must be >= 0 ms, got {grace}")
+        grace = non_negative_ms(grace_ms, "join window grace")
         object.__setattr__(self, "before_ms", before)
         object.__setattr__(self, "after_ms", after)
         object.__setattr__(self, "grace_ms", grace)
@@ -144,9 +154,7 @@ class JoinWindows:
         cls, time_difference: Duration, grace: Duration
     ) -> JoinWindows:
         """Records join when at most `time_difference` apart; late ones count for `grace`."""
-        diff = to_ms(time_difference, "join time difference")
-        if diff < 0:
-            raise ValueError(f"join time difference must be >= 0 ms, got {diff}")
+        diff = non_negative_ms(time_difference, "join time difference")
         return cls(diff, diff, grace)
 
     @classmethod
