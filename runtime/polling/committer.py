@@ -73,6 +73,9 @@ _LOCK_WARN_AFTER_S = 5.0
 _BARRIER_STALL_S = 2.0
 # How long step 5 waits for the changelogs' end offsets (tasks are locked).
 _POSITIONS_TIMEOUT_S = 5.0
+# Commits that may leave a task's checkpoint file for later (see
+# `StreamTask.post_commit`): the interval's, and those a processor asked for.
+_DEFERRABLE_REASONS = frozenset({"interval", "requested"})
 
 
 class CommittableTask(Protocol):
@@ -84,7 +87,10 @@ class CommittableTask(Protocol):
     def prepare_commit(self) -> CommitBatch: ...
 
     def post_commit(
-        self, changelog_positions: dict[tuple[str, int], int], offsets_committed: bool
+        self,
+        changelog_positions: dict[tuple[str, int], int],
+        offsets_committed: bool,
+        checkpoint_now: bool = True,
     ) -> None: ...
 
 
@@ -284,8 +290,11 @@ class Committer:
         positions = self._changelog_positions(
             [changelog for batch in batches for changelog in batch.changelogs]
         )
+        # The regular commits may defer a task's checkpoint file; every other
+        # one precedes a task leaving or the app stopping, and writes it.
+        checkpoint_now = reason not in _DEFERRABLE_REASONS
         for task in tasks:
-            task.post_commit(positions, offsets_committed)
+            task.post_commit(positions, offsets_committed, checkpoint_now)
         if self.write_state is not None:
             self.write_state()
         if self.after_commit is not None and offsets_committed:

@@ -27,7 +27,7 @@ from runtime.processing.key_lanes import KeyParallelSettings, RetryPolicy
 from runtime.processing.record_context import NO_RETRY, FlushListener, RecordPath
 from runtime.state.builders import LayeredStore, build_task_stores, task_directory
 from runtime.state.cache_budget import CacheBudget
-from runtime.state.checkpoint import FileCheckpoint, TaskPositions
+from runtime.state.checkpoint import FileCheckpoint, TaskPositions, checkpoint_due
 from runtime.state.consolidated import ConsolidatedPositions, ConsolidatedStores
 from runtime.state.rocksdb_memory import RocksDBMemory
 from runtime.state.task_lock import TaskDirectoryLock
@@ -227,6 +227,9 @@ class StreamTask(RecordPath):
             else FileCheckpoint(self.directory)
         )
         checkpoint = self._positions.read() if self.stores else None
+        # What the positions last said durably (a checkpoint is deferred
+        # against it, see `checkpoint_due`).
+        self._checkpointed: dict[tuple[str, int], int] = dict(checkpoint or {})
         # changelog (topic, partition) -> offset to restore from (None: beginning)
         self.restore_from: dict[tuple[str, int], int | None] = {}
         for store in self.stores.values():
@@ -460,17 +463,28 @@ class StreamTask(RecordPath):
         return CommitBatch(self, offsets, self.take_output(), tuple(written))
 
     def post_commit(
-        self, changelog_positions: Mapping[tuple[str, int], int], offsets_committed: bool
+        self,
+        changelog_positions: Mapping[tuple[str, int], int],
+        offsets_committed: bool,
+        checkpoint_now: bool = True,
     ) -> None:
         """Commit, second half, once the output is acknowledged (or its
-        transaction committed): store batches go to disk atomically, each
+        transaction committed): store batches go to RocksDB atomically, each
         changelog written since the last commit moves to the position the
         broker gave for it (its end offset, looked up after the output was
         acknowledged; a changelog missing from `changelog_positions` keeps its
         position, which can only be lower than the truth: restoration then
-        replays a few records the store already holds), the checkpoint names
-        those positions, and, if the input offsets were committed, they count
-        as committed. Polling thread, task locked.
+        replays a few records the store already holds), and, if the input
+        offsets were committed, they count as committed. Polling thread, task
+        locked.
+
+        The checkpoint naming those positions is written when `checkpoint_now`
+        (a commit before the task leaves or the app stops) or when it is due
+        (`checkpoint_due`); the stores' write-ahead logs are synced
+        first, so a checkpoint never names writes a power loss could take
+        back. Between checkpoints the store may hold more than its checkpoint
+        names, never less; replaying a changelog from an older position
+        rewrites the same values, so that is safe.
         """
         offsets = self._pending_offsets
         self._pending_offsets = {}
@@ -484,11 +498,35 @@ class StreamTask(RecordPath):
             if position is not None:
                 store.update_changelog_offset(position)
             checkpoint.update(store.checkpoint_offsets())
-        if checkpoint:
-            self._positions.commit(checkpoint)
+        # The consolidated layout's positions ride in the commit's own batch.
+        file = isinstance(self._positions, FileCheckpoint)
+        if checkpoint and (
+            checkpoint_now or not file or checkpoint_due(self._checkpointed, checkpoint)
+        ):
+            self._write_checkpoint(checkpoint)
         if offsets_committed:
             for topic, next_offset in offsets.items():
                 self.committed_offsets[topic] = next_offset - 1
+
+    def write_checkpoint(self) -> None:
+        """Write the checkpoint now, with the positions of the last commit (a
+        remote snapshot was taken of them). Polling thread, task locked, after
+        `post_commit`. The consolidated layout wrote them with that commit."""
+        if not isinstance(self._positions, FileCheckpoint):
+            return
+        checkpoint: dict[tuple[str, int], int] = {}
+        for store in self.stores.values():
+            if store.changelog is not None:
+                checkpoint.update(store.checkpoint_offsets())
+        if checkpoint and checkpoint != self._checkpointed:
+            self._write_checkpoint(checkpoint)
+
+    def _write_checkpoint(self, checkpoint: dict[tuple[str, int], int]) -> None:
+        if isinstance(self._positions, FileCheckpoint):
+            for store in self.stores.values():
+                store.sync()
+        self._positions.commit(checkpoint)
+        self._checkpointed = checkpoint
 
     @property
     def changelog_partitions(self) -> list[tuple[str, int]]:

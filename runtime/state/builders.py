@@ -276,7 +276,7 @@ class LayeredStore:
         self.changelog.update_changelog_offset(position)
 
     def sync(self) -> None:
-        """Make restored writes durable (commits are synced already)."""
+        """Make what commits and restoration wrote durable (before a checkpoint names it)."""
         if isinstance(self.base, RocksDBKeyValueStore):
             self.base.sync()
 

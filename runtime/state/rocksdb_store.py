@@ -3,9 +3,11 @@
 Writes between commits stay in a pending overlay (key -> value, or None for a
 delete) that reads of the same task consult first (read-your-writes, merged
 into `range`/`all`). `commit()` turns the overlay into one `WriteBatch` and
-applies it with a single synced `db.write`: RocksDB applies a batch atomically
-(its WAL stays on), so a crash leaves either the whole commit on disk or none
-of it, and a commit that returned survives a power loss.
+applies it with a single `db.write`: RocksDB applies a batch atomically (its
+WAL stays on), so a crash leaves either the whole commit on disk or none of it.
+The write is not synced: a process killed after it keeps it (the WAL is in the
+page cache), a power loss may take back the last commits, so `sync()` runs
+before a checkpoint names them (`StreamTask.post_commit`).
 The overlay holds the last write per key, so the batch carries each key once.
 
 Threads: the processing thread holding the task (reads, writes); the polling
@@ -56,7 +58,7 @@ from itertools import islice
 from pathlib import Path
 from typing import cast
 
-from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch
 
 from runtime.logging import get_logger
 from runtime.state.rocksdb_memory import RocksDBMemory, default_memory
@@ -68,12 +70,6 @@ log = get_logger("runtime.state.rocksdb")
 # none outlives a `next()` call: an open rocksdict iterator keeps the database
 # (and its LOCK file) alive after `close()`.
 _CHUNK = 1024
-
-
-# Commits are synced to disk: the checkpoint written after a commit must never
-# claim changelog offsets whose writes a power loss could still take back.
-_SYNC = WriteOptions()
-_SYNC.sync = True
 
 
 # The files that make a database (as opposed to RocksDB's LOG, LOCK, IDENTITY,
@@ -275,7 +271,7 @@ class RocksDBKeyValueStore:
                 batch.delete(key)
             else:
                 batch.put(key, value)
-        db.write(batch, _SYNC)
+        db.write(batch)
         count = len(pending)
         self._pending = {}
         self._pending_keys.clear()
@@ -307,7 +303,8 @@ class RocksDBKeyValueStore:
         return count
 
     def sync(self) -> None:
-        """Sync RocksDB's write-ahead log to disk (after restoration batches)."""
+        """Sync RocksDB's write-ahead log to disk: before a checkpoint names
+        what commits or restoration batches wrote."""
         self._open_db().flush_wal(True)
 
     # --- remote state: checkpoints and their installation -------------------

@@ -4,8 +4,10 @@ Runs on the polling thread inside the commit protocol (rule 4), after every
 task's `post_commit`, while every task is still locked: `Committer.commit`
 calls `after_commit(tasks)`. That is the point where a task's RocksDB
 databases hold exactly the writes whose changelog records the producer
-acknowledged (or whose transaction committed), and the task's checkpoint
-offsets name exactly those: the snapshot is tagged with them. Between commits
+acknowledged (or whose transaction committed), and the stores' changelog
+positions name exactly those: the snapshot is tagged with them, and the
+task's checkpoint file is rewritten with them (a regular commit may defer
+it), so the local state and its newest snapshot name the same positions. Between commits
 nothing writes the databases of an active task (processing threads write the
 stores' pending overlays and caches, which reach RocksDB only in
 `post_commit`), so the checkpoint and the offsets cannot drift apart.
@@ -55,6 +57,8 @@ class SnapshotSource(Protocol):
 
     @property
     def stores(self) -> dict[str, LayeredStore]: ...
+
+    def write_checkpoint(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,7 @@ class SnapshotCapture:
             return False
         self._flushing.pop(task_id, None)
         self._capture(task_id, stores, offsets)
+        task.write_checkpoint()
         self._due[task_id] = now + self._interval_s
         return True
 

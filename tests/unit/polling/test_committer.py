@@ -52,7 +52,9 @@ class FakeTask:
         self._logged_at_commit = self.logged
         return CommitBatch(self, offsets, output, written)  # type: ignore[arg-type]
 
-    def post_commit(self, positions: dict, offsets_committed: bool) -> None:
+    def post_commit(
+        self, positions: dict, offsets_committed: bool, checkpoint_now: bool = True
+    ) -> None:
         self._log.append(f"post_commit {self.id} {offsets_committed}")
         self.post_commits.append((positions, offsets_committed))
         if offsets_committed:
