@@ -209,7 +209,12 @@ class App:
                 ),
                 instance_id=self.instance_id,
             )
-            self._parts = parts
+            self._parts = parts  # status() shows the global tables loading
+            try:
+                parts.bootstrap_global_stores()
+            except BaseException:
+                self._parts = None
+                raise
             self._failures.attach(parts.polling)
             self._queries.attach(parts.polling, parts.extra_outputs, parts.extra_configs)
             lifecycle.set_state(AppState.REBALANCING)
@@ -560,6 +565,9 @@ class App:
             dead_lettered=sum(t.dead_lettered for t in tasks),
             dropped=sum_dicts(t.dropped for t in live_tasks),
             queries=self._query_statuses(live_tasks),
+            global_stores=parts.global_thread.figures()
+            if parts is not None and parts.global_thread is not None
+            else {},
         )
         if polling is None or parts is None:
             return with_thread_warning(base, self._pool.names())
