@@ -70,7 +70,7 @@ from runtime.processing.threads import ProcessingThreadPool
 from runtime.query_control import NamedQueries
 from runtime.query_operations import CHILD_START_TIMEOUT_S, QueryOperations, sched_idle_wanted
 from runtime.status import NO_PROCESSING_THREADS, AppStatus, Progress, QueryStatus
-from runtime.store_lookup import open_store
+from runtime.store_lookup import GlobalStoreQuery, open_global_store, open_store
 from runtime.topology.topology import Topology
 
 __all__ = [
@@ -369,14 +369,21 @@ class App:
 
     # --- stores and tasks ------------------------------------------------------------
 
-    def store(self, name: str, timeout: float = 10.0) -> StoreQuery:
+    def store(self, name: str, timeout: float = 10.0) -> StoreQuery | GlobalStoreQuery:
         """Read-only access to store `name` across this instance's running tasks.
 
         `get(key)`, `range(lo, hi)`, `all()` for key-value stores, `fetch(key,
         from, to)` for window stores. Keys and values are decoded with the
         store's serdes (the config defaults where the topology names none).
+        A global table's store (`StreamsBuilder.global_table`) is read from
+        this process's copy.
         """
         self._queries.isolated.refuse_store(name)
+        parts = self._parts
+        stores = parts.global_thread.stores if parts and parts.global_thread else {}
+        global_query = open_global_store(name, self.topology, self.config, stores, self._lifecycle)
+        if global_query is not None:
+            return global_query
         return open_store(
             name, self.topology, self.config, self._task_manager, self._lifecycle, timeout
         )

@@ -79,7 +79,7 @@ class GlobalStreamThread(threading.Thread):
         self._positions: Offsets = {}
         self._ends: Offsets = {}  # bootstrap targets, then the latest high watermarks
         self._bootstrapped = threading.Event()
-        self._stop = threading.Event()
+        self._stop_requested = threading.Event()
         self.state = "created"  # restoring, running, stopped, failed (racy reads)
         self.failure: BaseException | None = None
         self.bootstrap_seconds: float | None = None
@@ -92,7 +92,10 @@ class GlobalStreamThread(threading.Thread):
         way). Raises GlobalStoreError (the thread then ended) on failure."""
         self._open_stores()
         self.start()
-        self._bootstrapped.wait()
+        while not self._bootstrapped.wait(0.5):
+            if not self.is_alive():
+                self.failure = self.failure or RuntimeError("the global thread ended")
+                break
         if self.failure is not None:
             self.join(timeout=30)
             self.close_stores()
@@ -122,7 +125,7 @@ class GlobalStreamThread(threading.Thread):
             started = time.monotonic()
             consumer = Consumer(self._consumer_config)
             self._assign(consumer)
-            self._bootstrap(consumer)
+            self._load(consumer)
             self._checkpoint()
             self.bootstrap_seconds = time.monotonic() - started
             self.state = "running"
@@ -146,7 +149,7 @@ class GlobalStreamThread(threading.Thread):
                 consumer.close()
 
     def request_stop(self) -> None:
-        self._stop.set()
+        self._stop_requested.set()
 
     def _assign(self, consumer: Consumer) -> None:
         saved = read_checkpoint(checkpoint_path(self.directory)) or {}
@@ -172,13 +175,13 @@ class GlobalStreamThread(threading.Thread):
                 )
         consumer.assign(assignment)
 
-    def _bootstrap(self, consumer: Consumer) -> None:
+    def _load(self, consumer: Consumer) -> None:
         """Read until every partition reached its end as of the start (or
         reported its end: under read_committed the last offsets may be
         transaction markers or an open transaction)."""
         pending = {tp for tp, end in self._ends.items() if self._positions.get(tp, 0) < end}
         while pending:
-            if self._stop.is_set():
+            if self._stop_requested.is_set():
                 raise GlobalStoreError("stopped while loading the global tables")
             reached = self._poll_once(consumer)
             pending = {
@@ -189,7 +192,7 @@ class GlobalStreamThread(threading.Thread):
 
     def _keep_up(self, consumer: Consumer) -> None:
         last_flush = last_lag = time.monotonic()
-        while not self._stop.is_set():
+        while not self._stop_requested.is_set():
             self._poll_once(consumer)
             now = time.monotonic()
             if now - last_lag >= _LAG_EVERY_S:
