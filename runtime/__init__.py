@@ -37,6 +37,7 @@ from runtime.topology import (
     Windowed,
     serdes,
 )
+from runtime.topology.global_table import GlobalKTable
 from runtime.topology.named_queries import QueryError
 from runtime.topology.session_windows import SessionWindows
 from runtime.topology.sliding_windows import SlidingWindows
@@ -56,6 +57,7 @@ __all__ = [
     "KGroupedStream",
     "KStream",
     "KTable",
+    "GlobalKTable",
     "JoinWindows",
     "TimeWindowedKStream",
     "TimeWindows",

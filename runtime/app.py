@@ -70,7 +70,7 @@ from runtime.processing.threads import ProcessingThreadPool
 from runtime.query_control import NamedQueries
 from runtime.query_operations import CHILD_START_TIMEOUT_S, QueryOperations, sched_idle_wanted
 from runtime.status import NO_PROCESSING_THREADS, AppStatus, Progress, QueryStatus
-from runtime.store_lookup import open_store
+from runtime.store_lookup import GlobalStoreQuery, open_global_store, open_store
 from runtime.topology.topology import Topology
 
 __all__ = [
@@ -209,7 +209,12 @@ class App:
                 ),
                 instance_id=self.instance_id,
             )
-            self._parts = parts
+            self._parts = parts  # status() shows the global tables loading
+            try:
+                parts.bootstrap_global_stores()
+            except BaseException:
+                self._parts = None
+                raise
             self._failures.attach(parts.polling)
             self._queries.attach(parts.polling, parts.extra_outputs, parts.extra_configs)
             lifecycle.set_state(AppState.REBALANCING)
@@ -364,14 +369,21 @@ class App:
 
     # --- stores and tasks ------------------------------------------------------------
 
-    def store(self, name: str, timeout: float = 10.0) -> StoreQuery:
+    def store(self, name: str, timeout: float = 10.0) -> StoreQuery | GlobalStoreQuery:
         """Read-only access to store `name` across this instance's running tasks.
 
         `get(key)`, `range(lo, hi)`, `all()` for key-value stores, `fetch(key,
         from, to)` for window stores. Keys and values are decoded with the
         store's serdes (the config defaults where the topology names none).
+        A global table's store (`StreamsBuilder.global_table`) is read from
+        this process's copy.
         """
         self._queries.isolated.refuse_store(name)
+        parts = self._parts
+        stores = parts.global_thread.stores if parts and parts.global_thread else {}
+        global_query = open_global_store(name, self.topology, self.config, stores, self._lifecycle)
+        if global_query is not None:
+            return global_query
         return open_store(
             name, self.topology, self.config, self._task_manager, self._lifecycle, timeout
         )
@@ -560,6 +572,9 @@ class App:
             dead_lettered=sum(t.dead_lettered for t in tasks),
             dropped=sum_dicts(t.dropped for t in live_tasks),
             queries=self._query_statuses(live_tasks),
+            global_stores=parts.global_thread.figures()
+            if parts is not None and parts.global_thread is not None
+            else {},
         )
         if polling is None or parts is None:
             return with_thread_warning(base, self._pool.names())

@@ -25,7 +25,7 @@ from runtime.collector.collector import RecordCollector
 from runtime.config import StreamsConfig
 from runtime.isolation.offsets import carry_back_from_children
 from runtime.isolation.queries import IsolatedQueries
-from runtime.kafka.clients import admin_config, restore_consumer_config
+from runtime.kafka.clients import admin_config, global_consumer_config, restore_consumer_config
 from runtime.kafka.cluster import StartupAdmin
 from runtime.kafka.serde_check import check_serdes_on_samples
 from runtime.kafka.startup_checks import check_startup
@@ -44,6 +44,8 @@ from runtime.processing.threads import ProcessingThreadPool
 from runtime.state.cache_budget import CacheBudget
 from runtime.state.cleanup import CleanupThread
 from runtime.state.consolidated import ConsolidatedStores, consolidated_directory
+from runtime.state.global_store import global_directory
+from runtime.state.global_thread import GlobalStreamThread
 from runtime.state.remote.capture import SnapshotCapture
 from runtime.state.remote.manager import RemoteState
 from runtime.state.remote.settings import RemoteSettings
@@ -80,6 +82,22 @@ class Assembly:
     # What the supervisor thread does after the polling thread ended (for
     # `closing_on`); written by the supervisor, read racily.
     supervisor_step: str | None = None
+    # The global thread (a topology with global tables only).
+    global_thread: GlobalStreamThread | None = None
+
+    def bootstrap_global_stores(self) -> None:
+        """Load the global tables before anything processes (the caller of
+        `App.start`; Kafka Streams' start blocks the same way). On failure
+        undoes what `assemble` opened and raises GlobalStoreError."""
+        if self.global_thread is None:
+            return
+        try:
+            self.global_thread.start_and_bootstrap()
+        except BaseException:
+            self.close_partitioner()
+            if self.consolidated is not None:
+                self.consolidated.close()
+            raise
 
     def start(self) -> None:
         """Start the restoration, cleanup, RocksDB metrics and polling threads
@@ -106,6 +124,12 @@ class Assembly:
         self.supervisor_step = "stopping the restoration thread"
         self.restoration.request_stop()
         self.restoration.join(timeout=timeout_s)
+        if self.global_thread is not None:
+            self.supervisor_step = "stopping the global thread"
+            self.global_thread.request_stop()
+            self.global_thread.join(timeout=timeout_s)
+            if not self.global_thread.is_alive():  # no processing thread reads them now
+                self.global_thread.close_stores()
         if self.consolidated is not None and not self.restoration.is_alive():
             # Every task and standby is closed (polling and restoration
             # threads ended): no column family is in use any more.
@@ -129,6 +153,8 @@ class Assembly:
             waiting.append(f"processing threads: {', '.join(names)}")
         if self.restoration.is_alive():
             waiting.append("restoration thread")
+        if self.global_thread is not None and self.global_thread.is_alive():
+            waiting.append("global thread")
         if self.supervisor_step is not None:
             waiting.append(f"supervisor: {self.supervisor_step}")
         return waiting
@@ -158,7 +184,13 @@ def assemble(
     """
     has_state = bool(topology.store_specs())
     consolidated_layout = config.state_store_layout == "consolidated"
-    check_startup(config, uses_state_dir=has_state or config.exactly_once or consolidated_layout)
+    check_startup(
+        config,
+        uses_state_dir=has_state
+        or config.exactly_once
+        or consolidated_layout
+        or bool(topology.global_stores),
+    )
     startup_admin = StartupAdmin(config)
     startup_admin.wait_for_cluster()
     admin = startup_admin.client
@@ -304,7 +336,19 @@ def assemble(
             settings.rocksdb_memory,
             config.state_rocksdb_metrics_interval_ms / 1000.0,
         )
+    global_thread = None
+    if topology.global_stores:
+        global_thread = GlobalStreamThread(
+            f"{config.client_id}-GlobalStreamThread",
+            global_consumer_config(config),
+            [(g.store, g.topic) for g in topology.global_stores],
+            global_directory(config.state_dir, config.application_id, config.process_slot),
+            rocksdb_memory,
+            config.commit_interval_ms / 1000.0,
+        )
+        settings.global_stores = global_thread.stores  # filled when it opens them
     return Assembly(
+        global_thread=global_thread,
         layout=layout,
         restoration=restoration,
         polling=polling,

@@ -252,6 +252,10 @@ class AppStatus:
     # A daemon with `processes` > 1: one row per processing process (empty
     # for one process); the figures above are their totals.
     processes: tuple[ProcessStatus, ...] = ()
+    # Global tables (runtime.state.global_thread): store -> "state"
+    # (restoring, running, stopped, failed), "topic", "lag", "records"
+    # applied, "bootstrap_seconds"; with `processes` > 1 also "process".
+    global_stores: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AppStatus:

@@ -15,6 +15,7 @@ Any thread but a processing thread (the reads lock tasks).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from runtime.config import StreamsConfig
@@ -68,6 +69,70 @@ def open_store(
         if definition.key_serde is not None
         else "default.key.serde",
         query=query or None,
+    )
+
+
+class GlobalStoreQuery:
+    """`App.store(name)` of a global table: reads this process's copy
+    directly, without a task lock (the global thread writes whole batches;
+    a read sees the table as of one of them)."""
+
+    def __init__(
+        self,
+        name: str,
+        stores: Mapping[str, Any],
+        key_serde: Any,
+        value_serde: Any,
+        available: Callable[[], None],
+    ) -> None:
+        self.name = name
+        self.windowed = False
+        self._stores = stores
+        self._key_serde = key_serde
+        self._value_serde = value_serde
+        self._available = available
+
+    def _store(self) -> Any:
+        self._available()
+        store = self._stores.get(self.name)
+        if store is None:
+            raise StoreUnavailableError(f"global store {self.name!r} is not open")
+        return store
+
+    def get(self, key: Any) -> Any:
+        data = self._store().get(self._key_serde.serialize(key))
+        return None if data is None else self._value_serde.deserialize(data)
+
+    def range(self, lo: Any, hi: Any) -> Iterator[tuple[Any, Any]]:
+        ser = self._key_serde.serialize
+        rows = self._store().range(None if lo is None else ser(lo), None if hi is None else ser(hi))
+        for key, value in rows:
+            yield self._key_serde.deserialize(key), self._value_serde.deserialize(value)
+
+    def all(self) -> Iterator[tuple[Any, Any]]:
+        return self.range(None, None)
+
+    def approximate_num_entries(self) -> int:
+        return int(self._store().approximate_num_entries())
+
+
+def open_global_store(
+    name: str,
+    topology: Topology,
+    config: StreamsConfig,
+    stores: Mapping[str, Any],
+    lifecycle: Lifecycle,
+) -> GlobalStoreQuery | None:
+    """A query over global store `name`, or None when no global table has it."""
+    definition = next((g for g in topology.global_stores if g.store == name), None)
+    if definition is None:
+        return None
+    return GlobalStoreQuery(
+        name,
+        stores,
+        _serde(definition.key_serde) or config.default_key_serde,
+        _serde(definition.value_serde) or config.default_value_serde,
+        lambda: check_queryable(name, config.application_id, lifecycle),
     )
 
 

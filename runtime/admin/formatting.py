@@ -191,6 +191,14 @@ def format_status(status: Mapping[str, Any], now: float | None = None) -> str:
     held = status.get("held_partitions") or []
     if held:
         lines.append(("held", f"{len(held)} partitions not tasks yet: {', '.join(held[:8])}"))
+    for store, g in sorted((status.get("global_stores") or {}).items()):
+        lines.append(
+            (
+                "global store",
+                f"{store} ({g.get('topic')}): {g.get('state')}, lag {g.get('lag', 0)}, "
+                f"{g.get('records', 0)} records applied",
+            )
+        )
     stalled = status.get("stalled_partitions") or []
     if stalled:
         lines.append(

@@ -57,7 +57,10 @@ def merge_statuses(
     standbys: dict[str, dict[str, int]] = {}
     dropped: dict[str, int] = {}
     partitions: dict[str, int] = {}
+    global_stores: dict[str, dict[str, Any]] = {}  # each process has its own copy
     for name, status in parts:
+        for store, figures in status.global_stores.items():
+            global_stores[f"{store}@{name}"] = {**figures, "process": name}
         lag.update(status.lag)
         restores.update({task: {**r, "process": name} for task, r in status.restores.items()})
         standbys.update(status.standbys)
@@ -88,6 +91,7 @@ def merge_statuses(
         failure=base.get("failure"),
         waiting_for=_waiting_for(parts),
         processes=tuple(rows),
+        global_stores=global_stores,
         **merged,
     )
 

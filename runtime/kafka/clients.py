@@ -220,6 +220,18 @@ def restore_consumer_config(config: StreamsConfig) -> dict[str, Any]:
     return settings
 
 
+def global_consumer_config(config: StreamsConfig) -> dict[str, Any]:
+    """The global thread's consumer (runtime.state.global_thread): as the
+    restore consumer (assign() only, `restore.consumer.` overrides, committed
+    records only), its own names, and a position the topic lost (deleted or
+    recreated) reset to the earliest offset."""
+    settings = restore_consumer_config(config)
+    settings["group.id"] = f"{config.application_id}-global-consumer"
+    settings["client.id"] = f"{config.client_id}-global-consumer"
+    settings["auto.offset.reset"] = "earliest"
+    return settings
+
+
 def admin_config(config: StreamsConfig) -> dict[str, Any]:
     settings: dict[str, Any] = {
         "bootstrap.servers": config.bootstrap_servers,

@@ -138,6 +138,9 @@ class TaskSettings:
         # `state.store.layout=consolidated`: the process's one database (None:
         # a database per store and a checkpoint file per task).
         self.consolidated = consolidated
+        # The process's global stores by name (runtime.state.global_store),
+        # read by global table joins; filled by the assembly when it has any.
+        self.global_stores: dict[str, Any] = {}
 
 
 class StreamTask(RecordPath):
@@ -311,6 +314,13 @@ class StreamTask(RecordPath):
             return self.stores[name].store
         except KeyError:
             raise KeyError(f"task {self.id} has no state store {name!r}") from None
+
+    def global_store(self, name: str) -> Any:
+        """The process's global store `name` (reads are safe from any thread)."""
+        try:
+            return self._settings.global_stores[name]
+        except KeyError:
+            raise KeyError(f"the app has no global store {name!r}") from None
 
     def register_flush_listener(self, store: str, listener: FlushListener) -> None:
         if store not in self.stores:

@@ -26,6 +26,7 @@ from runtime.topology.topology import Topology
 
 if TYPE_CHECKING:
     from runtime.state.builders import StoreSpec
+    from runtime.topology.global_table import GlobalKTable, GlobalStoreDef
     from runtime.topology.kstream import KStream
     from runtime.topology.ktable import KTable
 
@@ -131,6 +132,7 @@ class GraphBuilder:
         self._internal_topics: set[str] = set()
         self._copartition_groups: list[frozenset[str]] = []
         self._stores: dict[str, StateStoreDef] = {}
+        self._global_stores: list[GlobalStoreDef] = []
 
     # -- names ---------------------------------------------------------------
 
@@ -293,6 +295,27 @@ class GraphBuilder:
     def store(self, name: str) -> StateStoreDef | None:
         return self._stores.get(name)
 
+    def add_global_store(self, definition: GlobalStoreDef) -> None:
+        """Register a global table (`runtime.topology.global_table`): its
+        store name is unique among all stores, its topic read by nothing else."""
+        check_store_name(definition.store)
+        if definition.store in self._stores or any(
+            g.store == definition.store for g in self._global_stores
+        ):
+            raise TopologyError(
+                f"the topology already has a state store named {definition.store!r}"
+            )
+        reader = self._read_topics.get((definition.topic, False))
+        if reader is not None:
+            raise TopologyError(
+                f"topic {definition.topic!r} is already read by {reader!r}: a global table "
+                "needs a topic of its own"
+            )
+        if definition.source in self.specs:
+            raise TopologyError(f"the topology already has a node named {definition.source!r}")
+        self._read_topics[(definition.topic, False)] = definition.source
+        self._global_stores.append(definition)
+
     def replace_store(self, store: StateStoreDef) -> None:
         """Swap a registered store's definition (a table starting to send old values)."""
         if store.name not in self._stores:
@@ -318,7 +341,10 @@ class GraphBuilder:
         if not self.specs:
             raise TopologyError("the topology is empty: add a stream with builder.stream(...)")
         return Topology(
-            [s.freeze() for s in self.specs.values()], self._copartition_groups, self._stores
+            [s.freeze() for s in self.specs.values()],
+            self._copartition_groups,
+            self._stores,
+            global_stores=self._global_stores,
         )
 
 
@@ -410,3 +436,32 @@ class StreamsBuilder:
     def build(self) -> Topology:
         """Freeze what was defined so far into an immutable `Topology`."""
         return self._graph.build()
+
+    def global_table(
+        self,
+        topic: str,
+        key_serde: Any = None,
+        value_serde: Any = None,
+        store: str | None = None,
+        name: str | None = None,
+    ) -> GlobalKTable:
+        """A table of the latest value per key of every partition of `topic`,
+        on every process: read to its end before processing starts, then kept
+        up to date by the global thread (docs/dsl.md, "Global tables").
+
+        Join streams with it (`KStream.join(table, key_mapper, joiner)`,
+        `left_join`); `App.store(store)` reads it. The store (named `store`,
+        else `<topic>-STATE-STORE-<n>`) is RocksDB without a changelog: the
+        topic is its changelog, so give it `cleanup.policy=compact`.
+        """
+        from runtime.topology.global_table import add_global_table
+
+        check_topic(topic)
+        return add_global_table(
+            self._graph,
+            topic,
+            check_serde(key_serde, "key_serde"),
+            check_serde(value_serde, "value_serde"),
+            None if store is None else check_store_name(store),
+            name,
+        )

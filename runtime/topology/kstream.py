@@ -34,6 +34,7 @@ from runtime.topology.builder import (
     store_spec,
 )
 from runtime.topology.errors import TopologyError
+from runtime.topology.global_table import GlobalKTable, global_join
 from runtime.topology.graph import NodeDef, StateStoreDef
 from runtime.topology.nodes import (
     BranchNode,
@@ -507,9 +508,9 @@ class KStream:
 
     def join(
         self,
-        other: KTable | KStream,
+        other: KTable | KStream | GlobalKTable,
         joiner: Callable[[Any, Any], Any],
-        name: str | None = None,
+        name: str | Callable[[Any, Any], Any] | None = None,
         key_serde: Any = None,
         value_serde: Any = None,
         *,
@@ -519,7 +520,8 @@ class KStream:
     ) -> KStream:
         """Join with a table (each record with the table's current value for its
         key) or, given `windows`, with another stream (records of equal keys
-        at most the windows' time difference apart).
+        at most the windows' time difference apart). A `GlobalKTable` takes
+        `(table, key_mapper, joiner, name)`: `runtime.topology.global_table`.
 
         Table: emits `joiner(stream_value, table_value)` with the record's key
         and timestamp; records whose key the table lacks produce nothing (null
@@ -533,6 +535,14 @@ class KStream:
         (default: the streams' own, else the configured default); `store`
         names the stores (`<store>-this-join-store`, `<store>-other-join-store`).
         """
+        if isinstance(other, GlobalKTable):  # (table, key_mapper, joiner, name) as Kafka Streams
+            extra = (value_serde, windows, other_value_serde, store)
+            node = global_join(
+                self._graph, self._node, other, joiner, name, False, key_serde, extra
+            )
+            return KStream(self._graph, node, self.key_serde, None, self.repartition_required)
+        if name is not None and not isinstance(name, str):
+            raise TopologyError(f"a join's name must be a str, got {name!r}")
         if isinstance(other, KStream):
             return self._join_stream(
                 other,
@@ -552,9 +562,9 @@ class KStream:
 
     def left_join(
         self,
-        other: KTable | KStream,
+        other: KTable | KStream | GlobalKTable,
         joiner: Callable[[Any, Any], Any],
-        name: str | None = None,
+        name: str | Callable[[Any, Any], Any] | None = None,
         key_serde: Any = None,
         value_serde: Any = None,
         *,
@@ -579,6 +589,12 @@ class KStream:
         by the time its window closed (stream time past its timestamp +
         after + grace) is emitted once as `joiner(this_value, None)`.
         """
+        if isinstance(other, GlobalKTable):  # (table, key_mapper, joiner, name) as Kafka Streams
+            extra = (value_serde, windows, other_value_serde, store)
+            node = global_join(self._graph, self._node, other, joiner, name, True, key_serde, extra)
+            return KStream(self._graph, node, self.key_serde, None, self.repartition_required)
+        if name is not None and not isinstance(name, str):
+            raise TopologyError(f"a join's name must be a str, got {name!r}")
         if isinstance(other, KStream):
             return self._join_stream(
                 other,

@@ -59,6 +59,11 @@ def _renamed_topics(query: str, d: NodeDef) -> NodeDef:
 def query_subtopologies(query: str, topology: Topology, first_id: int) -> list[Subtopology]:
     """`topology`'s subtopologies as part of query `query`, numbered from `first_id`."""
     check_query_name(query)
+    if topology.global_stores:
+        raise QueryError(
+            f"query {query!r} has global tables: named queries do not support them "
+            "(run it as an app of its own)"
+        )
     internal = {spec.name for spec in topology.internal_topics()}
     result = []
     for offset, sub in enumerate(topology.subtopologies):

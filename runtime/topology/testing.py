@@ -39,7 +39,7 @@ from runtime.state.cache_budget import CacheBudget
 from runtime.topology import serdes
 from runtime.topology.context import PunctuationType
 from runtime.topology.record import Headers, Record
-from runtime.topology.topology import Subtopology, TaskGraph
+from runtime.topology.topology import Subtopology, TaskGraph, Topology
 
 
 @dataclass
@@ -103,6 +103,8 @@ class RecordingTaskContext:
     dropped: Counter[str] = field(default_factory=Counter)
     layered: dict[str, LayeredStore] = field(default_factory=dict)
     flush_listeners: dict[str, list[FlushListener]] = field(default_factory=dict)
+    # Global stores by name (`global_store`); `load_global` fills them.
+    global_stores: dict[str, Any] = field(default_factory=dict)
     _budget: CacheBudget | None = field(default=None, init=False, repr=False)
 
     # -- TaskContext -------------------------------------------------------------
@@ -142,6 +144,30 @@ class RecordingTaskContext:
 
     def register_flush_listener(self, store: str, listener: FlushListener) -> None:
         self.flush_listeners.setdefault(store, []).append(listener)
+
+    def global_store(self, name: str) -> Any:
+        try:
+            return self.global_stores[name]
+        except KeyError:
+            raise KeyError(f"no global store {name!r}") from None
+
+    def load_global(self, topology: Topology, topic: str, key: Any, value: Any) -> None:
+        """Apply one record of a global table's topic to its in-memory store
+        (created on first use), as the global thread would: serialized with
+        the table's serdes (or the defaults), None deleting the key."""
+        from runtime.state.global_store import memory_global_store
+
+        definition = next((g for g in topology.global_stores if g.topic == topic), None)
+        if definition is None:
+            raise KeyError(f"no global table reads {topic!r}")
+        store = self.global_stores.get(definition.store)
+        if store is None:
+            store = self.global_stores[definition.store] = memory_global_store(
+                definition.store, topic
+            )
+        key_serde = definition.key_serde or self.default_key_serde
+        value_serde = definition.value_serde or self.default_value_serde
+        store.apply([(key_serde.serialize(key), value_serde.serialize(value))])
 
     def record_dropped(self, reason: str) -> None:
         self.dropped[reason] += 1

@@ -24,6 +24,7 @@ from runtime.topology.nodes import Node, SourceNode
 
 if TYPE_CHECKING:
     from runtime.state.builders import StoreSpec
+    from runtime.topology.global_table import GlobalStoreDef
 
 
 @dataclass(frozen=True)
@@ -282,15 +283,17 @@ class Topology:
     gives the serdes that decode a store's bytes, for interactive queries.
     """
 
-    __slots__ = ("_subtopologies", "_store_owner")
+    __slots__ = ("_subtopologies", "_store_owner", "_global_stores")
 
     def __init__(
         self,
         defs: Sequence[NodeDef],
         copartition_groups: Sequence[frozenset[str]] = (),
         stores: Mapping[str, StateStoreDef] | None = None,
+        global_stores: Sequence[GlobalStoreDef] = (),
     ) -> None:
         self._set(_split(defs, copartition_groups, stores or {}))
+        self._global_stores = tuple(global_stores)
 
     def _set(self, subtopologies: tuple[Subtopology, ...]) -> None:
         self._subtopologies = subtopologies
@@ -310,6 +313,7 @@ class Topology:
         `runtime.topology.named_queries.compose` joins named queries into one."""
         topology = cls.__new__(cls)
         topology._set(tuple(sorted(subtopologies, key=lambda s: s.id)))
+        topology._global_stores = ()  # named queries refuse global tables
         return topology
 
     @property
@@ -382,9 +386,20 @@ class Topology:
         self.store_def(name)
         return self._store_owner[name][0]
 
+    @property
+    def global_stores(self) -> list[GlobalStoreDef]:
+        """The global tables (`StreamsBuilder.global_table`): read by the
+        global thread, part of no subtopology (`runtime.topology.global_table`)."""
+        return list(self._global_stores)
+
     def describe(self) -> str:
-        """A text view like Kafka Streams' `TopologyDescription`."""
-        return "Topologies:\n" + "\n".join(s.describe() for s in self._subtopologies)
+        """A text view like Kafka Streams' `TopologyDescription`; global
+        stores come after the subtopologies, numbered on from them (Kafka
+        Streams numbers all in creation order; task ids here stay as they were)."""
+        parts = [s.describe() for s in self._subtopologies]
+        first = max((s.id for s in self._subtopologies), default=-1) + 1
+        parts += [g.describe(first + i) for i, g in enumerate(self._global_stores)]
+        return "Topologies:\n" + "\n".join(parts)
 
     def __str__(self) -> str:
         return self.describe()

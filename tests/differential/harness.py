@@ -215,6 +215,10 @@ def run_pair(
     input_topic = unique_name(f"{prefix}-in")
     create_topic(bootstrap, input_topic, PARTITIONS, KEEP)
     produce_input(bootstrap, input_topic, records)
+    if "global_join" in names:  # its table, whole before any app starts
+        create_topic(bootstrap, input_topic + topologies.GLOBAL_SUFFIX, PARTITIONS, KEEP)
+        table = topologies.global_table_records(records)
+        produce_input(bootstrap, input_topic + topologies.GLOBAL_SUFFIX, table)
     runs: dict[str, Run] = {}
     for name in names:
         base = unique_name(f"{prefix}-{name.replace('_', '-')}")

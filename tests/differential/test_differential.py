@@ -67,6 +67,7 @@ NAMES = [
     "fk_join",
     "fk_left_join",
     "enrichment",
+    "global_join",
 ]
 # Twins kept out of the suite's run to keep its time down (each topology costs
 # an application per side); `DIFFERENTIAL_EXTRA=1` runs them too. They passed

@@ -19,6 +19,7 @@ import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.Topology;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.EmitStrategy;
+import org.apache.kafka.streams.kstream.GlobalKTable;
 import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.JoinWindows;
 import org.apache.kafka.streams.kstream.KStream;
@@ -298,6 +299,18 @@ public final class DifferentialTopologies {
                         .toStream()
                         .to(output, Produced.with(str, str));
             }
+            // Global table (tests/differential/topologies.py): its topic is "<input>-global",
+            // written whole before the applications start.
+            case "global_join" -> {
+                final GlobalKTable<String, String> table =
+                        builder.globalTable(input + "-global", Consumed.with(str, str));
+                final KStream<String, String> s =
+                        in.filter((k, v) -> v == null || v.startsWith("S"));
+                s.join(table, DifferentialTopologies::globalKey, (v, t) -> "J:" + v + "/" + t)
+                        .to(output, Produced.with(str, str));
+                s.leftJoin(table, DifferentialTopologies::globalKey, (v, t) -> "L:" + v + "/" + t)
+                        .to(output, Produced.with(str, str));
+            }
             default -> throw new IllegalArgumentException("unknown differential topology " + name);
         }
         return builder.build();
@@ -393,5 +406,14 @@ public final class DifferentialTopologies {
                             lng));
             default -> throw new IllegalArgumentException("unknown differential topology " + name);
         }
+    }
+
+    /** A global join's key mapper: "S<n>" looks up k<n mod 5>; null for n divisible by 7. */
+    static String globalKey(final String key, final String value) {
+        if (value == null) {
+            return null;
+        }
+        final long n = Long.parseLong(value.substring(1));
+        return n % 7 == 0 ? null : "k" + (n % 5);
     }
 }
