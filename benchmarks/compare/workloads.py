@@ -391,7 +391,9 @@ WORKLOADS: dict[str, Workload] = {
             "session",
             "session-windowed count, 10,000 keys",
             "group_by_key().windowed_by(session windows: 1 s inactivity gap, 2 s grace)"
-            ".count() in RocksDB with changelog (cache on, defaults), each key every ~1 s +- "
+            ".count() in RocksDB with changelog (each model's default caching: Kafka Streams' "
+            "record cache folds updates per commit, the runtime's session store has no cache), "
+            "each key every ~1 s +- "
             "100 ms so about a third of its records extend a session; output the running count "
             "per session (INT64)",
             "sum",
