@@ -591,6 +591,7 @@ def run_one(
             "input_topic": input_topic,
             "output_topic": output_topic,
             "topology": wl.topology,
+            "inputs": 2 if wl.two_inputs else 1,
             "config": settings.config,
             "backlog": len(settings.backlog),
             "gate_restore": wl.restore,
