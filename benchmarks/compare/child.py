@@ -108,6 +108,9 @@ class _Model:
     def __init__(self, spec: dict[str, Any], topology: Any, config: dict[str, Any]) -> None:
         self.kind = spec["model"]
         self.partitions = int(spec["partitions"])
+        # Input topics (the join reads two): the baseline's assignment counts
+        # topic-partitions, partitions of each.
+        self.inputs = int(spec.get("inputs", 1))
         self.threads = int(spec["threads"])
         self.gate_restore = bool(spec.get("gate_restore"))
         self.expected_tasks = {f"0_{p}" for p in range(self.partitions)}
@@ -240,7 +243,8 @@ class _Model:
             return tuple(sorted(states.items()))
         assignment = self.app.assignment()
         everything = [tp for a in assignment for tp in a]
-        if len(everything) != self.partitions or len(set(everything)) != self.partitions:
+        expected = self.partitions * self.inputs
+        if len(everything) != expected or len(set(everything)) != expected:
             return None
         sizes = [len(a) for a in assignment]
         if max(sizes) - min(sizes) > 1:

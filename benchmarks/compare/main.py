@@ -33,7 +33,9 @@ MODELS = ("runtime", "baseline")
 # model raw (the raw consume-transform-produce loop, benchmarks/raw_loop.py:
 # stateless and stateful only, one thread, so it runs at the lowest thread
 # count only).
-EXTRA_WORKLOADS = ("io1",)
+# Workloads join and session (two-input stream-stream join, session-windowed
+# count: workloads.py) run in compare too, for the runtime and the baseline.
+EXTRA_WORKLOADS = ("io1", "join", "session")
 EXTRA_MODELS = ("keypar", "runtime-p2", "raw")
 
 # Same for both models; everything else is the runtime's defaults.
@@ -377,12 +379,15 @@ def _run_workload(
     wl = WORKLOADS[wl_name]
     backlog_n = int(suite.records.get(wl_name, wl.records))
     rate = float(suite.rates.get(wl_name, wl.feed_rate))
-    feed_seconds = suite.feed_seconds if not wl.restore else 0.0
+    # The restore workload feeds while restoring; the timed ones (join, session)
+    # have no latency phase (workloads.py).
+    feed_seconds = suite.feed_seconds if wl.latency and not wl.restore else 0.0
     restore_records = suite.restore_records
     backlog = generate(wl, 0, backlog_n, suite.partitions)
     per_partition = [0] * suite.partitions
-    for _k, _v, p in backlog:
-        per_partition[p] += 1
+    for record in backlog:
+        per_partition[record[2]] += 1
+    output_target = wl.expected(backlog) if wl.expected is not None else None
     result["workloads"][wl_name] = {
         "title": wl.title,
         "description": wl.description,
@@ -392,6 +397,8 @@ def _run_workload(
         "feed_seconds": feed_seconds,
         "restore_records": restore_records if wl.restore else None,
         "output_check": wl.output,
+        "output_target": output_target,
+        "inputs": 2 if wl.two_inputs else 1,
     }
     wl_started = time.monotonic()
     print(
@@ -418,6 +425,7 @@ def _run_workload(
                 quiet_wait=suite.quiet_wait,
                 echo=echo,
                 echo_pid=echo_proc.pid if echo_proc else None,
+                output_target=output_target,
                 restore_mode=suite.baseline_restore,
                 launch=suite.launch,
                 threads_per_task=suite.threads_per_task,
@@ -451,7 +459,7 @@ def _run_workload(
                             print_run(run)
                             if not again:
                                 break
-            if suite.feed_seconds > 0:
+            if suite.feed_seconds > 0 and wl.latency:
                 doing["what"] = f"{wl_name} latency floor"
                 floor = latency_floor(session, wl, suite.partitions, rate, suite.feed_seconds)
                 result["workloads"][wl_name]["latency_floor"] = floor

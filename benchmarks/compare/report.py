@@ -290,11 +290,7 @@ def markdown(result: dict[str, Any]) -> str:
                 "restore ended (the rate bounds the records/s column)."
             )
         else:
-            lines.append(
-                f"Backlog {wl['backlog']:,} records (per partition "
-                f"{wl['backlog_per_partition']}); latency phase {wl['feed_rate']:,.0f} "
-                f"records/s for {wl['feed_seconds']:g} s."
-            )
+            lines.append(backlog_line(wl))
         floor = wl.get("latency_floor")
         if floor:
             lines.append(
@@ -505,6 +501,26 @@ _WHY = [
     "ratio is unbounded at 1 thread and 1.00x at 8. The offered rate caps the runtime's "
     "figure; the p99 latency of records fed during the restore shows the same.",
 ]
+
+
+def backlog_line(wl: dict[str, Any]) -> str:
+    """The sentence under a workload's heading: its backlog, its output check, its
+    latency phase (the timed workloads, join and session, have none)."""
+    inputs = wl.get("inputs", 1)
+    line = (
+        f"Backlog {wl['backlog']:,} records"
+        + (" (both input topics together)" if inputs > 1 else "")
+        + f" (per partition {wl['backlog_per_partition']}"
+        + (", both topics" if inputs > 1 else "")
+        + ")"
+    )
+    if wl.get("output_target") is not None:
+        line += f"; complete at {wl['output_target']:,} output records"
+    if wl.get("feed_seconds"):
+        line += f"; latency phase {wl['feed_rate']:,.0f} records/s for {wl['feed_seconds']:g} s."
+    else:
+        line += "; no latency phase (throughput only)."
+    return line
 
 
 def _fmt_set(values: list[float]) -> str:

@@ -51,7 +51,13 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 
 from benchmarks import interrupt
 from benchmarks.compare import procfs
-from benchmarks.compare.workloads import STORE, Record, Workload, restore_changelog_record
+from benchmarks.compare.workloads import (
+    STORE,
+    Record,
+    Workload,
+    other_input_topic,
+    restore_changelog_record,
+)
 from benchmarks.harness import (
     REPO_ROOT,
     BenchSession,
@@ -80,8 +86,15 @@ def percentile(values: list[float], q: float) -> float:
 # -- loading --------------------------------------------------------------------------
 
 
-def load(bootstrap: str, topic: str, records: Any, count_hint: int = 0) -> float:
-    """Produce ``(key, value, partition)`` records; returns seconds taken."""
+def load(
+    bootstrap: str, topic: str, records: Any, count_hint: int = 0, other_topic: str | None = None
+) -> float:
+    """Produce ``(key, value, partition)`` records; returns seconds taken.
+
+    Records of the timed workloads, ``(key, value, partition, timestamp_ms,
+    input)``, go with that timestamp to ``topic`` (input 0) or ``other_topic``
+    (input 1).
+    """
     producer = Producer(
         client_config(
             {
@@ -102,10 +115,18 @@ def load(bootstrap: str, topic: str, records: Any, count_hint: int = 0) -> float
 
     started = time.perf_counter()
     produce = producer.produce
-    for n, (key, value, partition) in enumerate(records, 1):
+    for n, record in enumerate(records, 1):
+        key, value, partition = record[0], record[1], record[2]
+        extra: dict[str, Any] = {}
+        target = topic
+        if len(record) > 3:
+            extra["timestamp"] = record[3]
+            if record[4]:
+                assert other_topic is not None, "a two-input record without the other topic"
+                target = other_topic
         while True:
             try:
-                produce(topic, value, key, partition=partition, on_delivery=on_delivery)
+                produce(target, value, key, partition=partition, on_delivery=on_delivery, **extra)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -369,6 +390,9 @@ class RunSettings:
     quiet_wait: float
     echo: tuple[str, int] | None = None
     echo_pid: int | None = None
+    # Output records (count) or the sum of the latest counts (sum) that make the
+    # backlog's output complete; None: one per backlog record.
+    output_target: int | None = None
     restore_mode: str = "blocking"
     settle_s: float = 0.5
     threads_per_task: int = 0  # model keypar: num.threads.per.task (0: = threads)
@@ -517,12 +541,17 @@ def run_one(
         "backlog": len(settings.backlog),
         "input_topic": input_topic,
     }
+    if settings.output_target is not None:
+        run["output_target"] = settings.output_target
     run_started = time.monotonic()
     child: Child | None = None
     reader: Reader | None = None
     sampler: Sampler | None = None
     try:
         session.create_topic(input_topic, partitions)
+        other_topic = other_input_topic(input_topic) if wl.two_inputs else None
+        if other_topic is not None:
+            session.create_topic(other_topic, partitions)
         session.create_topic(output_topic, partitions)
         changelog = f"{app_id}-{STORE}-changelog"
         if wl.restore:
@@ -541,7 +570,9 @@ def run_one(
         # starts and joins the group; nothing is processed or restored before
         # `go`, which waits for the load.
         def load_inputs() -> None:
-            run["load_s"] = load(session.bootstrap, input_topic, settings.backlog)
+            run["load_s"] = load(
+                session.bootstrap, input_topic, settings.backlog, other_topic=other_topic
+            )
             if wl.restore:
                 run["restore_load_s"] = load(
                     session.bootstrap, changelog, restore_records(settings.restore_records)
@@ -560,6 +591,7 @@ def run_one(
             "input_topic": input_topic,
             "output_topic": output_topic,
             "topology": wl.topology,
+            "inputs": 2 if wl.two_inputs else 1,
             "config": settings.config,
             "backlog": len(settings.backlog),
             "gate_restore": wl.restore,
@@ -572,8 +604,8 @@ def run_one(
         reader = Reader(session.bootstrap, output_topic, partitions, wl.output)
         if wl.group_of is not None:
             reader.group_of = wl.group_of
-            for _key, value, _p in settings.backlog:
-                group = wl.group_of(value)
+            for record in settings.backlog:
+                group = wl.group_of(record[1])
                 reader.group_expected[group] = reader.group_expected.get(group, 0) + 1
         reader.start()
         argv = None
@@ -712,6 +744,7 @@ def _throughput_and_latency(
     marks0: dict[str, float],
 ) -> None:
     backlog = len(settings.backlog)
+    target = backlog if settings.output_target is None else settings.output_target
     count = int(settings.feed_rate * settings.feed_seconds)
     feeder = None
     if count > 0:
@@ -726,10 +759,10 @@ def _throughput_and_latency(
         feeder.start()
     try:
         timeout = max(120.0, backlog / 300.0)
-        done = _wait_reader(reader, child, backlog, timeout)
+        done = _wait_reader(reader, child, target, timeout)
         if done is None:
             raise TimeoutError(
-                f"output incomplete after {timeout:.0f} s: {reader.progress} of {backlog}"
+                f"output incomplete after {timeout:.0f} s: {reader.progress} of {target}"
             )
         marks1 = _marks(session, child.pid, settings.echo_pid)
         seconds = done - go
@@ -755,7 +788,7 @@ def _throughput_and_latency(
         if processed_all is not None:
             child.pending.append(processed_all)
         if feeder is not None:
-            _latency_phase(settings, run, child, reader, feeder, count)
+            _latency_phase(settings, run, child, reader, feeder, count, target)
     finally:
         if feeder is not None:
             feeder.stop()
@@ -774,20 +807,21 @@ def _latency_phase(
     reader: Reader,
     feeder: Feeder,
     count: int,
+    target: int,
 ) -> None:
-    """A fixed offered rate, well below every run's capacity, after the backlog."""
-    backlog = len(settings.backlog)
+    """A fixed offered rate, well below every run's capacity, after the backlog
+    (whose output is complete at ``target``)."""
     from_ms = time.time() * 1000.0
     reader.latency_from_ms = from_ms
     feeder.begin.set()
     feeder.join(settings.feed_seconds * 3 + 30)
     if feeder.error:
         raise RuntimeError(feeder.error)
-    reached = _wait_reader(reader, child, backlog + count, 60)
+    reached = _wait_reader(reader, child, target + count, 60)
     latencies = reader.latencies(from_ms)
     run["latency"] = _latency_figures(latencies, settings.feed_rate, count)
     if reached is None:
-        run["latency"]["incomplete"] = f"{reader.progress - backlog} of {count} fed records seen"
+        run["latency"]["incomplete"] = f"{reader.progress - target} of {count} fed records seen"
 
 
 def _poll_for(child: Child, kind: str, seconds: float) -> dict[str, Any] | None:
@@ -916,7 +950,8 @@ def _settle_reader(reader: Reader, idle_s: float = 0.3, max_s: float = 10.0) -> 
 
 
 def _check_output(run: dict[str, Any], wl: Workload, reader: Reader) -> None:
-    expected = run["backlog"] + int((run.get("latency") or {}).get("fed", 0))
+    target = run.get("output_target", run["backlog"])
+    expected = target + int((run.get("latency") or {}).get("fed", 0))
     run["output_expected"] = expected
     run["output_progress"] = reader.progress
     run["output_records"] = reader.records

@@ -7,15 +7,18 @@ times, the models' order rotated from one thread count to the next, and writes
 
 Models: ``runtime``; ``ks-classic`` (Kafka Streams 4.3.1, ``num.stream.threads``
 = N); ``ks-proc`` (the same with its internal processing-threads mode);
-``quixstreams`` (one thread; stateless and stateful only); ``keypar`` (the
+``quixstreams`` (one thread; stateless, stateful and session); ``keypar`` (the
 runtime with ``num.threads.per.task`` = N; io1 and skew only). Workloads:
 stateless, stateful, io, io1 (the I/O workload on one partition: threads beyond
-one help only key-parallel processing), skew (``benchmarks/compare/workloads.py``). The Kafka
+one help only key-parallel processing), skew, join (a windowed stream-stream
+join of two topics), session (a session-windowed count)
+(``benchmarks/compare/workloads.py``). The Kafka
 Streams peer is built with Maven and quixstreams gets its own virtualenv, both
 on first use into ``~/.cache/streams-runtime/peers`` (``benchmarks/peers/build.py``).
 
-The full default (114 runs) is estimated at about 45 minutes on a quiet 2-core
-machine; ``--quick`` is a smoke run of about 8 minutes. ``--report FILE.json`` re-renders the markdown and
+The full default was estimated at about 45 minutes on a quiet 2-core machine
+before join and session were added (114 runs; they add 57: 3 repeats x 19 at
+threads 1,2,4, 500,000 records each, not yet timed); ``--quick`` is a smoke run of about 8 minutes. ``--report FILE.json`` re-renders the markdown and
 plots from a result file. See ``benchmarks/peers/README.md``.
 """
 
@@ -29,7 +32,7 @@ from benchmarks.outputs import add_output_arguments, output_dir
 from benchmarks.report import choose, rerender
 
 NAME = "peers"
-ALL_WORKLOADS = ("stateless", "stateful", "io", "io1", "skew")
+ALL_WORKLOADS = ("stateless", "stateful", "io", "io1", "skew", "join", "session")
 DEFAULT_MODELS = ("runtime", "runtime-p2", "keypar", "ks-classic", "ks-proc", "quixstreams")
 DEFAULT_THREADS = "1,2,4"
 # Records the JVM processes before the measured run (benchmarks/peers/kafka_streams/
@@ -40,9 +43,26 @@ DEFAULT_WARMUP = {
     "io": 2_000,
     "io1": 1_000,
     "skew": 2_000,
+    "join": 100_000,
+    "session": 100_000,
 }
-QUICK_RECORDS = {"stateless": 30_000, "stateful": 30_000, "io": 1_000, "io1": 1_000, "skew": 1_000}
-QUICK_WARMUP = {"stateless": 20_000, "stateful": 20_000, "io": 500, "skew": 500}
+QUICK_RECORDS = {
+    "stateless": 30_000,
+    "stateful": 30_000,
+    "io": 1_000,
+    "io1": 1_000,
+    "skew": 1_000,
+    "join": 30_000,
+    "session": 30_000,
+}
+QUICK_WARMUP = {
+    "stateless": 20_000,
+    "stateful": 20_000,
+    "io": 500,
+    "skew": 500,
+    "join": 20_000,
+    "session": 20_000,
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="WORKLOAD=N",
         help="backlog records of a workload (defaults as compare: stateless 200000, "
-        "stateful 500000, io 6000, skew 4000)",
+        "stateful 500000, io 6000, skew 4000, join 500000 (both topics), session 500000)",
     )
     parser.add_argument(
         "--feed-rate",
@@ -117,7 +137,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="WORKLOAD=N",
         help="records the Kafka Streams peer processes in a throw-away instance before the "
-        "measured one (defaults: stateless 100000, stateful 100000, io 2000, skew 2000; "
+        "measured one (defaults: stateless 100000, stateful 100000, io 2000, skew 2000, "
+        "join 100000, session 100000; "
         "0: a cold JVM)",
     )
     parser.add_argument(

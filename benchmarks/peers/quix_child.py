@@ -20,6 +20,20 @@ output bytes:
   new count as an 8-byte big-endian integer (quixstreams' own integer serde
   writes 4 bytes) for every input record: quixstreams has no store cache, so
   nothing is folded per commit.
+- ``session``: ``session_window(1 s gap, 2 s grace).count().current()``: the
+  running count of the record's session for every input record, as an 8-byte
+  integer, keyed by the message key's bytes plus the session's start (8 bytes
+  big-endian). quixstreams writes the session in the value and no tombstone for a
+  session it replaces; its start stays put while a session grows (the data
+  brings each key's records in time order), so the latest count per (key,
+  start) adds up to the input as the runtime's and Kafka Streams' per session
+  do, and the harness's completion check applies unchanged.
+
+No ``join``: quixstreams' ``join_interval`` matches an arriving record only
+with partners at or before its own timestamp (a left record looks back
+``backward_ms``, a right one ``forward_ms``), so a pair whose later-stamped
+record is processed first is never joined: its output depends on the order
+the two topics arrive in, unlike a windowed join's (``benchmarks/peers/models.py``).
 
 quixstreams is single-threaded (it scales by running more processes), so the
 thread count must be 1. Gating: one ``update`` step before the topology holds
@@ -79,7 +93,8 @@ def count(_value: Any, state: Any) -> int:
     return n
 
 
-def _int64_serializer() -> Any:
+def _int64_serializer(field: str | None = None) -> Any:
+    """8-byte big-endian integers; ``field``: of that item of a dict value."""
     from quixstreams.models.serializers import Serializer
 
     pack = struct.Struct(">q").pack
@@ -87,10 +102,18 @@ def _int64_serializer() -> Any:
     class Int64Serializer(Serializer):  # type: ignore[misc]
         """8-byte big-endian, as Kafka's LongSerializer and the runtime's serdes.INT64."""
 
-        def __call__(self, value: int, ctx: Any) -> bytes:
-            return pack(value)
+        def __call__(self, value: Any, ctx: Any) -> bytes:
+            return pack(value if field is None else value[field])
 
     return Int64Serializer()
+
+
+_START = struct.Struct(">q").pack
+
+
+def session_output(value: dict[str, Any], key: str, _timestamp: int, _headers: Any) -> Any:
+    """A ``current()`` session result -> the output key (message key + start) and count."""
+    return {"key": key.encode() + _START(value["start"]), "count": value["value"]}
 
 
 def build(app: Any, spec: dict[str, Any], gate: _Gate) -> None:
@@ -114,8 +137,28 @@ def build(app: Any, spec: dict[str, Any], gate: _Gate) -> None:
         extra = source.broker_config.extra_config
         extra.setdefault("retention.ms", "604800000")
         sdf = app.dataframe(source).update(gate.pass_).apply(count, stateful=True)
+    elif kind == "session":
+        source = app.topic(
+            spec["input_topic"], key_deserializer="string", value_deserializer="string"
+        )
+        sink = app.topic(
+            spec["output_topic"],
+            key_serializer="bytes",
+            value_serializer=_int64_serializer("count"),
+        )
+        source.broker_config.extra_config.setdefault("retention.ms", "604800000")
+        sdf = (
+            app.dataframe(source)
+            .update(gate.pass_)
+            .session_window(inactivity_gap_ms=1000, grace_ms=2000)
+            .count()
+            .current()
+            .apply(session_output, metadata=True)
+        )
+        sdf.to_topic(sink, key=lambda value: value["key"])
+        return
     else:
-        raise ValueError(f"quixstreams peer: no topology {kind!r} (stateless, count)")
+        raise ValueError(f"quixstreams peer: no topology {kind!r} (stateless, count, session)")
     sdf.to_topic(sink)
 
 

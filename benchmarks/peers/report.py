@@ -24,10 +24,12 @@ from benchmarks.compare.report import (
     _range,
     _ratio,
     _ratio_of,
+    backlog_line,
     no_verdict_reason,
     status_lines,
     summarize,
 )
+from benchmarks.peers.models import QUIX_NOT_RUN
 from benchmarks.report import pyplot, write_files
 
 __all__ = ["headline", "markdown", "plot", "ratios", "summarize", "write"]
@@ -153,9 +155,11 @@ def markdown(result: dict[str, Any]) -> str:
         "## Summary",
         "",
         "records/s: medians, measured by a separate consumer of the output topic: from the "
-        "first to the last output record for stateless, io and skew; from `go` until the "
-        "latest counts add up to the input for stateful (counts are folded per commit). "
-        "ratio = runtime / peer at equal threads (quixstreams: against its one thread).",
+        "first to the last output record for stateless, io, skew and join; from `go` until the "
+        "latest counts add up to the input for stateful and session (counts are folded per "
+        "commit). Input records in all: for the join, the records of both its input topics. "
+        "ratio = runtime / peer at equal threads (quixstreams: against its one thread); "
+        "n/a: the peer cannot express the workload (why: under the table).",
         "",
     ]
     header = "| workload | threads | " + " | ".join(TITLES[mo] for mo in models)
@@ -177,8 +181,12 @@ def markdown(result: dict[str, Any]) -> str:
                     pt = 1 if peer == "quixstreams" else n
                     ran = any(r["workload"] == wl and r["model"] == peer for r in result["runs"])
                     ratio = _figure_ratio(by_key, wl, ("runtime", n), (peer, pt), key)
-                    cells.append(_ratio(ratio) if ran else "")
+                    not_run = peer == "quixstreams" and wl in QUIX_NOT_RUN
+                    cells.append(_ratio(ratio) if ran else ("n/a" if not_run else ""))
             lines.append(f"| {wl} | {n} | " + " | ".join(cells) + " |")
+    for wl in result["workloads"]:
+        if "quixstreams" in models and wl in QUIX_NOT_RUN:
+            lines += ["", f"quixstreams, {wl}: n/a, {QUIX_NOT_RUN[wl]}."]
     lines += ["", "## Targets", "", *_verdicts(result, by_key), ""]
     lines += _against_kafka_streams(result, by_key)
     lines += _processes(result, by_key)
@@ -188,9 +196,11 @@ def markdown(result: dict[str, Any]) -> str:
             f"## {wl_name}: {wl['title']}",
             "",
             wl["description"] + ".",
-            f"Backlog {wl['backlog']:,} records (per partition {wl['backlog_per_partition']}); "
-            f"latency phase {wl['feed_rate']:,.0f} records/s for {wl['feed_seconds']:.1f} s.",
+            backlog_line(wl),
         ]
+        note = _PEER_NOTES.get(wl_name)
+        if note:
+            lines += ["", note]
         floor = wl.get("latency_floor")
         if floor:
             lines.append(
@@ -356,14 +366,19 @@ _METHOD = [
     "keeps every input partition paused in its main consumers until `go` (tasks restore, the "
     "application is RUNNING, nothing is fetched); quixstreams holds its loop at the first "
     "record in an `update` step before the topology.",
-    "- records/s, stateless, io, skew: backlog / (the moment the harness's reader, a separate "
+    "- Input records: a workload's backlog; the join's is the records of both its input "
+    "topics (left and right, interleaved in event time), so its records/s counts both sides.",
+    "- records/s, stateless, io, skew, join: backlog / (the moment the harness's reader, a separate "
     "consumer of the output topic, has seen the last of the backlog's output - the moment it "
     "saw the first); 'go to complete' is the same from `go`, so it adds each model's start-up "
     "(first fetch, first batch, producer linger). Stateful: backlog / (the moment the latest "
     "count per key adds up to the input - go): the runtime and Kafka Streams fold counts per "
     "key per commit in their caches, so their first output comes at the first commit; "
     "quixstreams writes one count per input record and is complete as soon as it has "
-    "processed the last record.",
+    "processed the last record. Join: complete at the number of pairs the input holds "
+    "(computed by the harness from the data, the same for every model; a windowed inner join "
+    "emits each pair once, whatever the cache). Session: as stateful, the latest count per "
+    "session (a session merged away gets a tombstone, counted 0) adding up to the input.",
     "- CPU s / M records: the child process's user+system CPU over the same window (all "
     "threads: the JVM's compiler and GC threads, librdkafka's). Peak RSS: VmHWM of the "
     "process at the end of the run (the whole JVM for Kafka Streams, the warm-up included). "
@@ -377,6 +392,24 @@ _METHOD = [
     "- Noise: before each run the harness waits for other processes to use < 0.25 cores; a run "
     "during which they used more is run again once and marked noisy if it stays so.",
 ]
+
+# Under a workload's heading: how each model expresses it, where they differ.
+_PEER_NOTES = {
+    "join": "Every model: `left.join(right, joiner, JoinWindows 1 s / 10 s grace)` with String "
+    "serdes (Kafka Streams: `StreamJoined` stores named `joined`, RocksDB window stores with "
+    "changelogs; the runtime the same through its DSL). Both pick the next record of a task by "
+    "the lowest head timestamp across its two partitions (Kafka Streams with "
+    "`max.task.idle.ms=0`, its default). quixstreams: n/a (" + QUIX_NOT_RUN["join"] + ").",
+    "session": "The runtime and Kafka Streams: `groupByKey().windowedBy(SessionWindows 1 s gap, "
+    "2 s grace).count()` in a store named `sessions`, written with Kafka's session-windowed "
+    "key (key, end, start) and a tombstone for each session a merge replaces; each with its "
+    "default caching: Kafka Streams' record cache folds a session's updates per commit, the "
+    "runtime's session store is not cached (runtime/topology/session_store.py), so it writes "
+    "every update and tombstone to the output and the changelog (on the smoke data about 1.4x "
+    "Kafka Streams' output records). quixstreams: `session_window(1 s, grace 2 s).count().current()` "
+    "(no cache: one output per input record), keyed by key + session start (its sessions keep "
+    "their start as they grow on this data).",
+}
 
 _CAVEATS = [
     "- **JIT warm-up.** Kafka Streams runs on a JVM that interprets, then compiles its hot "

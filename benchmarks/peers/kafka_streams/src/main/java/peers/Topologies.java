@@ -7,6 +7,7 @@ import com.fasterxml.jackson.databind.json.JsonMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.io.UncheckedIOException;
+import java.time.Duration;
 import org.apache.kafka.common.serialization.Deserializer;
 import org.apache.kafka.common.serialization.Serde;
 import org.apache.kafka.common.serialization.Serdes;
@@ -14,9 +15,13 @@ import org.apache.kafka.common.serialization.Serializer;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.Topology;
 import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.JoinWindows;
 import org.apache.kafka.streams.kstream.KStream;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.kstream.SessionWindows;
+import org.apache.kafka.streams.kstream.StreamJoined;
+import org.apache.kafka.streams.kstream.WindowedSerdes;
 
 /**
  * The benchmark topologies, written as a Kafka Streams user would write them.
@@ -34,13 +39,26 @@ import org.apache.kafka.streams.kstream.Produced;
  *       counts written as 8-byte big-endian longs.
  *   <li>{@code echo}: {@code mapValues} sends the value to the local echo server and returns the
  *       reply (about 1 ms per record).
+ *   <li>{@code join}: the input topic (left) {@code join}s the topic {@code <input>-other}
+ *       (right, {@link #OTHER_INPUT_SUFFIX}) with {@code JoinWindows} of 1 s time difference and
+ *       10 s grace, String keys and values, the joined value {@code left + "|" + right} (the
+ *       constants and the joiner of {@code workloads.py}: JOIN_DIFFERENCE_MS, JOIN_GRACE_MS,
+ *       {@code join_values}); window stores and changelogs all defaults.
+ *   <li>{@code session}: {@code groupByKey().windowedBy(SessionWindows 1 s gap, 2 s
+ *       grace).count()} into a store named {@code sessions}, written with the session-windowed
+ *       key serde (key bytes, end, start) and 8-byte longs, tombstones of merged-away sessions
+ *       included.
  * </ul>
  *
- * <p>Every topology has one {@code peek} after its source, {@link Gate#pass}, which counts the
- * records taken in (the harness's "processed" figure).
+ * <p>Every topology has one {@code peek} after each source, {@link Gate#pass}, which counts the
+ * records taken in (the harness's "processed" figure; the join's counts both topics').
  */
 final class Topologies {
     static final String STORE = "counts";
+    static final String SESSION_STORE = "sessions";
+    static final String JOIN_STORE = "joined";
+    /** The join's right input: the input topic's name plus this (workloads.other_input_topic). */
+    static final String OTHER_INPUT_SUFFIX = "-other";
 
     private Topologies() {}
 
@@ -64,6 +82,32 @@ final class Topologies {
                         .toStream()
                         .to(output, Produced.with(Serdes.String(), Serdes.Long()));
             }
+            case "join" -> {
+                final KStream<String, String> left = builder
+                        .stream(input, Consumed.with(Serdes.String(), Serdes.String()))
+                        .peek((k, v) -> gate.pass());
+                final KStream<String, String> right = builder
+                        .stream(input + OTHER_INPUT_SUFFIX, Consumed.with(Serdes.String(), Serdes.String()))
+                        .peek((k, v) -> gate.pass());
+                left.join(
+                                right,
+                                (l, r) -> l + "|" + r,
+                                JoinWindows.ofTimeDifferenceAndGrace(
+                                        Duration.ofMillis(1000), Duration.ofMillis(10_000)),
+                                StreamJoined.with(Serdes.String(), Serdes.String(), Serdes.String())
+                                        .withStoreName(JOIN_STORE))
+                        .to(output, Produced.with(Serdes.String(), Serdes.String()));
+            }
+            case "session" -> builder
+                    .stream(input, Consumed.with(Serdes.String(), Serdes.String()))
+                    .peek((k, v) -> gate.pass())
+                    .groupByKey()
+                    .windowedBy(SessionWindows.ofInactivityGapAndGrace(
+                            Duration.ofMillis(1000), Duration.ofMillis(2000)))
+                    .count(Materialized.as(SESSION_STORE))
+                    .toStream()
+                    .to(output, Produced.with(
+                            WindowedSerdes.sessionWindowedSerdeFrom(String.class), Serdes.Long()));
             case "echo" -> builder.stream(input, Consumed.with(Serdes.String(), Serdes.String()))
                     .peek((k, v) -> gate.pass())
                     .mapValues(EchoClient::call)
