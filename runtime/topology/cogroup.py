@@ -94,13 +94,22 @@ class CogroupMergeNode(_StoreWriterNode):
 
 
 class CogroupWindowMergeNode(CogroupMergeNode):
-    """`CogroupMergeNode` of a time-windowed store (keys: key bytes + window start)."""
+    """`CogroupMergeNode` of a time-windowed store (keys: key bytes + window start).
 
-    __slots__ = ("size_ms",)
+    `store_time` is the largest window start any input wrote (-1: none yet),
+    the time Kafka Streams' segmented window store expires windows by.
+    """
+
+    __slots__ = ("size_ms", "store_time")
 
     def __init__(self, name: str, store: str, key_serde: Any, value_serde: Any, size: int) -> None:
         super().__init__(name, store, key_serde, value_serde)
         self.size_ms = size
+        self.store_time = -1
+
+    def init(self, ctx: TaskContext) -> None:
+        super().init(ctx)
+        self.store_time = -1  # not restored (nor is a stream time here or in Kafka Streams)
 
     def on_flush(self, key: bytes, new: bytes | None, old: bytes | None, timestamp: int) -> None:
         start = int.from_bytes(key[-8:], "big")
@@ -131,13 +140,43 @@ class CogroupAggregateNode(AggregateNode):
 
 
 class CogroupWindowAggregateNode(WindowAggregateNode):
-    """One input of a time-windowed cogroup (its own stream time, as Kafka Streams')."""
+    """One input of a time-windowed cogroup (its own stream time, as Kafka Streams').
 
-    __slots__ = ()
+    Late records are judged by this input's stream time, but windows expire
+    by the store's: the largest window start any input wrote, minus the
+    retention (Kafka Streams' segmented store: a window that starts at or
+    before that reads as absent, so an input whose stream time lags starts
+    such a window over). The base class's expiry by this node's stream time
+    is turned off (`_retention` beyond any time).
+    """
+
+    __slots__ = ("_merge",)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._retention = 1 << 62
+        self._merge: CogroupWindowMergeNode | None = None
 
     def init(self, ctx: TaskContext) -> None:
         _bind_to_merge(self, ctx)
         self._observed = -1
+        merge = self.children[0]
+        assert isinstance(merge, CogroupWindowMergeNode)
+        self._merge = merge
+
+    def process(self, record: Record) -> None:
+        super().process(record)
+        ts = record.timestamp
+        if record.key is None or ts < 0 or (record.value is None and not self._count):
+            return  # dropped: nothing written
+        close = self._observed - self._grace
+        written = [s for s in self.windows.window_starts(ts) if s + self._size > close]
+        merge = self._merge
+        assert merge is not None
+        if written and written[-1] > merge.store_time:
+            merge.store_time = max(written)
+        if merge.store_time >= 0:
+            self._store.expire(merge.store_time - self.windows.retention_ms + 1)
 
 
 class CogroupPassThroughNode(Node):

@@ -298,6 +298,8 @@ public final class DifferentialTopologies {
                         .toStream()
                         .to(output, Produced.with(str, str));
             }
+            case "cogroup_aggregate", "cogroup_tumbling", "cogroup_session", "headers_process" ->
+                DifferentialCogroupHeaders.build(name, in, output);
             default -> throw new IllegalArgumentException("unknown differential topology " + name);
         }
         return builder.build();
