@@ -211,3 +211,20 @@ def test_the_input_exercises_session_merges_and_final_results(runs: dict[str, Ru
     assert 0 < len(ks("table_suppress_time_limit")) < len(ks("to_table"))
     assert 0 < len(ks("sliding_count_suppress")) < len(ks("sliding_count"))
     assert 0 < len(ks("hopping_count_on_close")) < len(ks("hopping_count")) / 2
+
+
+def test_the_header_comparisons_compare_headers(runs: dict[str, Run]) -> None:
+    """Kafka Streams' own output has the headers the comparisons check: the
+    input's letter through an aggregation and suppression, the processor's
+    rewrite, and none on session updates."""
+
+    def headers(name: str) -> set[tuple[tuple[str, bytes | None], ...]]:
+        return {tuple(m.headers) for m in runs[name].ks_records}
+
+    assert (("letter", b"L"),) in headers("count")
+    assert (("letter", b"T"),) in headers("table_suppress_time_limit")
+    assert any(
+        len(h) == 2 and h[0] == ("letter", b"l") and h[1][0] == "length"
+        for h in headers("headers_process")
+    )
+    assert headers("session_count") == {()}

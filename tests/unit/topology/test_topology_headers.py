@@ -175,3 +175,31 @@ def test_header_codec_round_trips(headers: list[tuple[str, bytes | None]], tail:
     data = encode_headers(headers) + tail
     decoded, end = decode_headers(data)
     assert decoded == headers and data[end:] == tail
+
+
+def test_session_updates_carry_no_headers_and_closing_results_the_closers(
+    tmp_path: Path,
+) -> None:
+    """As Kafka Streams 4.3 (differential tests): session updates and
+    retractions are made afresh, on-close results take the headers of the
+    record that closed the window (time and session windows)."""
+    from runtime.topology.session_windows import SessionWindows
+    from runtime.topology.suppressed import EmitStrategy
+
+    def run(windows: Any, final: bool) -> list[Any]:
+        builder = StreamsBuilder()
+        grouped = builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
+        windowed = grouped.windowed_by(windows)
+        if final:
+            windowed = windowed.emit_strategy(EmitStrategy.on_window_close())
+        windowed.count().to_stream().to("out", value_serde=serdes.INT64)
+        ctx = RecordingTaskContext(state_dir=tmp_path / str(id(windows)), store_kind="memory")
+        graph = ctx.instantiate(builder.build().subtopologies[0])
+        for value, ts in (("a", 1), ("b", 5), ("c", 100)):
+            ctx.process(graph, "in", "k", value, ts, [("v", value.encode())])
+        return [s.headers for s in ctx.output("out")]
+
+    sessions = SessionWindows.of_inactivity_gap_with_grace(10, 0)
+    assert run(sessions, False) == [None, None, None, None]  # a, (a retracted) a+b, c
+    assert run(sessions, True) == [[("v", b"c")]]
+    assert run(TimeWindows.of_size_and_grace(10, 0), True) == [[("v", b"c")]]
