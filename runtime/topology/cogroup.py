@@ -37,9 +37,10 @@ Kafka Streams' per-input processors does. How updates reach the table:
   one input wrote are as visible to the other inputs' nodes as Kafka Streams'
   segmented store makes them.
 
-Key-parallel: key-value and time-window cogroups keep their grouped
-counterparts' setting; session and sliding ones opt out (stream time is
-shared across keys).
+Key-parallel: a key-value cogroup stays key-parallel (its nodes touch only
+their record's key; `LastWrite` is one tuple, so a racing thread can lose a
+record's headers but never attach another's); windowed cogroups opt out (the
+store's time is shared across keys and inputs).
 
 Threads: the DSL classes run on the thread that defines the application; the
 nodes on the processing thread holding their task.
@@ -442,6 +443,7 @@ def _build(
             retention_ms=windows.retention_ms,
         )
         make_node, merge_factory = _make_window_aggregate, _make_window_merge
+        params["key_parallel"] = False  # the store's time is shared across keys and inputs
     else:
         spec = store_spec(store_name, caching=False)
         make_node = _make_session_aggregate if kind == SESSION else _make_sliding_aggregate

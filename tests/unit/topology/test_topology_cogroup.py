@@ -260,3 +260,22 @@ def test_cogrouped_table_can_be_regrouped(tmp_path: Path) -> None:
     repartition = [s for s in ctx.sent if s.topic.endswith("-repartition")]
     # The second update carries the first as its old value (to subtract).
     assert len(repartition) == 2 and b"+1" in (repartition[1].value or b"")
+
+
+def test_windowed_cogroups_opt_out_of_key_parallel() -> None:
+    for windows, expected in (
+        (None, True),
+        (TimeWindows.of_size_and_grace(10, 0), False),
+        (SessionWindows(10), False),
+        (SlidingWindows.of_time_difference_and_grace(10, 0), False),
+    ):
+        builder = StreamsBuilder()
+        cogrouped = _cogrouped(builder)
+        if windows is None:
+            table = cogrouped.aggregate(lambda: "", value_serde=STR)
+        elif isinstance(windows, SessionWindows):
+            table = cogrouped.windowed_by(windows).aggregate(lambda: "", lambda k, a, b: a + b)
+        else:
+            table = cogrouped.windowed_by(windows).aggregate(lambda: "")
+        table.to_stream().to("out")
+        assert builder.build().subtopologies[0].key_parallel is expected, windows
