@@ -533,6 +533,22 @@ def cogroup_session(builder: StreamsBuilder, topic: str, out: str) -> None:
     )
 
 
+def cogroup_repartition(builder: StreamsBuilder, topic: str, out: str) -> None:
+    """The "L" side re-keyed by its foreign key (through a repartition topic)."""
+    source = _source(builder, topic)
+    right = source.filter(side("R")).group_by_key()
+    (
+        source.filter(side("L"))
+        .select_key(lambda key, value: foreign_key(value))
+        .group_by_key(key_serde=STR)
+        .cogroup(lambda key, value, agg: agg + int(value[1:]))
+        .cogroup(right, lambda key, value, agg: agg - 1)
+        .aggregate(lambda: 0, value_serde=LONG)
+        .to_stream()
+        .to(out, key_serde=STR, value_serde=LONG)
+    )
+
+
 class Relabel(Processor):
     """Each record with its "letter" header lower-cased ("none" without one,
     "null" for a null one) and a "length" header added: new headers."""
@@ -568,6 +584,7 @@ TOPOLOGIES.update(
         "cogroup_aggregate": cogroup_aggregate,
         "cogroup_tumbling": cogroup_tumbling,
         "cogroup_session": cogroup_session,
+        "cogroup_repartition": cogroup_repartition,
         "headers_process": headers_process,
     }
 )

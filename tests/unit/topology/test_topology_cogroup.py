@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runtime.topology import StreamsBuilder, TopologyError, serdes
 from runtime.topology.session_store import session_windowed
@@ -279,3 +282,38 @@ def test_windowed_cogroups_opt_out_of_key_parallel() -> None:
             table = cogrouped.windowed_by(windows).aggregate(lambda: "")
         table.to_stream().to("out")
         assert builder.build().subtopologies[0].key_parallel is expected, windows
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["one", "two"]), st.sampled_from(["a", "b", "c"])),
+        max_size=30,
+    )
+)
+def test_cogroup_equals_the_sum_of_its_inputs(records: list[tuple[str, str]]) -> None:
+    """Invariant: each input's aggregator sees exactly its records, in one
+    aggregate per key: +1 per "one" record, +1000 per "two" record."""
+    builder = StreamsBuilder()
+    one, two = _streams(builder)
+    (
+        one.group_by_key()
+        .cogroup(lambda k, v, agg: agg + 1)
+        .cogroup(two.group_by_key(), lambda k, v, agg: agg + 1000)
+        .aggregate(lambda: 0, value_serde=serdes.INT64)
+        .to_stream()
+        .to("out", value_serde=serdes.INT64)
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = _ctx(Path(tmp))
+        graph = ctx.instantiate(builder.build().subtopologies[0])
+        for i, (topic, key) in enumerate(records):
+            ctx.process(graph, topic, key, "v", i)
+        final = {
+            STR.deserialize(s.key): serdes.INT64.deserialize(s.value) for s in ctx.output("out")
+        }
+        ctx.close()
+    want: dict[str, int] = {}
+    for topic, key in records:
+        want[key] = want.get(key, 0) + (1 if topic == "one" else 1000)
+    assert final == want

@@ -73,6 +73,15 @@ final class DifferentialCogroupHeaders {
                     .toStream()
                     .to(output, Produced.with(
                             WindowedSerdes.sessionWindowedSerdeFrom(String.class), lng));
+            case "cogroup_repartition" -> in.filter((k, v) -> DifferentialTopologies.side(v, "L"))
+                    .selectKey((k, v) -> DifferentialTopologies.foreignKey(v))
+                    .groupByKey(Grouped.with(str, str))
+                    .<Long>cogroup((k, v, agg) -> agg + Long.parseLong(v.substring(1)))
+                    .cogroup(right, (k, v, agg) -> agg - 1)
+                    .aggregate(() -> 0L,
+                            Materialized.<String, Long, KeyValueStore<Bytes, byte[]>>with(str, lng))
+                    .toStream()
+                    .to(output, Produced.with(str, lng));
             case "headers_process" -> in.process(Relabel::new)
                     .mapValues(v -> v == null ? null : v.toUpperCase())
                     .to(output, Produced.with(str, str));

@@ -298,7 +298,8 @@ public final class DifferentialTopologies {
                         .toStream()
                         .to(output, Produced.with(str, str));
             }
-            case "cogroup_aggregate", "cogroup_tumbling", "cogroup_session", "headers_process" ->
+            case "cogroup_aggregate", "cogroup_tumbling", "cogroup_session", "cogroup_repartition",
+                    "headers_process" ->
                 DifferentialCogroupHeaders.build(name, in, output);
             default -> throw new IllegalArgumentException("unknown differential topology " + name);
         }
