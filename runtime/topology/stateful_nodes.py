@@ -257,7 +257,10 @@ class AggregateNode(_StoreWriterNode):
             self._dropped("null_value")
             return
         key_bytes = self._key_ser(key)
-        self._writing(key_bytes, record.headers)
+        headers = record.headers  # _writing, inlined: this is the hottest stateful path
+        last = self._last_write
+        if headers is not None or last.current is not None:
+            last.current = None if headers is None else (key_bytes, headers)
         get_value = self._get_value
         if get_value is not None:
             old = get_value(key_bytes)
