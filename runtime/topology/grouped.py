@@ -189,6 +189,13 @@ class KGroupedStream:
             )
         return windowed_stream(self)
 
+    def cogroup(self, aggregator: Callable[[Any, Any, Any], Any]) -> Any:
+        """Start a cogroup (KIP-150) with this stream, aggregated with
+        `aggregator(key, value, agg)`; see `runtime.topology.cogroup`."""
+        from runtime.topology.cogroup import CogroupedKStream
+
+        return CogroupedKStream.start(self, aggregator)
+
     # -- internals -------------------------------------------------------------
 
     def _input(self, store: str, values_needed: bool) -> str:

@@ -378,7 +378,7 @@ class KTable:
         return KTable.materialized(self._graph, node, store_name, self.key_serde, value_serde)
 
     def _enable_old_values(self, what: str) -> None:
-        from runtime.topology import table_changes, table_grouping, table_joins
+        from runtime.topology import cogroup, table_changes, table_grouping, table_joins
         from runtime.topology.grouped import _make_aggregate
 
         kinds = {
@@ -389,5 +389,6 @@ class KTable:
             _make_filter: table_changes.FILTER,
             _make_map_values: table_changes.MAP_VALUES,
             table_joins.make_merge: table_changes.JOIN,
+            cogroup.make_merge: table_changes.STORE,
         }
         table_changes.enable_old_values(self._graph, self._node, kinds, what)

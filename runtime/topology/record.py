@@ -15,7 +15,16 @@ Headers = list[tuple[str, bytes | None]]
 
 
 class Record:
-    """A key/value pair with its event timestamp (ms), headers and origin."""
+    """A key/value pair with its event timestamp (ms), headers and origin.
+
+    `headers` is a list of `(name, bytes or None)` pairs in Kafka's order, or
+    None when the input record had none. Sinks write them with the record;
+    stateless operators pass them on; aggregations, `to_table`, suppression
+    and joins carry them as Kafka Streams does (docs/dsl.md, "Record
+    headers"). The list may be shared by several records downstream: to
+    change headers, forward `with_headers(new_list)` instead of changing it
+    in place.
+    """
 
     __slots__ = ("key", "value", "timestamp", "headers", "_topic", "_partition", "_offset")
 

@@ -13,7 +13,9 @@ deleted from the store in sweeps (one full scan per gap + grace of stream time).
 
 Output: per update, the merged sessions' keys as tombstones (stamped with their
 ends), then the new session `(Windowed(key, start, end), aggregate)` stamped
-with its end, exactly as Kafka Streams without caching. With the emit strategy
+with its end, exactly as Kafka Streams without caching; without headers, as
+Kafka Streams makes these records afresh (its on-close results carry the
+headers of the record that closed the session; so do these). With the emit strategy
 `on_window_close` (KIP-825), nothing is forwarded per update; each session is
 forwarded once, when stream time passes its end + gap + grace. The last close
 time emitted is kept in the store itself (a reserved key shorter than any
@@ -222,7 +224,7 @@ class SessionWindowAggregateNode(StoreNode):
             for s_start, s_end, _data in merged:
                 store.delete(session_key(key_bytes, s_start, s_end))
                 if emit:
-                    self._emit(Record(Windowed(key, s_start, s_end), None, s_end, record.headers))
+                    self._emit(Record(Windowed(key, s_start, s_end), None, s_end))
         agg = aggregator(key, value, agg)
         new_key = session_key(key_bytes, start, end)
         if agg is None:
@@ -232,7 +234,7 @@ class SessionWindowAggregateNode(StoreNode):
         if end > store_time:
             self._store_time = end
         if emit:
-            self._emit(Record(Windowed(key, start, end), agg, end, record.headers))
+            self._emit(Record(Windowed(key, start, end), agg, end))
         self._maybe_emit_final(record, close_time)
         self._maybe_sweep()
 

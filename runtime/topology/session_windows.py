@@ -60,6 +60,13 @@ class SessionWindows:
         """How long after its end a session closes: gap + grace."""
         return self.gap_ms + self.grace_ms
 
+    def table_type(self) -> Any:
+        """The `KTable` class of a session aggregation (the session key layout);
+        used by `runtime.topology.cogroup`."""
+        from runtime.topology.session_dsl import SessionWindowedKTable
+
+        return SessionWindowedKTable
+
     def windowed_stream(self, grouped: KGroupedStream) -> Any:
         """`grouped.windowed_by(self)` (called by `KGroupedStream.windowed_by`)."""
         from runtime.topology.session_dsl import SessionWindowedKStream

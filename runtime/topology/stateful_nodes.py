@@ -15,6 +15,12 @@ locked; either way no other thread touches the task's graph meanwhile.
 Keys and values are serialized with the serdes the DSL gave the node, or the
 task's configured defaults (resolved once in `init`).
 
+Headers: a forwarded update carries the headers of the record whose write
+made it (Kafka Streams' record context), known when that record was the last
+write of this node (`LastWrite`): always with caching off; with caching on,
+a key flushed at commit or evicted gets them only if the last record this
+node wrote was that key's, else None.
+
 Aggregations read and write their store's values as objects when the store
 can (`use_values`: a caching layer below, see `runtime.state.cache`), so a
 key updated many times between commits is deserialized and serialized once
@@ -129,16 +135,37 @@ class NullKeyFilterNode(Node):
         self._emit(record)
 
 
+class LastWrite:
+    """The last write of a store-writing node: `(key bytes, headers)` or None.
+
+    Set before each write of a record with headers (one tuple, so a reader
+    on another key-parallel thread never sees one record's key with another's
+    headers); a flushed update whose key matches it carries those headers.
+    Shared by the nodes that write one store (a cogroup's).
+    """
+
+    __slots__ = ("current",)
+
+    def __init__(self) -> None:
+        self.current: tuple[bytes | None, Any] | None = None
+
+    def headers_of(self, key: bytes) -> Any:
+        current = self.current
+        return current[1] if current is not None and current[0] == key else None
+
+
 class _StoreWriterNode(StoreNode):
     """A node that owns one store of the task and forwards the store's updates."""
 
     __slots__ = (
         "_get_value",
         "_put_value",
+        "_last_write",
     )
 
     def __init__(self, name: str, store: str, key_serde: Any, value_serde: Any) -> None:
         super().__init__(name, store, key_serde, value_serde)
+        self._last_write = LastWrite()
         # The store's get_value/put_value, when it holds values as objects.
         self._get_value: Callable[..., Any] | None = None
         self._put_value: Callable[..., None] = _not_initialized
@@ -168,7 +195,14 @@ class _StoreWriterNode(StoreNode):
 
     def on_flush(self, key: bytes, new: bytes | None, old: bytes | None, timestamp: int) -> None:
         """The store emitted `key`'s update: forward it (see the module docstring)."""
-        self._emit(Record(self._key_de(key), self._emitted_value(new), timestamp))
+        headers = self._last_write.headers_of(key)
+        self._emit(Record(self._key_de(key), self._emitted_value(new), timestamp, headers))
+
+    def _writing(self, key_bytes: bytes | None, headers: Any) -> None:
+        """Note the record about to be written (its headers go with the update)."""
+        last = self._last_write
+        if headers is not None or last.current is not None:
+            last.current = None if headers is None else (key_bytes, headers)
 
     def close(self) -> None:
         self._store = None
@@ -187,6 +221,7 @@ class TableSourceNode(_StoreWriterNode):
             return
         value = record.value
         key_bytes = self._key_ser(key)
+        self._writing(key_bytes, record.headers)
         if value is None:
             self._store.delete(key_bytes)
         else:
@@ -222,6 +257,10 @@ class AggregateNode(_StoreWriterNode):
             self._dropped("null_value")
             return
         key_bytes = self._key_ser(key)
+        headers = record.headers  # _writing, inlined: this is the hottest stateful path
+        last = self._last_write
+        if headers is not None or last.current is not None:
+            last.current = None if headers is None else (key_bytes, headers)
         get_value = self._get_value
         if get_value is not None:
             old = get_value(key_bytes)
@@ -315,6 +354,7 @@ class WindowAggregateNode(_StoreWriterNode):
         size = self._size
         store = self._store
         key_bytes = self._key_ser(key)
+        self._writing(key_bytes, record.headers)
         fold = self.fold
         get_value = self._get_value
         for start in self.windows.window_starts(timestamp):
@@ -334,8 +374,9 @@ class WindowAggregateNode(_StoreWriterNode):
         # Store keys are composite: key bytes + window start (8 bytes big-endian).
         start = int.from_bytes(key[-8:], "big")
         value = self._emitted_value(new)
-        windowed = Windowed(self._key_de(key[:-8]), start, start + self._size)
-        self._emit(Record(windowed, value, timestamp))
+        key_bytes = key[:-8]
+        windowed = Windowed(self._key_de(key_bytes), start, start + self._size)
+        self._emit(Record(windowed, value, timestamp, self._last_write.headers_of(key_bytes)))
 
 
 class TableFilterNode(Node):

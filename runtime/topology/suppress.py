@@ -24,10 +24,14 @@ the byte).
 The buffer is a key-value store named `KTABLE-SUPPRESS-STATE-STORE-<n>`
 (change-logged, restored, kept by standbys, not cached) whose keys are
 `buffer time (8 bytes) + key bytes`, so a range read yields the oldest first,
-and whose values are `timestamp (8 bytes) + flag (1) + value bytes`. The node
-keeps an index of key -> buffer time, the entry count and byte size in
-memory, rebuilt from the store at the task's first record (after restoration:
-`init` may run while the store is still being restored). Headers are not kept.
+and whose values are `timestamp (8 bytes) + flag (1) + value bytes`; flag 0
+is a tombstone, 1 a value, and 2/3 the same with the update's headers
+(`runtime.topology.header_codec`) between the flag and the value, so the
+emitted record carries the buffered update's headers, as Kafka Streams' keeps
+its record context. The node keeps an index of key -> buffer time, the entry
+count and byte size in memory, rebuilt from the store at the task's first
+record (after restoration: `init` may run while the store is still being
+restored).
 
 Threads: the node runs on the processing thread holding its task. Its
 buffer and stream time are shared by all keys, so it opts out of key-parallel
@@ -44,6 +48,7 @@ from runtime.topology import serdes as _serdes
 from runtime.topology.context import TaskContext
 from runtime.topology.errors import TopologyError
 from runtime.topology.graph import NodeDef, StateStoreDef
+from runtime.topology.header_codec import decode_headers, encode_headers
 from runtime.topology.nodes import Node, StoreNode
 from runtime.topology.record import Record
 from runtime.topology.suppressed import Suppressed
@@ -139,9 +144,14 @@ class SuppressNode(StoreNode):
             buffer_time = timestamp
         key_bytes = self._key_ser(key) or b""
         value = record.value
-        stored = _LONG.pack(timestamp) + (
-            b"\x00" if value is None else b"\x01" + (self._value_ser(value) or b"")
-        )
+        headers = record.headers
+        if headers:
+            flag = b"\x02" if value is None else b"\x03"
+            stored = _LONG.pack(timestamp) + flag + encode_headers(headers)
+        else:
+            stored = _LONG.pack(timestamp) + (b"\x00" if value is None else b"\x01")
+        if value is not None:
+            stored += self._value_ser(value) or b""
         previous = self._index.get(key_bytes)
         if previous is not None:
             buffer_time = previous[0]  # non-resetting: the key keeps its place
@@ -191,13 +201,18 @@ class SuppressNode(StoreNode):
 
     def _forward(self, key_bytes: bytes, stored: bytes) -> None:
         timestamp = _LONG.unpack_from(stored)[0]
-        if stored[8:9] == b"\x00":
+        flag = stored[8]
+        headers = None
+        start = 9
+        if flag >= 2:
+            headers, start = decode_headers(stored, 9)
+        if flag in (0, 2):
             if self.final:
                 return  # a retraction of a window that never was final
             value = None
         else:
-            value = self._value_de(stored[9:])
-        self._emit(Record(self._key_de(key_bytes), value, timestamp))
+            value = self._value_de(stored[start:])
+        self._emit(Record(self._key_de(key_bytes), value, timestamp, headers))
 
 
 def _make_suppress(d: NodeDef) -> Node:

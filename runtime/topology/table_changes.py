@@ -93,7 +93,8 @@ def _on_flush_with_old(
     self: _StoreWriterNode, key: bytes, new: bytes | None, old: bytes | None, timestamp: int
 ) -> None:
     old_value = None if old is None else self._value_de(old)
-    self._emit(Change(self._key_de(key), self._emitted_value(new), timestamp, old_value))
+    headers = self._last_write.headers_of(key)
+    self._emit(Change(self._key_de(key), self._emitted_value(new), timestamp, old_value, headers))
 
 
 _WITH_OLD: dict[type, type] = {}

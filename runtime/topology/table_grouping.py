@@ -178,6 +178,7 @@ class TableAggregateNode(_StoreWriterNode):
             return
         new, old = pair
         key_bytes = self._key_ser(key)
+        self._writing(key_bytes, record.headers)
         store = self._store
         data = store.get(key_bytes)
         agg = None if data is None else self._value_de(data)

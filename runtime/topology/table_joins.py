@@ -149,6 +149,7 @@ class TableJoinStoreNode(_StoreWriterNode):
 
     def process(self, record: Record) -> None:
         key_bytes = self._key_ser(record.key)
+        self._writing(key_bytes, record.headers)
         if record.value is None:
             self._store.delete(key_bytes)
         else:

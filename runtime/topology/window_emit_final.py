@@ -101,7 +101,10 @@ class EmitFinalWindowAggregateNode(WindowAggregateNode):
         )
         for start, key, value in closed:
             windowed = Windowed(self._key_de(key), start, start + size)
-            self._emit(Record(windowed, self._emitted_value(value), start + size - 1))
+            # The record that closed the window lends its headers, as in Kafka Streams.
+            self._emit(
+                Record(windowed, self._emitted_value(value), start + size - 1, record.headers)
+            )
         self._last_emit = close
         self._meta.put(_META_KEY, _LONG.pack(close))
 

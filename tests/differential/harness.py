@@ -89,9 +89,17 @@ def generate(
     return out
 
 
+def input_headers(value: str | None) -> list[tuple[str, bytes | None]]:
+    """The headers of an input record: its value's letter ("letter", None for a
+    null value). Topologies that compare headers (`compare(..., headers=True)`)
+    check that both implementations carry them the same way."""
+    return [("letter", None if value is None else value[:1].encode())]
+
+
 def produce_input(bootstrap: str, topic: str, records: list[Record]) -> None:
-    """Write `records` in order with their timestamps, keys partitioned as the
-    Java client does (murmur2; null keys to partition 0, so the run is repeatable)."""
+    """Write `records` in order with their timestamps and `input_headers`, keys
+    partitioned as the Java client does (murmur2; null keys to partition 0, so
+    the run is repeatable)."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -113,6 +121,7 @@ def produce_input(bootstrap: str, topic: str, records: list[Record]) -> None:
             key=None if key is None else key.encode(),
             value=None if value is None else value.encode(),
             timestamp=timestamp,
+            headers=input_headers(value),
             on_delivery=on_delivery,
             **extra,
         )
@@ -289,19 +298,25 @@ def run_pair(
     return runs
 
 
-def by_key(records: list[Msg]) -> dict[bytes | None, list[tuple[bytes | None, int]]]:
-    """(value, timestamp) per key, in output order (offset order of the key's partition)."""
-    out: dict[bytes | None, list[tuple[bytes | None, int]]] = defaultdict(list)
+Item = tuple[bytes | None, int, tuple[tuple[str, bytes | None], ...]]  # value, timestamp, headers
+
+
+def by_key(records: list[Msg]) -> dict[bytes | None, list[Item]]:
+    """(value, timestamp, headers) per key, in output order (offset order of
+    the key's partition)."""
+    out: dict[bytes | None, list[Item]] = defaultdict(list)
     for m in sorted(records, key=lambda m: (m.partition, m.offset)):
-        out[m.key].append((m.value, m.timestamp))
+        out[m.key].append((m.value, m.timestamp, tuple(m.headers or ())))
     return dict(out)
 
 
-def _order(item: tuple[bytes | None, int]) -> tuple[bytes, int]:
-    return (item[0] or b"", item[1])
+def _order(item: Item) -> tuple[bytes, int, str]:
+    return (item[0] or b"", item[1], repr(item[2]))
 
 
-def compare(run: Run, *, timestamps: bool = True, final_only: bool = False) -> list[str]:
+def compare(
+    run: Run, *, timestamps: bool = True, final_only: bool = False, headers: bool = False
+) -> list[str]:
     """The differences between the two sides' outputs, one line each (empty: equal).
 
     `timestamps=False` compares values only: for aggregations, whose results
@@ -311,14 +326,15 @@ def compare(run: Run, *, timestamps: bool = True, final_only: bool = False) -> l
     value only (the final table): for aggregations behind a repartition topic
     written by several upstream tasks, whose intermediate updates depend on
     how the tasks' records interleave there, in either implementation.
+    `headers=True` compares each record's headers too (in order).
     """
     ks, py = by_key(run.ks_records), by_key(run.py_records)
     problems: list[str] = []
     for key in sorted(set(ks) | set(py), key=lambda k: (k is not None, k or b"")):
         want, got = ks.get(key, []), py.get(key, [])
-        if not timestamps or final_only:
-            want = [(v, 0) for v, _ in want]
-            got = [(v, 0) for v, _ in got]
+        keep_time = timestamps and not final_only
+        want = [(v, t if keep_time else 0, h if headers else ()) for v, t, h in want]
+        got = [(v, t if keep_time else 0, h if headers else ()) for v, t, h in got]
         if final_only:
             want, got = want[-1:], got[-1:]
         if key is None:

@@ -68,11 +68,15 @@ NAMES = [
     "fk_left_join",
     "enrichment",
     "global_join",
+    "cogroup_aggregate",
+    "cogroup_tumbling",
+    "cogroup_session",
+    "headers_process",
 ]
 # Twins kept out of the suite's run to keep its time down (each topology costs
 # an application per side); `DIFFERENTIAL_EXTRA=1` runs them too. They passed
 # when added (issue 35).
-EXTRA = ["session_reduce", "tumbling_count_suppress", "sliding_aggregate"]
+EXTRA = ["session_reduce", "tumbling_count_suppress", "sliding_aggregate", "cogroup_repartition"]
 if os.environ.get("DIFFERENTIAL_EXTRA") == "1":
     NAMES += EXTRA
 # Aggregations: values compared, not timestamps (Kafka Streams stamps a result
@@ -94,6 +98,9 @@ VALUES_ONLY = {
     "tt_left_join",
     "tt_outer_join",
     "tt_outer_join_materialized",
+    # Cogroups: the aggregations' timestamps, as above.
+    "cogroup_aggregate",
+    "cogroup_tumbling",
 }
 # Table joins whose input deletes rows: the tombstone rules must be exercised.
 TOMBSTONES = {"tt_join", "tt_left_join", "tt_outer_join", "tt_outer_join_materialized"}
@@ -110,6 +117,46 @@ FINAL_ONLY = {
     "fk_join",
     "fk_left_join",
     "enrichment",
+    # A cogroup input re-keyed through a repartition topic written by both tasks.
+    "cogroup_repartition",
+}
+
+
+# Headers compared too: the input's "letter" header (`harness.input_headers`)
+# and what `headers_process` makes of it, through stateless operators, a
+# processor, sinks, state (aggregations with caching off, to_table, suppress,
+# windows, cogroups) and joins. Not where the final table is compared: which
+# record updated a row last depends on the interleaving there.
+HEADERS = {
+    "count",
+    "reduce",
+    "aggregate",
+    "tumbling_count",
+    "hopping_count",
+    "table_left_join",
+    "select_key_count",
+    "to_table",
+    "ss_join",
+    "ss_left_join",
+    "ss_outer_join",
+    "ss_outer_join_no_grace",
+    "ss_join_windowed_count",
+    "session_count",
+    "session_aggregate",
+    "session_count_on_close",
+    "table_suppress_time_limit",
+    "clickstream_sessions",
+    "sliding_count",
+    "sliding_count_suppress",
+    "hopping_count_on_close",
+    "tt_join",
+    "tt_left_join",
+    "tt_outer_join",
+    "tt_outer_join_materialized",
+    "cogroup_aggregate",
+    "cogroup_tumbling",
+    "cogroup_session",
+    "headers_process",
 }
 
 
@@ -144,7 +191,12 @@ def test_same_output_as_kafka_streams(runs: dict[str, Run], name: str) -> None:
     assert run.ks_records, f"{name}: Kafka Streams wrote nothing (the comparison would be empty)"
     if name in TOMBSTONES:
         assert any(m.value is None for m in run.ks_records), f"{name}: no tombstone to compare"
-    problems = compare(run, timestamps=name not in VALUES_ONLY, final_only=name in FINAL_ONLY)
+    problems = compare(
+        run,
+        timestamps=name not in VALUES_ONLY,
+        final_only=name in FINAL_ONLY,
+        headers=name in HEADERS,
+    )
     assert not problems, f"{name} differs from Kafka Streams:\n" + "\n".join(problems)
 
 
@@ -162,3 +214,20 @@ def test_the_input_exercises_session_merges_and_final_results(runs: dict[str, Ru
     assert 0 < len(ks("table_suppress_time_limit")) < len(ks("to_table"))
     assert 0 < len(ks("sliding_count_suppress")) < len(ks("sliding_count"))
     assert 0 < len(ks("hopping_count_on_close")) < len(ks("hopping_count")) / 2
+
+
+def test_the_header_comparisons_compare_headers(runs: dict[str, Run]) -> None:
+    """Kafka Streams' own output has the headers the comparisons check: the
+    input's letter through an aggregation and suppression, the processor's
+    rewrite, and none on session updates."""
+
+    def headers(name: str) -> set[tuple[tuple[str, bytes | None], ...]]:
+        return {tuple(m.headers) for m in runs[name].ks_records}
+
+    assert (("letter", b"L"),) in headers("count")
+    assert (("letter", b"T"),) in headers("table_suppress_time_limit")
+    assert any(
+        len(h) == 2 and h[0] == ("letter", b"l") and h[1][0] == "length"
+        for h in headers("headers_process")
+    )
+    assert headers("session_count") == {()}

@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from runtime import StreamsBuilder, serdes
+from runtime import Processor, Record, StreamsBuilder, serdes
 from runtime.topology.kstream import KStream
+from runtime.topology.processor import ProcessorContext
 from runtime.topology.session_store import session_windowed
 from runtime.topology.session_windows import SessionWindows
 from runtime.topology.sliding_windows import SlidingWindows
@@ -522,6 +523,104 @@ def global_join(builder: StreamsBuilder, topic: str, out: str) -> None:
 
 
 TOPOLOGIES["global_join"] = global_join
+
+# -- cogroup and headers (issue 35, items 7 and 8) -------------------------------
+
+
+def _cogrouped(builder: StreamsBuilder, topic: str) -> Any:
+    """ "L<n>" records add n, "R" records subtract 1, into one long per key."""
+    source = _source(builder, topic)
+    left = source.filter(side("L")).group_by_key()
+    right = source.filter(side("R")).group_by_key()
+    return left.cogroup(lambda key, value, agg: agg + int(value[1:])).cogroup(
+        right, lambda key, value, agg: agg - 1
+    )
+
+
+def cogroup_aggregate(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _cogrouped(builder, topic)
+        .aggregate(lambda: 0, value_serde=LONG)
+        .to_stream()
+        .to(out, value_serde=LONG)
+    )
+
+
+def cogroup_tumbling(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _cogrouped(builder, topic)
+        .windowed_by(TimeWindows.of_size_and_grace(WINDOW_MS, GRACE_MS))
+        .aggregate(lambda: 0, value_serde=LONG)
+        .to_stream()
+        .to(out, key_serde=WINDOWED, value_serde=LONG)
+    )
+
+
+def cogroup_session(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _cogrouped(builder, topic)
+        .windowed_by(SessionWindows.of_inactivity_gap_with_grace(SESSION_GAP_MS, GRACE_MS))
+        .aggregate(lambda: 0, lambda key, a, b: a + b, value_serde=LONG)
+        .to_stream()
+        .to(out, key_serde=session_windowed(STR), value_serde=LONG)
+    )
+
+
+def cogroup_repartition(builder: StreamsBuilder, topic: str, out: str) -> None:
+    """The "L" side re-keyed by its foreign key (through a repartition topic)."""
+    source = _source(builder, topic)
+    right = source.filter(side("R")).group_by_key()
+    (
+        source.filter(side("L"))
+        .select_key(lambda key, value: foreign_key(value))
+        .group_by_key(key_serde=STR)
+        .cogroup(lambda key, value, agg: agg + int(value[1:]))
+        .cogroup(right, lambda key, value, agg: agg - 1)
+        .aggregate(lambda: 0, value_serde=LONG)
+        .to_stream()
+        .to(out, key_serde=STR, value_serde=LONG)
+    )
+
+
+class Relabel(Processor):
+    """Each record with its "letter" header lower-cased ("none" without one,
+    "null" for a null one) and a "length" header added: new headers."""
+
+    def init(self, context: ProcessorContext) -> None:
+        self.context = context
+
+    def process(self, record: Record) -> None:
+        headers = []
+        letter = "none"
+        for name, value in record.headers or []:
+            if name == "letter":
+                letter = "null" if value is None else value.decode().lower()
+            else:
+                headers.append((name, value))
+        headers.append(("letter", letter.encode()))
+        value = record.value
+        headers.append(("length", None if value is None else str(len(value)).encode()))
+        self.context.forward(record.with_headers(headers))
+
+
+def headers_process(builder: StreamsBuilder, topic: str, out: str) -> None:
+    (
+        _source(builder, topic)
+        .process(Relabel)
+        .map_values(lambda value: None if value is None else value.upper())
+        .to(out, key_serde=STR, value_serde=STR)
+    )
+
+
+TOPOLOGIES.update(
+    {
+        "cogroup_aggregate": cogroup_aggregate,
+        "cogroup_tumbling": cogroup_tumbling,
+        "cogroup_session": cogroup_session,
+        "cogroup_repartition": cogroup_repartition,
+        "headers_process": headers_process,
+    }
+)
 
 
 def build(name: str, topic: str, out: str) -> Topology:

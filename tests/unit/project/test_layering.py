@@ -45,7 +45,7 @@ LAYER = {
 }
 TOP = 7
 # Import cycles allowed: the DSL's fluent classes return each other.
-DSL = {"builder", "kstream", "ktable", "grouped"}
+DSL = {"builder", "kstream", "ktable", "grouped", "cogroup"}
 
 
 def _modules() -> dict[str, Path]:

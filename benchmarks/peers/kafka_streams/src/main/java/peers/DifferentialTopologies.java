@@ -311,6 +311,9 @@ public final class DifferentialTopologies {
                 s.leftJoin(table, DifferentialTopologies::globalKey, (v, t) -> "L:" + v + "/" + t)
                         .to(output, Produced.with(str, str));
             }
+            case "cogroup_aggregate", "cogroup_tumbling", "cogroup_session", "cogroup_repartition",
+                    "headers_process" ->
+                DifferentialCogroupHeaders.build(name, in, output);
             default -> throw new IllegalArgumentException("unknown differential topology " + name);
         }
         return builder.build();
