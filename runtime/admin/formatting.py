@@ -241,6 +241,14 @@ def _mib(n: Any) -> str:
     return f"{float(n or 0) / (1 << 20):.1f} MiB"
 
 
+def _counted(stores: list[Mapping[str, Any]]) -> str:
+    """ "N stores", or with the consolidated layout, whose figures are per
+    column family (task `*`), "N column families"."""
+    if stores and all(s.get("task") == "*" for s in stores):
+        return f"{len(stores)} column families"
+    return f"{len(stores)} stores"
+
+
 def format_state_memory(memory: Mapping[str, Any]) -> str:
     """The `state memory` line of `admin status`: RocksDB's shared budget and
     its use, the stores, and write stalls (runtime.state.rocksdb_metrics)."""
@@ -259,7 +267,7 @@ def format_state_memory(memory: Mapping[str, Any]) -> str:
         f"{_mib(memory.get('write_buffer_usage_bytes'))} of "
         f"{_mib(memory.get('write_buffer_limit_bytes'))}, pinned "
         f"{_mib(memory.get('block_cache_pinned_bytes'))}; outside it: SST readers "
-        f"{_mib(readers)}), {len(stores)} stores, {keys} keys, SST {_mib(sst)}; write stalls: "
+        f"{_mib(readers)}), {_counted(stores)}, {keys} keys, SST {_mib(sst)}; write stalls: "
     )
     text += f"{len(stalled)} ({', '.join(stalled[:4])})" if stalled else "none"
     if memory.get("stall_seconds"):

@@ -6,7 +6,8 @@ process-wide cache budget, the app's shared RocksDB memory (one block cache
 and write-buffer budget for every RocksDB store, `rocksdb_memory`) and the
 RocksDB metrics thread reading the stores' properties (`rocksdb_metrics`),
 per-task checkpoint files, the consolidated layout (`consolidated`: one
-database per process, a column family per task-store, the positions in it,
+database per process, a column family per store name with the tasks' keys
+under their prefixes, the positions in it,
 one synced batch per commit; `layout_upgrade` moves per-task directories
 in), and `build_store`, which
 turns a `StoreSpec` into a layered store. Local state is trusted only as far

@@ -16,7 +16,8 @@ as a pass-through that forwards every write at once.
 Layout on disk (`state.store.layout=per-task`, the default):
 `<state.dir>/<application.id>/<task id>/rocksdb/<store>`, and the task's
 checkpoint file `<task dir>/.checkpoint`. With `consolidated`, a RocksDB
-store is a column family of the process's one database and the positions
+store's keys sit under the task's prefix in its store name's column
+family of the process's one database and the positions
 live there too (runtime.state.consolidated); `build_task_stores` first moves
 a per-task directory left by the other layout into it
 (runtime.state.layout_upgrade). A store's positions are reached through its

@@ -8,8 +8,8 @@ directory's lock (runtime.state.task_lock: another processing process of
 the daemon may own it). It only reads the owned set the polling thread
 publishes; it never touches a store.
 
-With `state.store.layout=consolidated` a task's state is also its column
-families and positions in the process's database: those of a task not owned
+With `state.store.layout=consolidated` a task's state is also its keys (under
+its prefix) and positions in the process's database: those of a task not owned
 here for the delay are dropped too (`ConsolidatedStores.drop_task`, which
 refuses while a store of the task is open).
 """
@@ -64,7 +64,7 @@ class CleanupThread(threading.Thread):
                 log.warning("state_cleanup_failed", error=str(exc))
 
     def clean_once(self, now: float | None = None) -> list[str]:
-        """Delete directories (and, consolidated, column families) unused for
+        """Delete directories (and, consolidated, a task's keys and positions) unused for
         the delay; returns their task ids."""
         now = time.time() if now is None else now
         if not self._app_dir.is_dir():
@@ -101,7 +101,7 @@ class CleanupThread(threading.Thread):
         return deleted
 
     def _drop_families(self, owned: frozenset[str], now: float) -> list[str]:
-        """Consolidated layout: drop the column families and positions of the
+        """Consolidated layout: drop the keys and positions of the
         tasks not owned here for the delay; returns their task ids."""
         stores = self._consolidated
         if stores is None:

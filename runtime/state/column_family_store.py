@@ -1,15 +1,19 @@
-"""A task's store as a column family of the process's consolidated database
-(`state.store.layout=consolidated`, runtime.state.consolidated).
+"""A task's store in the process's consolidated database
+(`state.store.layout=consolidated`, runtime.state.consolidated): its keys,
+under the task's prefix, in the column family of its store name.
 
-Reads, writes and the pending overlay are `RocksDBKeyValueStore`'s (the
-column family is an `Rdict` like a database of its own); what differs is
-where writes go. `commit` does not write: it stages the store in the
-process's commit (`ConsolidatedStores.stage`), and the pending writes stay
-readable until the one batch of the commit is written (`batch_written`).
-`restore_batch` writes the records with the store's changelog position in
-one batch. `wipe` drops and recreates the column family. Remote-state
-checkpoints are per database, so they are not offered here (the layout
-refuses `state.remote.url` at start-up).
+The pending overlay is `RocksDBKeyValueStore`'s (keys without the prefix);
+what differs is where reads look and where writes go. Reads add the prefix
+(`get`) or scan the task's range and strip it (`range`). `commit` does not
+write: it stages the store in the process's commit
+(`ConsolidatedStores.stage`), and the pending writes stay readable until the
+one batch of the commit is written (`batch_written`). `restore_batch`
+writes the records with the store's changelog position in one batch. `wipe`
+deletes the task's range. RocksDB's figures are per column family, so per
+store name for all tasks (`FamilyFigures`), not per store object: this
+store registers nothing with the metrics thread. Remote-state snapshots are
+per database, so they are not offered here (the layout refuses
+`state.remote.url` at start-up).
 
 Threads: as `RocksDBKeyValueStore` (runtime.state.rocksdb_store).
 """
@@ -18,21 +22,26 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from typing import cast
 
-from rocksdict import ColumnFamily, WriteBatch
+from rocksdict import ColumnFamily, ReadOptions, WriteBatch
 
 from runtime.state.checkpoint import ChangelogPartition
 from runtime.state.consolidated import ConsolidatedStores
+from runtime.state.consolidated_families import prefix_end, task_prefix
 from runtime.state.rocksdb_store import RocksDBKeyValueStore
-from runtime.state.store import SortedKeys
+from runtime.state.store import KeyValue, SortedKeys
 
 _NO_SNAPSHOTS = "remote state snapshots are not built for state.store.layout=consolidated"
+_CHUNK = 1024  # entries per rocksdict iterator (none outlives a chunk)
 
 
 class ColumnFamilyStore(RocksDBKeyValueStore):
     """One store of one task in the consolidated database; `created` when its
-    column family did not exist (it holds nothing, whatever a position says)."""
+    column family did not exist or the store was wiped (it holds nothing,
+    whatever a position says)."""
 
     def __init__(self, name: str, stores: ConsolidatedStores, task_id: str) -> None:  # noqa: D107
         # Not RocksDBKeyValueStore.__init__: nothing to open but the family.
@@ -41,6 +50,8 @@ class ColumnFamilyStore(RocksDBKeyValueStore):
         self.path = stores.path
         self._memory = stores.memory
         self._task_id = task_id
+        self._prefix = task_prefix(task_id)
+        self._end = prefix_end(self._prefix)
         self._lock = threading.Lock()
         family, handle, self.created = stores.open_family(task_id, name)
         self._handle: ColumnFamily | None = handle
@@ -51,7 +62,40 @@ class ColumnFamilyStore(RocksDBKeyValueStore):
         # (topic, partition) of its changelog, set by its builder: restore
         # batches carry the position after them.
         self.changelog_partition: ChangelogPartition | None = None
-        self._memory.register(self)
+
+    # --- reads (processing thread) ----------------------------------------------
+
+    def get(self, key: bytes) -> bytes | None:
+        pending = self._pending
+        if key in pending:
+            return pending[key]
+        value: bytes | None = self._open_db().get(self._prefix + key)
+        return value
+
+    def _db_range(self, lo: bytes | None, hi: bytes | None) -> Iterator[KeyValue]:
+        prefix = self._prefix
+        cut = len(prefix)
+        start = prefix + (lo or b"")
+        end = prefix + hi + b"\x00" if hi is not None else self._end  # exclusive
+        while True:
+            db = self._open_db()
+            read_options = ReadOptions()
+            read_options.set_iterate_upper_bound(end)
+            items = cast("Iterable[KeyValue]", db.items(from_key=start, read_opt=read_options))
+            chunk = list(islice(items, _CHUNK))
+            del items, db  # drop the rocksdict iterator before yielding
+            for key, value in chunk:
+                yield key[cut:], value
+            if len(chunk) < _CHUNK:
+                return
+            start = chunk[-1][0] + b"\x00"
+
+    def approximate_num_entries(self) -> int:
+        """The task's keys on disk, counted (RocksDB estimates per column
+        family only, and the family holds every task's copy), plus the pending
+        puts: O(keys of the task)."""
+        on_disk = sum(1 for _ in self._db_range(None, None))
+        return on_disk + sum(1 for v in self._pending.values() if v is not None)
 
     # --- commit (polling thread, task locked) ---------------------------------
 
@@ -67,11 +111,12 @@ class ColumnFamilyStore(RocksDBKeyValueStore):
         """Put the pending writes into the commit's batch (`write_commit`)."""
         handle = self._handle
         assert handle is not None, "a closed store is never staged"
+        prefix = self._prefix
         for key, value in self._pending.items():
             if value is None:
-                batch.delete(key, handle)
+                batch.delete(prefix + key, handle)
             else:
-                batch.put(key, value, handle)
+                batch.put(prefix + key, value, handle)
         return len(self._pending)
 
     def batch_written(self) -> None:
@@ -95,7 +140,7 @@ class ColumnFamilyStore(RocksDBKeyValueStore):
         )
         handle = self._handle
         assert handle is not None  # _open_db raised for a closed store
-        count = self._stores.write_restored(handle, records, position)
+        count = self._stores.write_restored(handle, self._prefix, records, position)
         if count:
             self._memory.relieve_write_buffers()
         return count
@@ -105,20 +150,17 @@ class ColumnFamilyStore(RocksDBKeyValueStore):
         self._stores.sync()
 
     def wipe(self) -> None:
-        """Drop the column family and start an empty one (`created`); the owner
-        dropped the store's position first (`LayeredStore.wipe`)."""
+        """Delete the task's keys of this store (`created` from then on); the
+        owner dropped the store's position first (`LayeredStore.wipe`)."""
+        self._open_db()
         self._pending = {}
         self._pending_keys.clear()
-        with self._lock:
-            self._db = None
-            family, self._handle = self._stores.recreate_family(self._task_id, self._name)
-            self._db = family
-            self.created = True
+        self._stores.clear_store(self._task_id, self._name)
+        self.created = True
 
     def close(self) -> None:
-        """Forget the column family (it stays in the database); pending writes
-        are dropped."""
-        self._memory.unregister(self)
+        """Forget the column family (the task's keys stay in it); pending
+        writes are dropped."""
         self._pending = {}
         self._pending_keys.clear()
         with self._lock:
@@ -129,6 +171,9 @@ class ColumnFamilyStore(RocksDBKeyValueStore):
 
     # --- not in this layout ------------------------------------------------------
 
+    def memtable_bytes(self) -> int:
+        raise NotImplementedError(_NO_SNAPSHOTS)
+
     def start_flush(self) -> None:
         raise NotImplementedError(_NO_SNAPSHOTS)
 
@@ -137,6 +182,17 @@ class ColumnFamilyStore(RocksDBKeyValueStore):
 
     def replace_with(self, directory: str | os.PathLike[str]) -> None:
         raise NotImplementedError(_NO_SNAPSHOTS)
+
+    def rocksdb_properties(self, names: tuple[str, ...]) -> dict[str, int] | None:
+        """None: RocksDB's properties are per column family, shared by every
+        task's copy of the store (`FamilyFigures` reads them)."""
+        return None
+
+    def flushable_memtable_bytes(self) -> int:
+        return 0
+
+    def request_flush(self) -> None:
+        return None
 
     def rocksdb_statistics(self) -> str | None:
         """None: RocksDB's statistics belong to the database, not a column family."""

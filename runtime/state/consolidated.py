@@ -1,32 +1,48 @@
 """The consolidated store layout (`state.store.layout=consolidated`): ONE
-RocksDB database per process, a column family per task-store, and the
-changelog positions in the same database.
+RocksDB database per process, a column family per store NAME holding every
+task's copy of that store under a key prefix, and the changelog positions in
+the same database.
 
 Why: with one database per store (`per-task`, the default), a commit is one
 synced write per store plus a checkpoint file per task, hundreds of fsyncs
 with hundreds of tasks. Here `<state.dir>/<application.id>/consolidated/`
 (`consolidated-p<slot>/` in a processing process of a daemon with
 `processes` > 1: the database belongs to one process) holds a column family
-`<task id>/<store>` per store and one `offsets` column family (key: task id,
-changelog topic and partition; value: the position, what a `.checkpoint`
-file holds in the per-task layout, 8 bytes big-endian). A commit is ONE
-synced `WriteBatch` over every task of the process: each store's pending
-writes (`stage`) and each task's positions (`ConsolidatedPositions.commit`),
-written by `write_commit` after every task's post-commit (Kafka Streams
-4.3's KIP-1035 keeps offsets in the store the same way). Data and positions
-can therefore never disagree, and no `.checkpoint` file is written.
-Restoration and standby batches carry their store's position in the same
-(unsynced) batch (`write_restored`), so a crash mid-restore replays at most
-the batch that was being written.
+`store.<store>` per store name, where the keys of task `t` are stored as
+`t 0x00 key`, and one `offsets` column family (key: task id, changelog topic
+and partition; value: the position, what a `.checkpoint` file holds in the
+per-task layout, 8 bytes big-endian). A commit is ONE synced `WriteBatch`
+over every task of the process: each store's pending writes (`stage`) and
+each task's positions (`ConsolidatedPositions.commit`), written by
+`write_commit` after every task's post-commit (Kafka Streams 4.3's KIP-1035
+keeps offsets in the store the same way). Data and positions can therefore
+never disagree, and no `.checkpoint` file is written. Restoration and
+standby batches carry their store's position in the same (unsynced) batch
+(`write_restored`), so a crash mid-restore replays at most the batch that
+was being written.
+
+Why a key prefix and not a column family per task-store (the first version
+of this layout): RocksDB rewrites and re-parses its OPTIONS file, which
+lists every column family with its options, at each column family created
+or dropped, so N creations cost O(N^2): 512 task-stores took 35-90 s to
+create one at a time on this project's 2-core machine (the per-task layout
+opens them in 6 s), and dropping them cost as much. rocksdict offers no
+batch creation. A task's store here costs nothing to create, and dropping a
+task is one `delete_range` per store name in the same synced batch as the
+deletion of its positions (atomic, where the column families were dropped
+one by one after the positions). A database left by the first version
+(`<task>/<store>` column families) is converted once when it opens
+(`upgrade_family_per_task_store`).
 
 Threads: the database is opened by the thread starting the app and closed
 after every task is closed. The polling thread stages and writes commits
-(tasks locked) and opens column families for new tasks; the restoration
-thread writes restore batches, opens standbys' column families and drops a
-wiped store's; the cleanup thread drops the column families of tasks not
-owned here (`drop_task`, refused while a store of the task is open). RocksDB
-is thread-safe; `_lock` guards the handle maps, the open-task counts and the
-last written positions.
+(tasks locked) and opens the stores of new tasks; the restoration thread
+writes restore batches, opens standbys' stores and clears a wiped store;
+the cleanup thread drops the state of tasks not owned here (`drop_task`,
+refused while a store of the task is open); the metrics thread reads each
+column family's properties (`FamilyFigures`). RocksDB is thread-safe;
+`_lock` guards the handle maps, the open-task counts and the last written
+positions.
 """
 
 from __future__ import annotations
@@ -35,6 +51,7 @@ import os
 import struct
 import threading
 from collections.abc import Iterable, Iterator
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -42,6 +59,16 @@ from rocksdict import ColumnFamily, Options, Rdict, ReadOptions, WriteBatch, Wri
 
 from runtime.logging import get_logger
 from runtime.state.checkpoint import ChangelogPartition, Offsets
+from runtime.state.consolidated_families import (
+    OFFSETS_CF,
+    FamilyFigures,
+    is_legacy_family,
+    prefix_end,
+    store_family_name,
+    store_of_family,
+    task_prefix,
+    upgrade_family_per_task_store,
+)
 from runtime.state.rocksdb_memory import RocksDBMemory, default_memory
 from runtime.state.rocksdb_store import _unopenable
 
@@ -50,10 +77,10 @@ if TYPE_CHECKING:
 
 log = get_logger("runtime.state.consolidated")
 
-OFFSETS_CF = "offsets"
 _DEFAULT_CF = "default"
-_SEP = "\x00"  # between task id, topic and partition in an offsets key
+_SEP = b"\x00"  # after the task id in every key; between the parts of an offsets key
 _POSITION = struct.Struct(">q")
+_SCAN_CHUNK = 1024
 
 _SYNC = WriteOptions()
 _SYNC.sync = True
@@ -66,28 +93,13 @@ def consolidated_directory(state_dir: str, application_id: str, process_slot: in
     return Path(state_dir) / application_id / name
 
 
-def column_family_name(task_id: str, store: str) -> str:
-    return f"{task_id}/{store}"
-
-
-def task_of_column_family(name: str) -> str | None:
-    """The task id of a store's column family (None for `offsets`, `default`).
-    Store names hold no `/`, so the task id is what precedes the last one."""
-    task_id, slash, _store = name.rpartition("/")
-    return task_id if slash else None
-
-
-def _offsets_prefix(task_id: str) -> bytes:
-    return (task_id + _SEP).encode("utf-8")
-
-
 def offsets_key(task_id: str, partition: ChangelogPartition) -> bytes:
     topic, number = partition
-    return f"{task_id}{_SEP}{topic}{_SEP}{number}".encode()
+    return task_prefix(task_id) + f"{topic}\x00{number}".encode()
 
 
 def _parse_offsets_key(key: bytes) -> ChangelogPartition:
-    _task, topic, number = key.decode("utf-8").split(_SEP)
+    _task, topic, number = key.decode("utf-8").split("\x00")
     return topic, int(number)
 
 
@@ -109,33 +121,46 @@ class ConsolidatedStores:
             )
         except Exception as exc:  # rocksdict raises plain Exception with RocksDB's status
             raise _unopenable("consolidated", self.path, exc) from None
-        # name -> (the column family as an Rdict, its handle for write batches)
+        # column family name -> (the family as an Rdict, its handle for batches)
         self._families: dict[str, tuple[Rdict, ColumnFamily]] = {}
+        self._figures: dict[str, FamilyFigures] = {}
         for name in existing:
-            self._families[name] = (
-                self._db.get_column_family(name),
-                self._db.get_column_family_handle(name),
-            )
+            # RocksDB's `default` family is always there and never used.
+            if name != _DEFAULT_CF and not is_legacy_family(name):
+                self._adopt(name)
         if OFFSETS_CF not in self._families:
-            self._families[OFFSETS_CF] = self._create(OFFSETS_CF)
+            self._create(OFFSETS_CF)
         self._open_tasks: dict[str, int] = {}  # task id -> stores open
         self._last_positions: dict[bytes, int] = {}  # offsets key -> last written
         # The commit being assembled (polling thread, tasks locked).
         self._staged_stores: dict[int, ColumnFamilyStore] = {}
         self._staged_positions: dict[bytes, int] = {}
         self.commits = 0  # batches written by `write_commit`
-        log.info("consolidated_store_opened", path=str(self.path), column_families=len(existing))
+        legacy = [name for name in existing if is_legacy_family(name)]
+        if legacy:
+            upgrade_family_per_task_store(self, self._database(), legacy)
+        log.info(
+            "consolidated_store_opened",
+            path=str(self.path),
+            stores=sorted(s for n in self._families if (s := store_of_family(n)) is not None),
+        )
 
     def _family_options(self, name: str) -> Options:
-        if task_of_column_family(name) is None:  # offsets, default: in the budget too
+        store = store_of_family(name)
+        if store is None:  # offsets, default, a legacy family: in the budget too
             return self.memory.options(name, create=True, setter=False)
-        store = name.rpartition("/")[2]
         return self.memory.options(store, create=True)
 
-    def _create(self, name: str) -> tuple[Rdict, ColumnFamily]:
+    def _adopt(self, name: str) -> None:
         db = self._database()
-        family = db.create_column_family(name, self._family_options(name))
-        return family, db.get_column_family_handle(name)
+        self._families[name] = (db.get_column_family(name), db.get_column_family_handle(name))
+        figures = FamilyFigures(self, name)
+        self._figures[name] = figures
+        self.memory.register(figures)
+
+    def _create(self, name: str) -> None:
+        self._database().create_column_family(name, self._family_options(name))
+        self._adopt(name)
 
     def _database(self) -> Rdict:
         db = self._db
@@ -143,25 +168,64 @@ class ConsolidatedStores:
             raise RuntimeError(f"the consolidated store at {self.path} is closed")
         return db
 
-    # --- column families of stores (the thread opening or dropping a store) --
+    # --- per column family figures (the metrics thread; a writer relieving
+    # the write-buffer budget): under `_lock`, so the database cannot close
+    # meanwhile --------------------------------------------------------------
 
-    def open_family(self, task_id: str, store: str) -> tuple[Rdict, ColumnFamily, bool]:
-        """The column family of `task_id`'s `store`, created if missing (True
-        then: it holds nothing). Counts the store open until `release`."""
-        name = column_family_name(task_id, store)
+    def family_properties(self, name: str, properties: tuple[str, ...]) -> dict[str, int] | None:
+        """RocksDB's integer `properties` of column family `name` (missing
+        ones as 0), None when it or the database is closed."""
+        with self._lock:
+            entry = self._families.get(name)
+            if entry is None or self._db is None:
+                return None
+            family = entry[0]
+            return {p: int(family.property_int_value(p) or 0) for p in properties}
+
+    def family_flushable_bytes(self, name: str) -> int:
+        """Bytes of the family's active memtable; 0 when a flush is pending."""
+        values = self.family_properties(
+            name, ("rocksdb.num-immutable-mem-table", "rocksdb.cur-size-active-mem-table")
+        )
+        if not values or values["rocksdb.num-immutable-mem-table"]:
+            return 0
+        return values["rocksdb.cur-size-active-mem-table"]
+
+    def flush_family(self, name: str) -> None:
+        """Ask RocksDB to flush the family's memtable in the background."""
+        with self._lock:
+            entry = self._families.get(name)
+            if entry is not None and self._db is not None:
+                entry[0].flush(False)
+
+    # --- stores (the thread opening, wiping or dropping a store) ---------------
+
+    def store_family(self, store: str) -> tuple[Rdict, ColumnFamily, bool]:
+        """The column family of store name `store`, created if missing (True
+        then)."""
+        name = store_family_name(store)
         with self._lock:
             created = name not in self._families
             if created:
-                self._families[name] = self._create(name)
-            self._open_tasks[task_id] = self._open_tasks.get(task_id, 0) + 1
+                self._create(name)
             family, handle = self._families[name]
+        return family, handle, created
+
+    def open_family(self, task_id: str, store: str) -> tuple[Rdict, ColumnFamily, bool]:
+        """The column family holding `task_id`'s `store` (its keys under
+        `task_prefix(task_id)`) and whether the family was created now (the
+        store then holds nothing, whatever a position says). Counts the store
+        open until `release`."""
+        family, handle, created = self.store_family(store)
+        with self._lock:
+            self._open_tasks[task_id] = self._open_tasks.get(task_id, 0) + 1
         return family, handle, created
 
     def release(self, task_id: str) -> None:
         """A store of `task_id` closed: its overlay is gone, so positions staged
         for the task (a commit that failed before its batch was written) would
         name writes that will never come; they are dropped."""
-        prefix = _offsets_prefix(task_id)
+        prefix = task_prefix(task_id)
         with self._lock:
             left = self._open_tasks.get(task_id, 0) - 1
             if left > 0:
@@ -174,129 +238,136 @@ class ConsolidatedStores:
                     k: v for k, v in staged.items() if not k.startswith(prefix)
                 }
 
-    def recreate_family(self, task_id: str, store: str) -> tuple[Rdict, ColumnFamily]:
-        """Drop a store's column family and create it empty (a wiped store:
-        its owner dropped its position first)."""
-        name = column_family_name(task_id, store)
+    def clear_store(self, task_id: str, store: str) -> None:
+        """Delete every key of a task's store, synced (a wiped store: its
+        owner dropped its position first; synced, so no restart finds the old
+        keys under a restore from the changelog's start)."""
+        prefix = task_prefix(task_id)
         with self._lock:
-            if name in self._families:
-                del self._families[name]
-                self._database().drop_column_family(name)
-            self._families[name] = self._create(name)
-            family, handle = self._families[name]
-        return family, handle
+            handle = self._families[store_family_name(store)][1]
+            batch = WriteBatch(raw_mode=True)
+            batch.delete_range(prefix, prefix_end(prefix), handle)
+            self._database().write(batch, _SYNC)
 
     def task_ids(self) -> set[str]:
-        """Tasks with a column family here (the cleanup thread's candidates)."""
+        """Tasks with data or positions here (the cleanup thread's candidates):
+        one seek per task and column family."""
         with self._lock:
-            return {t for n in self._families if (t := task_of_column_family(n)) is not None}
+            found: set[str] = set()
+            for family, _handle in self._families.values():
+                found |= _prefixes(family)
+        return found
 
     def drop_task(self, task_id: str) -> bool:
-        """Drop a task's state: its positions first (synced: from then on
-        nothing claims its data), then its column families. False, and
-        nothing done, while a store of the task is open."""
+        """Drop a task's state: its positions and the keys of all its stores,
+        in ONE synced batch (nothing can claim data that is gone, nor data
+        stay without its positions). False, and nothing done, while a store of
+        the task is open."""
+        prefix = task_prefix(task_id)
         with self._lock:
             if self._open_tasks.get(task_id):
                 return False
-            self._delete_positions_locked(task_id, None)
-            names = [n for n in self._families if task_of_column_family(n) == task_id]
-            for name in names:
-                del self._families[name]
-                self._database().drop_column_family(name)
-        log.info("consolidated_task_dropped", task_id=task_id, column_families=len(names))
+            batch = WriteBatch(raw_mode=True)
+            for _family, handle in self._families.values():  # offsets among them
+                batch.delete_range(prefix, prefix_end(prefix), handle)
+            self._database().write(batch, _SYNC)
+            for key in [k for k in self._last_positions if k.startswith(prefix)]:
+                del self._last_positions[key]
+        log.info("consolidated_task_dropped", task_id=task_id)
         return True
 
     # --- positions (the `offsets` column family) -------------------------------
 
     def read_positions(self, task_id: str) -> Offsets | None:
         """The task's changelog positions, None when it has none."""
-        prefix = _offsets_prefix(task_id)
+        prefix = task_prefix(task_id)
         offsets: Offsets = {}
         with self._lock:
             family = self._families[OFFSETS_CF][0]
-            for key, value in _items_from(family, prefix):
-                if not key.startswith(prefix):
-                    break
-                offsets[_parse_offsets_key(key)] = _POSITION.unpack(value)[0]
-                self._last_positions[key] = offsets[_parse_offsets_key(key)]
+            for key, value in _items_under(family, prefix):
+                offsets[_parse_offsets_key(key)] = position = _POSITION.unpack(value)[0]
+                self._last_positions[key] = position
         return offsets or None
 
     def write_positions(self, task_id: str, offsets: Offsets) -> None:
         """Write positions now, synced (a restore or standby checkpoint)."""
         batch = WriteBatch(raw_mode=True)
         with self._lock:
-            handle = self._families[OFFSETS_CF][1]
-            for partition, position in offsets.items():
-                batch.put(offsets_key(task_id, partition), _POSITION.pack(position), handle)
+            self._put_positions(batch, task_id, offsets)
             self._database().write(batch, _SYNC)
-            for partition, position in offsets.items():
-                self._last_positions[offsets_key(task_id, partition)] = position
+            self._remember(task_id, offsets)
 
     def delete_positions(self, task_id: str, partitions: Iterable[ChangelogPartition]) -> None:
         """Forget these positions of the task, synced (its stores no longer hold
         what they name)."""
-        with self._lock:
-            self._delete_positions_locked(task_id, list(partitions))
-
-    def _delete_positions_locked(
-        self, task_id: str, partitions: list[ChangelogPartition] | None
-    ) -> None:
-        family, handle = self._families[OFFSETS_CF]
-        if partitions is None:
-            prefix = _offsets_prefix(task_id)
-            keys = [k for k, _ in _items_from(family, prefix) if k.startswith(prefix)]
-        else:
-            keys = [offsets_key(task_id, p) for p in partitions]
+        keys = [offsets_key(task_id, p) for p in partitions]
         if not keys:
             return
         batch = WriteBatch(raw_mode=True)
-        for key in keys:
-            batch.delete(key, handle)
-            self._last_positions.pop(key, None)
-        self._database().write(batch, _SYNC)
+        with self._lock:
+            handle = self._families[OFFSETS_CF][1]
+            for key in keys:
+                batch.delete(key, handle)
+                self._last_positions.pop(key, None)
+            self._database().write(batch, _SYNC)
+
+    def _put_positions(self, batch: WriteBatch, task_id: str, offsets: Offsets) -> None:
+        handle = self._families[OFFSETS_CF][1]
+        for partition, position in offsets.items():
+            batch.put(offsets_key(task_id, partition), _POSITION.pack(position), handle)
+
+    def _remember(self, task_id: str, offsets: Offsets) -> None:
+        for partition, position in offsets.items():
+            self._last_positions[offsets_key(task_id, partition)] = position
 
     # --- writes ------------------------------------------------------------------
 
-    def write_adopted(self, task_id: str, batch: WriteBatch, offsets: Offsets) -> None:
-        """A task's old per-task state (`batch`, runtime.state.layout_upgrade)
-        with its positions, as one synced batch."""
+    def offsets_handle(self) -> ColumnFamily:
+        """The `offsets` family's handle, for a batch of `write_adopted`."""
         with self._lock:
-            handle = self._families[OFFSETS_CF][1]
-            for partition, position in offsets.items():
-                batch.put(offsets_key(task_id, partition), _POSITION.pack(position), handle)
+            return self._families[OFFSETS_CF][1]
+
+    def write_adopted(self, task_id: str, batch: WriteBatch, offsets: Offsets) -> None:
+        """A task's old state (`batch`: runtime.state.layout_upgrade, which may
+        clear the task's positions first, or a legacy column family) with its
+        positions, as one synced batch."""
+        prefix = task_prefix(task_id)
+        with self._lock:
+            self._put_positions(batch, task_id, offsets)
             self._database().write(batch, _SYNC)
-            for partition, position in offsets.items():
-                self._last_positions[offsets_key(task_id, partition)] = position
+            for key in [k for k in self._last_positions if k.startswith(prefix)]:
+                del self._last_positions[key]
+            self._remember(task_id, offsets)
 
     def write_restored(
         self,
         handle: ColumnFamily,
+        prefix: bytes,
         records: Iterable[tuple[bytes, bytes | None]],
         position: tuple[str, ChangelogPartition, int] | None,
     ) -> int:
-        """Changelog records of one store and, when given, its position after
-        them, in one batch (not synced: `sync` before the restore counts as
-        done). Restoration thread."""
+        """Changelog records of one task's store (keys under `prefix` in the
+        family of `handle`) and, when given, its position after them, in one
+        batch (not synced: `sync` before the restore counts as done).
+        Restoration thread."""
         batch = WriteBatch(raw_mode=True)
         count = 0
         for key, value in records:
             if value is None:
-                batch.delete(key, handle)
+                batch.delete(prefix + key, handle)
             else:
-                batch.put(key, value, handle)
+                batch.put(prefix + key, value, handle)
             count += 1
         if not count:
             return 0
         if position is not None:
             task_id, partition, offset = position
-            key = offsets_key(task_id, partition)
             with self._lock:
-                handle = self._families[OFFSETS_CF][1]
-            batch.put(key, _POSITION.pack(offset), handle)
+                self._put_positions(batch, task_id, {partition: offset})
         self._database().write(batch)
         if position is not None:
             with self._lock:
-                self._last_positions[key] = offset
+                self._remember(task_id, {partition: offset})
         return count
 
     def stage(self, store: ColumnFamilyStore) -> None:
@@ -338,7 +409,7 @@ class ConsolidatedStores:
         for key, position in positions.items():
             batch.put(key, _POSITION.pack(position), handle)
         # Outside the lock: the restoration thread's batches go on meanwhile
-        # (other tasks' families; RocksDB orders the writes).
+        # (other tasks' keys; RocksDB orders the writes).
         self._database().write(batch, _SYNC)
         with self._lock:
             self._last_positions.update(positions)
@@ -353,26 +424,57 @@ class ConsolidatedStores:
         self._database().flush_wal(True)
 
     def close(self) -> None:
-        """Close the database (every store closed before: an open column family
-        keeps RocksDB's LOCK held). The thread that stops the app."""
+        """Close the database (every store closed before). The thread that
+        stops the app."""
+        for figures in self._figures.values():
+            self.memory.unregister(figures)
         with self._lock:
             db, self._db = self._db, None
             self._families = {}
+            self._figures = {}
             self._staged_stores = {}
         if db is not None:
             db.close()
             log.info("consolidated_store_closed", path=str(self.path))
 
 
-def _items_from(family: Rdict, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-    """The entries of `family` whose key starts with `prefix` (which ends with
-    the separator, 0x00), read in one pass (a task has a few positions)."""
-    read_options = ReadOptions()
-    read_options.set_iterate_upper_bound(prefix[:-1] + b"\x01")
-    items = list(
-        cast("Iterable[tuple[bytes, bytes]]", family.items(from_key=prefix, read_opt=read_options))
-    )
-    yield from items
+def _items_under(family: Rdict, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """The entries of `family` whose key starts with `prefix` (ending with
+    0x00), read in chunks: no rocksdict iterator outlives a chunk (an open one
+    keeps the database alive after `close`)."""
+    start = prefix
+    end = prefix_end(prefix)
+    while True:
+        read_options = ReadOptions()
+        read_options.set_iterate_upper_bound(end)
+        items = cast(
+            "Iterable[tuple[bytes, bytes]]", family.items(from_key=start, read_opt=read_options)
+        )
+        chunk = list(islice(items, _SCAN_CHUNK))
+        del items
+        yield from chunk
+        if len(chunk) < _SCAN_CHUNK:
+            return
+        start = chunk[-1][0] + b"\x00"
+
+
+def _prefixes(family: Rdict) -> set[str]:
+    """The task ids with a key in `family`: seek to a key, take its task, skip
+    past the task's range, again."""
+    found: set[str] = set()
+    start = b""
+    while True:
+        keys = cast("Iterator[bytes]", iter(family.keys(from_key=start)))
+        key = next(keys, None)
+        del keys
+        if key is None:
+            return found
+        task, sep, _rest = key.partition(_SEP)
+        if not sep:  # not a task's key (nothing writes such keys): skip it
+            start = key + b"\x00"
+            continue
+        found.add(task.decode("utf-8"))
+        start = task + b"\x01"
 
 
 class ConsolidatedPositions:

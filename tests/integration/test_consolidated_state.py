@@ -1,6 +1,7 @@
 """`state.store.layout=consolidated` on Kafka: kill -9 during commits (both
 guarantees), the upgrade from per-task directories, a task moving to another
-instance and its state dropped where it left, and standby promotion.
+instance and its state dropped where it left, standby promotion (and the
+RocksDB figures per column family).
 
 The kill test runs the daemon (`tests/apps/count_app.py`) while a feeder
 produces, kills it mid-stream, then reads the dead process's database: what
@@ -312,7 +313,11 @@ def test_standby_promotion_restores_only_the_tail(bootstrap: str, tmp_path: Path
     records = [(f"k{i % KEYS}", "x") for i in range(2000)]
     produce(bootstrap, source, records)
     expected = Counter(k for k, _ in records)
-    extra = {"state.store.layout": "consolidated", "num.standby.replicas": 1}
+    extra = {
+        "state.store.layout": "consolidated",
+        "num.standby.replicas": 1,
+        "state.rocksdb.metrics.interval.ms": 200,
+    }
     a = counting_app(bootstrap, app_id, source, sink, tmp_path / "a", **extra)
     b = counting_app(bootstrap, app_id, source, sink, tmp_path / "b", **extra)
     changelog = f"{app_id}-{STORE}-changelog"
@@ -337,6 +342,18 @@ def test_standby_promotion_restores_only_the_tail(bootstrap: str, tmp_path: Path
             )
 
         wait_until(standbys_current, 60, interval=0.5, message="a's standby never caught up")
+
+        # The RocksDB figures are per column family: one for the store name
+        # (every task's copy, active and standby, labelled task "*").
+        def counts_family() -> dict[str, object] | None:
+            memory = a.status().get("state_memory") or {}
+            found = [s for s in memory.get("stores", []) if s["store"] == STORE]
+            return found[0] if found and found[0]["estimated_keys"] > 0 else None
+
+        wait_until(counts_family, 30, interval=0.2, message="no figures for the counts family")
+        figures = counts_family()
+        assert figures is not None and figures["task"] == "*"
+        assert {s["store"] for s in a.status()["state_memory"]["stores"]} == {STORE, "offsets"}
         restored_before = a.status()["restored"]
         assert b.close(30)
         wait_until(lambda: running_tasks(a) == {"0_0", "0_1"}, 90, message="a never took b's task")

@@ -9,8 +9,10 @@ writes the one batch. A crash closes everything without the commit's batch
 (a staged but unwritten commit is lost, as with kill -9) and reopens the
 database; a restore then applies the changelog after each position in
 batches (each carrying its position), and may itself be cut short by a
-crash. After every step, what is on disk for each task is exactly the
-changelog replayed up to the position the `offsets` column family gives.
+crash. A task may also leave and have its state dropped (`drop_task`), then
+come back and restore from the start. After every step, what is on disk for
+each task is exactly the changelog replayed up to the position the `offsets`
+column family gives (the two task ids share a prefix: "0_1", "0_12").
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from runtime.state.builders import LayeredStore, StoreSpec, build_task_stores
 from runtime.state.column_family_store import ColumnFamilyStore
 from runtime.state.consolidated import ConsolidatedStores
 
-TASKS = ("0_0", "0_1")
+# One task id a prefix of the other: their keys share a column family, each
+# under its own prefix, and nothing done to one may touch the other's.
+TASKS = ("0_1", "0_12")
 STORE = "s"
 
 Changelog = list[tuple[bytes, bytes | None]]
@@ -44,7 +48,10 @@ crash = st.tuples(
 # its overlay is gone; it restores from its position before it writes again.
 # Its restore may still run (`budget` batches done) when the other task commits.
 reopen = st.tuples(st.just("reopen"), st.sampled_from(TASKS), st.integers(min_value=0, max_value=3))
-ops = st.lists(st.one_of(write, write, commit, crash, reopen), max_size=40)
+# A task that left and whose state the cleanup thread dropped (one batch:
+# its keys and positions), then came back: it restores from the start.
+drop = st.tuples(st.just("drop"), st.sampled_from(TASKS), st.integers(min_value=0, max_value=3))
+ops = st.lists(st.one_of(write, write, commit, crash, reopen, drop), max_size=40)
 
 
 def _sink(*_args: object, **_kwargs: object) -> None:
@@ -134,7 +141,8 @@ def _restore(
 @given(ops)
 # A commit whose batch was never written, its task reopened (overlay gone),
 # the other task's commit while it restores: the staged position must not go.
-@example([("write", "0_0", b"a", b"1"), ("commit", False), ("reopen", "0_0", 0), ("commit", True)])
+@example([("write", "0_1", b"a", b"1"), ("commit", False), ("reopen", "0_1", 0), ("commit", True)])
+@example([("write", "0_12", b"a", b"1"), ("commit", True), ("drop", "0_1", 0), ("crash", 0)])
 def test_positions_never_name_records_the_data_lacks(steps: list[tuple[object, ...]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -170,12 +178,15 @@ def test_positions_never_name_records_the_data_lacks(steps: list[tuple[object, .
                     for task in sorted(restoring):  # done after the commit
                         _restore(process, changelogs, None, (task,))
                     restoring.clear()
-                elif step[0] == "reopen":
+                elif step[0] in ("reopen", "drop"):
                     _op, task, budget = step
                     assert isinstance(task, str) and isinstance(budget, int)
                     if task in restoring:
                         continue
                     process.stores[task].close()
+                    if step[0] == "drop":
+                        assert process.db.drop_task(task)
+                        assert process.position(task) == 0
                     process.open(task)
                     _check(process, changelogs)
                     _restore(process, changelogs, budget, (task,))

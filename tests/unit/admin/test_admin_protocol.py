@@ -525,6 +525,12 @@ def test_format_status_has_a_state_memory_line() -> None:
     assert "RocksDB 12.0 MiB of 256.0 MiB (memtables 3.0 MiB of 64.0 MiB, pinned 4.0 MiB" in line
     assert "SST readers 1.0 MiB), 2 stores, 3000 keys, SST 6.0 MiB" in line
     assert line.endswith("write stalls: 1 (1_1/counts stopped)")
+    # The consolidated layout's figures are per column family (task "*").
+    families = [{**store, "task": "*"}, {**store, "task": "*", "store": "offsets"}]
+    status["state_memory"] = {**memory, "stores": families}
+    text = admin_client.format_status(status, now=1_700_000_012.5)
+    (line,) = [line for line in text.splitlines() if line.startswith("state memory")]
+    assert "2 column families, 3000 keys" in line
     no_memory = admin_client.format_status(AdminHandler(FakeApp()).handle(Request("status")))
     assert "state memory" not in no_memory  # a stateless app, or before the first read
 

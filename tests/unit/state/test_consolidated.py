@@ -1,9 +1,12 @@
-"""The consolidated layout on real RocksDB: column families, one commit batch
-with the positions, restore batches with their position, wipe, cleanup of a
-task's state, and the upgrade from per-task directories."""
+"""The consolidated layout on real RocksDB: a column family per store name
+with the tasks' keys under their prefixes, one commit batch with the
+positions, restore batches with their position, wipe, cleanup of a task's
+state, the upgrade from per-task directories and from the layout's first
+version (a column family per task-store), the figures per column family."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -13,10 +16,13 @@ from runtime.state.builders import LayeredStore, StoreSpec, build_task_stores, r
 from runtime.state.checkpoint import checkpoint_path, read_checkpoint, write_checkpoint
 from runtime.state.cleanup import CleanupThread
 from runtime.state.column_family_store import ColumnFamilyStore
-from runtime.state.consolidated import (
-    ConsolidatedStores,
-    column_family_name,
-    consolidated_directory,
+from runtime.state.consolidated import ConsolidatedStores, consolidated_directory
+from runtime.state.consolidated_families import (
+    is_legacy_family,
+    prefix_end,
+    store_family_name,
+    store_of_family,
+    task_prefix,
 )
 from runtime.state.rocksdb_store import RocksDBKeyValueStore
 
@@ -141,10 +147,14 @@ def test_drop_task_refused_while_open_then_drops_data_and_positions(tmp_path: Pa
     assert stores.task_ids() == set()
     assert stores.read_positions("0_0") is None
     a = _open(db_dir, tmp_path / "0_0", stores)
-    assert a["counts"].base.created  # type: ignore[union-attr]
     assert a["counts"].store.get(b"x") is None
+    assert list(a["counts"].store.all()) == []
     _close(a)
     stores.close()
+    # The drop was one synced batch: still gone after a reopen.
+    again = ConsolidatedStores(db_dir)
+    assert again.task_ids() == set()
+    again.close()
 
 
 def test_cleanup_drops_families_of_tasks_not_owned_for_the_delay(tmp_path: Path) -> None:
@@ -207,8 +217,18 @@ def test_upgrade_without_checkpoint_removes_the_stores_and_claims_nothing(tmp_pa
     stores.close()
 
 
-def test_column_family_names() -> None:
-    assert column_family_name("1_3", "counts") == "1_3/counts"
+def test_names_and_prefixes() -> None:
+    assert store_family_name("counts") == "store.counts"
+    assert store_of_family("store.counts") == "counts"
+    assert store_of_family("offsets") is None
+    assert is_legacy_family("1_3/counts")
+    assert not is_legacy_family("store.counts") and not is_legacy_family("offsets")
+    assert task_prefix("1_3") == b"1_3\x00"
+    assert prefix_end(task_prefix("1_3")) == b"1_3\x01"
+    # No task's range holds another task's keys, whatever their ids.
+    assert not (task_prefix("0_1") <= task_prefix("0_12") < prefix_end(task_prefix("0_1")))
+    with pytest.raises(ValueError):
+        task_prefix("0\x001")
 
 
 def test_consolidated_refuses_remote_state() -> None:
@@ -238,11 +258,20 @@ def test_metrics_thread_reads_each_column_family(tmp_path: Path) -> None:
         a["counts"].store.put(str(i).encode(), b"v")
     a["counts"].flush()
     stores.write_commit()
-    (figures,) = read_figures(memory).as_dict()["stores"]
-    assert (figures["task"], figures["store"], figures["estimated_keys"]) == ("0_0", "counts", 100)
+    b = _open(tmp_path, tmp_path / "0_1", stores)
+    b["counts"].restore_batch([(b"x", b"1")], 1)
+    # One figure per column family (per store name, every task together).
+    figures = {f["store"]: f for f in read_figures(memory).as_dict()["stores"]}
+    assert set(figures) == {"counts", "offsets"}
+    assert figures["counts"]["task"] == "*"
+    assert figures["counts"]["estimated_keys"] == 101
+    assert figures["offsets"]["estimated_keys"] == 1  # 0_1 restored to a position
     _close(a)
-    assert read_figures(memory).as_dict()["stores"] == []
+    _close(b)
+    # The figures stay while the database is open (the tasks' keys stay too).
+    assert {f["store"] for f in read_figures(memory).as_dict()["stores"]} == set(figures)
     stores.close()
+    assert read_figures(memory).as_dict()["stores"] == []
 
 
 def test_upgrade_supersedes_what_an_older_consolidated_run_left(tmp_path: Path) -> None:
@@ -262,3 +291,96 @@ def test_upgrade_supersedes_what_an_older_consolidated_run_left(tmp_path: Path) 
     assert stores.read_positions("0_0") == {(TOPIC, 0): 9}
     _close(built)
     stores.close()
+
+
+def test_a_column_family_memtable_can_be_flushed_by_the_relief(tmp_path: Path) -> None:
+    from runtime.state.rocksdb_memory import RocksDBMemory
+    from runtime.state.rocksdb_metrics import read_figures
+
+    memory = RocksDBMemory()
+    stores = ConsolidatedStores(tmp_path / "db", memory)
+    a = _open(tmp_path, tmp_path / "0_0", stores)
+    a["counts"].restore_batch([(str(i).encode(), b"v" * 100) for i in range(1000)], 1000)
+    (family,) = [db for db in memory.open_stores() if db.name == "counts"]
+    assert family.task_id == "*"
+    assert family.flushable_memtable_bytes() > 100_000
+    family.request_flush()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        counts = {f["store"]: f for f in read_figures(memory).as_dict()["stores"]}["counts"]
+        if counts["live_sst_bytes"] > 0 and counts["memtable_bytes"] < 100_000:
+            break
+        time.sleep(0.02)
+    assert counts["live_sst_bytes"] > 0, counts
+    assert dict(a["counts"].store.all())[b"999"] == b"v" * 100
+    _close(a)
+    stores.close()
+
+
+def test_tasks_keep_to_their_own_prefix(tmp_path: Path) -> None:
+    """Task ids that are prefixes of one another ("0_1", "0_12"): reads,
+    ranges, counts, wipes and drops of one never touch the other."""
+    stores = ConsolidatedStores(tmp_path / "db")
+    one = _open(tmp_path, tmp_path / "0_1", stores)
+    twelve = _open(tmp_path, tmp_path / "0_12", stores)
+    one["counts"].restore_batch([(b"", b"empty"), (b"a", b"1"), (b"\xff", b"2")], 3)
+    twelve["counts"].restore_batch([(b"a", b"12"), (b"b", b"13")], 2)
+    one["counts"].store.put(b"c", b"3")  # pending, in the overlay
+    assert dict(one["counts"].store.all()) == {b"": b"empty", b"a": b"1", b"c": b"3", b"\xff": b"2"}
+    assert list(one["counts"].store.range(b"a", b"c")) == [(b"a", b"1"), (b"c", b"3")]
+    assert list(one["counts"].store.range(None, b"")) == [(b"", b"empty")]
+    assert one["counts"].store.approximate_num_entries() == 4
+    assert twelve["counts"].store.get(b"a") == b"12"
+    assert twelve["counts"].store.approximate_num_entries() == 2
+    assert stores.task_ids() == {"0_1", "0_12"}
+    one["counts"].wipe()
+    assert list(one["counts"].store.all()) == []
+    assert dict(twelve["counts"].store.all()) == {b"a": b"12", b"b": b"13"}
+    _close(one)
+    twelve["counts"].restore_batch([(b"c", b"14")], 3)
+    assert stores.drop_task("0_1")
+    assert dict(twelve["counts"].store.all()) == {b"a": b"12", b"b": b"13", b"c": b"14"}
+    assert stores.read_positions("0_12") == {(TOPIC, 0): 3}
+    _close(twelve)
+    stores.close()
+
+
+def test_a_database_of_the_first_version_is_converted_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A column family per task-store (`<task>/<store>`): its keys move under
+    the task's prefix, its positions stay valid, the family goes."""
+    from rocksdict import Options, Rdict
+
+    db_dir = tmp_path / "db"
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    old = Rdict(str(db_dir), options)
+    for task, keys in (("0_0", {b"a": b"1", b"b": b"2"}), ("0_1", {b"a": b"9"})):
+        family = old.create_column_family(f"{task}/counts", Options(raw_mode=True))
+        for key, value in keys.items():
+            family[key] = value
+    offsets = old.create_column_family("offsets", Options(raw_mode=True))
+    offsets[b"0_0\x00" + TOPIC.encode() + b"\x000"] = (2).to_bytes(8, "big")
+    del family, offsets
+    old.close()
+
+    stores = ConsolidatedStores(db_dir)
+    assert not [n for n in Rdict.list_cf(str(db_dir)) if is_legacy_family(n)]
+    assert stores.read_positions("0_0") == {(TOPIC, 0): 2}
+    assert stores.task_ids() == {"0_0", "0_1"}
+    a = _open(tmp_path, tmp_path / "0_0", stores)
+    assert not a["counts"].base.created  # type: ignore[union-attr]
+    assert a["counts"].apply_checkpoint(stores.read_positions("0_0")) == 2
+    assert dict(a["counts"].store.all()) == {b"a": b"1", b"b": b"2"}
+    _close(a)
+    b = _open(tmp_path, tmp_path / "0_1", stores)
+    assert dict(b["counts"].store.all()) == {b"a": b"9"}
+    _close(b)
+    stores.close()
+    again = ConsolidatedStores(db_dir)
+    a = _open(tmp_path, tmp_path / "0_0", again)
+    assert dict(a["counts"].store.all()) == {b"a": b"1", b"b": b"2"}
+    _close(a)
+    again.close()
