@@ -195,10 +195,10 @@ class KafkaStreamsSide:
         )
         self.log_path = log
 
-    def wait_ready(self, timeout: float = 120.0) -> None:
+    def wait_ready(self, timeout: float = 330.0) -> None:
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
-        line = self.proc.stdout.readline().strip()  # the JVM has its own 120 s deadline
+        line = self.proc.stdout.readline().strip()  # the JVM has its own 300 s deadline
         if line != "ready" or time.monotonic() > deadline:
             raise AssertionError(
                 f"Kafka Streams side did not start ({line!r}); log: {self.log_path}"

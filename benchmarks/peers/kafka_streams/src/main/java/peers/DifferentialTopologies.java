@@ -85,11 +85,18 @@ public final class DifferentialTopologies {
             running.add(streams);
         }
         running.forEach(KafkaStreams::start);
-        final long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(120);
+        // Forty applications joining their groups on a loaded 2-core machine (CI runs
+        // the suite on several workers) took more than two minutes at times.
+        final long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(300);
         while (!running.stream().allMatch(s -> s.state() == KafkaStreams.State.RUNNING)) {
             if (System.nanoTime() > deadline
                     || running.stream().anyMatch(s -> s.state() == KafkaStreams.State.ERROR)) {
-                System.out.println("failed to start");
+                final StringBuilder states = new StringBuilder();
+                for (int i = 0; i < running.size(); i++) {
+                    states.append(' ').append(args[i + 2].split(":", 4)[0]).append('=')
+                            .append(running.get(i).state());
+                }
+                System.out.println("failed to start:" + states);
                 System.out.flush();
                 running.forEach(s -> s.close(Duration.ofSeconds(10)));
                 System.exit(1);
