@@ -504,8 +504,14 @@ class StreamTask(RecordPath):
             for topic, offset in self.processed_offsets.items()
             if self.committed_offsets.get(topic) != offset
         }
-        for store in self.stores.values():
-            store.emit_cached()
+        # A user function the emission runs fails to the handler, not the
+        # polling thread (runtime.processing.flush_errors).
+        self.emitting_at_commit = True
+        try:
+            for store in self.stores.values():
+                store.emit_cached()
+        finally:
+            self.emitting_at_commit = False
         # After every emission: one store's emission may write another's.
         written: list[tuple[str, int]] = []
         logged_at_commit = self._logged_at_commit
