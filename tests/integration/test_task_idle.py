@@ -119,3 +119,30 @@ def test_live_orders_wait_for_customers_produced_after_them(
         assert sum(t.enforced_processing for t in status.tasks) == ORDERS
     else:
         assert values == [f"o{i}:None" for i in range(ORDERS)]
+
+
+def test_a_partition_that_never_gets_a_record_does_not_hold_the_others_back(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """The empty side of a merge is known caught up after the first fetch
+    response (cached high watermark, no committed offset): at the default the
+    other side's records flow, enforced, without waiting."""
+    busy, empty, out = unique_name("idle-busy"), unique_name("idle-empty"), unique_name("idle-m")
+    for topic in (busy, empty, out):
+        create_topic(bootstrap, topic, 1)
+    builder = StreamsBuilder()
+    builder.stream(busy, key_serde=serdes.STRING, value_serde=serdes.STRING).merge(
+        builder.stream(empty, key_serde=serdes.STRING, value_serde=serdes.STRING)
+    ).to(out, key_serde=serdes.STRING, value_serde=serdes.STRING)
+    app = App(
+        builder.build(), app_config(bootstrap, unique_name("idle"), tmp_path / "s", threads=1)
+    )
+    write(bootstrap, busy, orders())
+    app.start()
+    try:
+        output = consume_all(bootstrap, out, expected=ORDERS, timeout=60, idle=0.2)
+        status = app.status()
+    finally:
+        app.close(30)
+    assert [m.value.decode() for m in output] == [f"o{i}" for i in range(ORDERS)]
+    assert sum(t.enforced_processing for t in status.tasks) == ORDERS
