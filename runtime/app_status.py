@@ -68,6 +68,7 @@ def task_statuses(
             processed=task.processed_count,
             skipped=task.skipped_count,
             dead_lettered=task.dead_lettered_count,
+            enforced_processing=task.enforced_processing,
             **key_parallel_figures(task),
         )
         for task in live_tasks

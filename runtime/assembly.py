@@ -242,6 +242,7 @@ def assemble(
         static_partitioner=config.static_partitioner,
         key_parallel=key_parallel_settings(config),
         rocksdb_memory=rocksdb_memory,
+        max_task_idle_ms=config.max_task_idle_ms,
     )
     if config.static_partitioner is not None:
         for sink, topic in topology.partitioned_sinks():

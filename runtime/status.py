@@ -68,6 +68,9 @@ class TaskStatus:
     probes: int = 0
     # Under `processes` > 1: the processing process that owns it ("p<i>").
     process: str | None = None
+    # Records taken while an empty input partition was given up on
+    # (`max.task.idle.ms` ran out; Kafka Streams' enforced-processing-total).
+    enforced_processing: int = 0
 
 
 @dataclass(frozen=True)
@@ -297,6 +300,7 @@ class AppStatus:
                 record_wait_us=float(t.get("record_wait_us", 0.0)),
                 probes=int(t.get("probes", 0)),
                 process=t.get("process"),
+                enforced_processing=int(t.get("enforced_processing", 0)),
             )
             for t in data.get("tasks") or ()
         )

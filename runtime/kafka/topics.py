@@ -224,6 +224,9 @@ def resolve_topics(
                 problems.append(f"output topic {name!r} (subtopology {sub.id}) does not exist")
             else:
                 partitions[name] = existing[name]
+    # After every writer was resolved: a foreign-key join's response topic is
+    # read by a subtopology numbered before the one that writes it.
+    for sub in topology.subtopologies:
         for name in sources[sub.id]:
             if name not in partitions and name in internal_sources:
                 problems.append(f"internal topic {name!r} has no writer in the topology")

@@ -61,6 +61,10 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "Records that failed and were skipped by a handler (log_and_continue or dead_letter_queue).",
     ),
     "streams_records_dead_lettered": ("counter", "Records written to the dead-letter topic."),
+    "streams_enforced_processing": (
+        "counter",
+        "Records a task with several input partitions took while it gave up waiting for an empty one (max.task.idle.ms ran out), tasks live now.",
+    ),
     "streams_poison_records": (
         "counter",
         "Records that failed deserialization or processing and were handled (skipped, dead-lettered included).",
@@ -358,6 +362,9 @@ class AppCollector(Collector):
         yield _counter("streams_records_produced", status.produced)
         yield _counter("streams_records_skipped", status.skipped)
         yield _counter("streams_records_dead_lettered", status.dead_lettered)
+        yield _counter(
+            "streams_enforced_processing", sum(t.enforced_processing for t in status.tasks)
+        )
         # A dead-lettered record is also counted as skipped, so the skipped
         # count is every failed record that was handled.
         yield _counter("streams_poison_records", status.skipped)

@@ -31,9 +31,17 @@ class InputBuffers:
         self.resume_below = max(1, bound // 2)
         self._queues: dict[PartitionKey, InputQueue] = {}
         self._paused: list[InputQueue] = []
+        self._synced: list[InputQueue] | None = None  # cache of `synced()`
 
     def register(self, queue: InputQueue) -> None:
         self._queues[(queue.topic, queue.partition)] = queue
+        self._synced = None
+
+    def synced(self) -> list[InputQueue]:
+        """Queues whose task waits for them while empty (`max.task.idle.ms`)."""
+        if self._synced is None:
+            self._synced = [q for q in self._queues.values() if q.synced]
+        return self._synced
 
     def unregister(self, topic: str, partition: int) -> bool:
         """Forget a partition's queue; True if this class had paused it.
@@ -45,6 +53,7 @@ class InputBuffers:
         frozen after a lost membership).
         """
         queue = self._queues.pop((topic, partition), None)
+        self._synced = None
         if queue is not None and queue.paused:
             queue.paused = False
             self._paused = [q for q in self._paused if q is not queue]
@@ -59,6 +68,7 @@ class InputBuffers:
             queue.paused = False
         self._queues.clear()
         self._paused.clear()
+        self._synced = None
         return paused
 
     def __contains__(self, key: PartitionKey) -> bool:

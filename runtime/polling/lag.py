@@ -42,6 +42,11 @@ class LagTracker:
         self.positions: dict[PartitionKey, int] = {}
         self.fetchable: dict[PartitionKey, int] = {}
 
+    def committed(self, key: PartitionKey) -> int | None:
+        """The group's committed offset learnt for a partition not yet
+        consumed (-1: none; None: not asked yet)."""
+        return self._committed.get(key)
+
     def forget_committed(self) -> None:
         """After a rebalance: committed offsets learnt before may be stale."""
         self._committed.clear()

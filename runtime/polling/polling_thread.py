@@ -13,6 +13,7 @@ The work itself lives in helpers this thread owns, one idea each:
 create/close/rewind), `placement.TaskPlacement` (status, standbys, shutdown
 requests), `expansion.PartitionExpansion` (partition increases),
 `lag.LagTracker` and `input_wait.InputWait` (how long to wait for input),
+`fetched_lags.FetchedLags` (what a task waiting for a partition knows of it),
 `stall_watch.StallWatch` (input partitions that stopped fetching).
 This class decides what happens when: on a failed transaction it rewinds
 every task; on any other failure it stops without committing.
@@ -54,6 +55,7 @@ from runtime.placement.status_view import StatusTopicView
 from runtime.polling.active_tasks import ActiveTasks
 from runtime.polling.committer import CommitResult, Committer
 from runtime.polling.expansion import PartitionExpansion
+from runtime.polling.fetched_lags import FetchedLags
 from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.input_wait import InputWait
 from runtime.polling.lag import LagTracker
@@ -232,6 +234,7 @@ class PollingThread(threading.Thread):
                 ),
             )
         self.lag_tracker = LagTracker(self._consumer, self._buffers, self._processed_offset)
+        self.fetched_lags = FetchedLags(self._consumer, self._buffers, self.lag_tracker.committed)
         self.stall_watch = StallWatch()
         self.expansion = PartitionExpansion(config, topology, layout, self.tasks, self.output)
         self.query_changes = QueryChanges(self)
@@ -303,6 +306,8 @@ class PollingThread(threading.Thread):
         records = self._input.next_records(self._consumer)  # runtime.polling.input_wait
         if records:
             self.route_records(records)
+        if self.fetched_lags.refresh():  # max.task.idle.ms: a waiting task may go on
+            self._task_manager.notify_work()
         if self._buffers.any_paused:
             self.resume_drained_partitions()
         if self.tasks.any_restoring:
@@ -636,7 +641,7 @@ class PollingThread(threading.Thread):
         log.info("consumer_dropped_before_joining", reason="the group was never joined")
         self._consumer_released = True
         close_in_background(self._consumer, f"{self.name}-UnjoinedConsumerClose")
-        for holder in (self, self.committer, self.tasks, self.lag_tracker):
+        for holder in (self, self.committer, self.tasks, self.lag_tracker, self.fetched_lags):
             holder._consumer = None  # type: ignore[assignment]
 
     # --- figures (read racily by status) -------------------------------------------

@@ -50,6 +50,7 @@ from runtime.processing.errors import (
     TaskFailedError,
     dead_letter_headers,
 )
+from runtime.processing.flush_errors import FlushedEntry, handle_flush_failure
 from runtime.processing.key_lanes import RetryPolicy
 from runtime.topology.record import Headers
 
@@ -116,12 +117,13 @@ class RecordPath:
     members of the graph's `TaskContext` and the processing of one record.
 
     Reads what the task sets up: `stream_time`, `processed_offsets` (a
-    one-thread task), `_settings`; `key_parallel` says which kind it is.
+    one-thread task), `stores`, `_settings`; `key_parallel` says which kind it is.
     """
 
     key_parallel: ClassVar[bool]
     stream_time: int
     processed_offsets: dict[str, int]
+    stores: dict[str, Any]  # name -> LayeredStore
 
     def __init__(self, task_id: str, partition: int, settings: TaskSettings, retry: RetryPolicy):
         self.id = task_id
@@ -140,6 +142,8 @@ class RecordPath:
         # Counters, read racily by the status snapshot.
         self.skipped_count = 0
         self.dead_lettered_count = 0
+        # Set while a commit emits the stores' caches (runtime.processing.flush_errors).
+        self.emitting_at_commit = False
         self.dropped: dict[str, int] = {}
 
     # --- TaskContext: the record being processed --------------------------------
@@ -197,6 +201,12 @@ class RecordPath:
             return functools.partial(getattr, contexts.record, "timestamp")
         return self._current_timestamp
 
+    def _flush_origin(self, store: str) -> str:
+        """What a failed commit-time flush names as its topic: the store's
+        changelog topic, else the store's name (runtime.processing.flush_errors)."""
+        changelog = self.stores[store].changelog
+        return changelog.topic if changelog is not None else store
+
     def _flush_dispatcher(self, store: str) -> FlushListener:
         """The cache's listener for `store`: forwards to what a node registered."""
 
@@ -208,6 +218,12 @@ class RecordPath:
                 saved, record.timestamp = record.timestamp, timestamp
                 try:
                     listener(key, value, old, timestamp)
+                except Exception as exc:
+                    if not self.emitting_at_commit:
+                        raise  # inside a record's processing: that record's failure
+                    origin = self._flush_origin(store)
+                    entry = FlushedEntry(key, value, timestamp)
+                    handle_flush_failure(record, origin, entry, exc, self._handle_error)  # type: ignore[arg-type]
                 finally:
                     record.timestamp = saved
 

@@ -24,6 +24,7 @@ from runtime.collector.collector import OutputRecord
 from runtime.logging import get_logger
 from runtime.processing.errors import ErrorPolicy
 from runtime.processing.key_lanes import KeyParallelSettings, RetryPolicy
+from runtime.processing.partition_sync import PartitionSync
 from runtime.processing.record_context import NO_RETRY, FlushListener, RecordPath
 from runtime.state.builders import LayeredStore, build_task_stores, task_directory
 from runtime.state.cache_budget import CacheBudget
@@ -53,13 +54,36 @@ class InputQueue:
     task. The bound is enforced by the polling thread pausing the partition.
     """
 
-    __slots__ = ("topic", "partition", "records", "paused")
+    __slots__ = (
+        "topic",
+        "partition",
+        "records",
+        "paused",
+        "synced",
+        "fetched",
+        "taken_to",
+        "idle_deadline",
+    )
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
         self.partition = partition
         self.records: deque[Message] = deque()
         self.paused = False  # polling thread only
+        # `max.task.idle.ms` (runtime.processing.partition_sync): whether its
+        # task waits for it while empty; the polling thread's figure for it
+        # while empty, (consumer position, records beyond it) or None when
+        # unknown; the offset of the last record taken when that emptied it;
+        # when the wait for it ends (time.monotonic()).
+        self.synced = False
+        self.fetched: tuple[int, int] | None = None
+        self.taken_to = -1
+        self.idle_deadline: float | None = None
+
+    def emptied_by(self, message: Message) -> None:
+        """The holder took `message`, the last record buffered (partition_sync)."""
+        self.taken_to = message.offset()  # type: ignore[assignment]  # consumed: never None
+        self.idle_deadline = None
 
     def __len__(self) -> int:
         return len(self.records)
@@ -120,6 +144,7 @@ class TaskSettings:
         key_parallel: KeyParallelSettings | None = None,
         rocksdb_memory: RocksDBMemory | None = None,
         consolidated: ConsolidatedStores | None = None,
+        max_task_idle_ms: int = -1,
     ) -> None:
         self.application_id = application_id
         self.default_key_serde = default_key_serde
@@ -141,6 +166,8 @@ class TaskSettings:
         # The process's global stores by name (runtime.state.global_store),
         # read by global table joins; filled by the assembly when it has any.
         self.global_stores: dict[str, Any] = {}
+        # `max.task.idle.ms` (runtime.processing.partition_sync); -1: no waiting.
+        self.max_task_idle_ms = max_task_idle_ms
 
 
 class StreamTask(RecordPath):
@@ -246,6 +273,13 @@ class StreamTask(RecordPath):
         }
         self._single_queue = self._queue_list[0] if len(self._queue_list) == 1 else None
         self._single_source = self._sources[topics[0]] if len(topics) == 1 else None
+        # Several input partitions: wait for an empty one (max.task.idle.ms).
+        # Key-parallel tasks take records as buffered (docs/dsl.md says why).
+        self._sync: PartitionSync | None = None
+        if len(topics) > 1 and settings.max_task_idle_ms >= 0 and not self.key_parallel:
+            self._sync = PartitionSync(settings.max_task_idle_ms)
+            for queue in self._queue_list:
+                queue.synced = True
         self.graph.init(self)
         log.debug("task_created", task_id=self.id, topics=topics)
 
@@ -331,14 +365,28 @@ class StreamTask(RecordPath):
 
     @property
     def buffered(self) -> int:
+        """Records the task could process now (0 while it waits for an empty
+        input partition, `max.task.idle.ms`): the scheduler's figure."""
+        if self._single_queue is not None:
+            return len(self._single_queue.records)
+        count = sum(len(q.records) for q in self._queue_list)
+        sync = self._sync
+        if count and sync is not None and not sync.ready(self._queue_list, time.monotonic(), False):
+            return 0
+        return count
+
+    @property
+    def input_buffered(self) -> int:
+        """Records in the input queues (status; `buffered` is the scheduler's figure)."""
         if self._single_queue is not None:
             return len(self._single_queue.records)
         return sum(len(q.records) for q in self._queue_list)
 
     @property
-    def input_buffered(self) -> int:
-        """Records in the input queues (status; `buffered` is the scheduler's figure)."""
-        return self.buffered
+    def enforced_processing(self) -> int:
+        """Records taken while an empty input partition was given up on
+        (`max.task.idle.ms` ran out; Kafka Streams' enforced-processing-total)."""
+        return self._sync.enforced_total if self._sync is not None else 0
 
     def head_timestamp(self) -> int:
         """Oldest head record's timestamp across the queues (-1 when empty)."""
@@ -378,7 +426,10 @@ class StreamTask(RecordPath):
                 if queue is None:
                     break
                 topic = queue.topic
-                process_record(record, queue.records.popleft(), topic, self._sources[topic], 0)
+                message = queue.records.popleft()
+                if not queue.records:
+                    queue.emptied_by(message)
+                process_record(record, message, topic, self._sources[topic], 0)
                 count += 1
                 if self.yield_requested or (
                     count % _CLOCK_CHECK_EVERY == 0 and time.monotonic() >= deadline
@@ -390,14 +441,21 @@ class StreamTask(RecordPath):
         return count
 
     def _next_queue(self) -> InputQueue | None:
-        """The non-empty queue whose head record is oldest (Kafka's PartitionGroup)."""
+        """The non-empty queue whose head record is oldest (Kafka's PartitionGroup);
+        None while an empty one is waited for (`max.task.idle.ms`)."""
         best: InputQueue | None = None
         best_ts = 0
+        empty = False
         for queue in self._queue_list:
             if queue.records:
                 ts = queue.head_timestamp()
                 if best is None or ts < best_ts:
                     best, best_ts = queue, ts
+            else:
+                empty = True
+        sync = self._sync
+        if empty and best is not None and sync is not None:
+            return best if sync.ready(self._queue_list, time.monotonic()) else None
         return best
 
     def _punctuate(self) -> None:
@@ -459,8 +517,14 @@ class StreamTask(RecordPath):
             for topic, offset in self.processed_offsets.items()
             if self.committed_offsets.get(topic) != offset
         }
-        for store in self.stores.values():
-            store.emit_cached()
+        # A user function the emission runs fails to the handler, not the
+        # polling thread (runtime.processing.flush_errors).
+        self.emitting_at_commit = True
+        try:
+            for store in self.stores.values():
+                store.emit_cached()
+        finally:
+            self.emitting_at_commit = False
         # After every emission: one store's emission may write another's.
         written: list[tuple[str, int]] = []
         logged_at_commit = self._logged_at_commit
