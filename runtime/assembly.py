@@ -38,8 +38,8 @@ from runtime.placement.status_view import StatusTopicView
 from runtime.polling.polling_thread import PollingThread, PollingThreadHooks
 from runtime.processing.errors import ErrorPolicy
 from runtime.processing.key_lanes import key_parallel_settings
-from runtime.processing.task import TaskSettings
 from runtime.processing.task_manager import TaskManager
+from runtime.processing.task_settings import TaskSettings
 from runtime.processing.threads import ProcessingThreadPool
 from runtime.state.cache_budget import CacheBudget
 from runtime.state.cleanup import CleanupThread

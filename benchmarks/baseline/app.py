@@ -24,7 +24,7 @@ from runtime.config import StreamsConfig
 from runtime.kafka.clients import admin_config
 from runtime.kafka.topics import TopicLayout, resolve_topics
 from runtime.processing.errors import ErrorPolicy
-from runtime.processing.task import TaskSettings
+from runtime.processing.task_settings import TaskSettings
 from runtime.state.cache_budget import CacheBudget
 from runtime.topology.topology import Topology
 

@@ -43,7 +43,8 @@ from runtime.logging import get_logger
 from runtime.polling.active_tasks import ActiveTasks
 from runtime.polling.committer import Committer
 from runtime.polling.input_buffers import InputBuffers
-from runtime.processing.task import StreamTask, TaskSettings
+from runtime.processing.task import StreamTask
+from runtime.processing.task_settings import TaskSettings
 from runtime.topology.topology import Topology
 
 log = get_logger("benchmarks.baseline")

@@ -42,7 +42,7 @@ from runtime.logging import get_logger
 from runtime.placement.parts import Handovers, PollingSide
 from runtime.placement.placer import Member
 from runtime.placement.records import PlacementPlan
-from runtime.processing.task import task_id_of
+from runtime.processing.task_settings import task_id_of
 
 log = get_logger("runtime.placement")
 

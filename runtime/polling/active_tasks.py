@@ -41,7 +41,8 @@ from runtime.kafka.topics import TopicLayout
 from runtime.logging import get_logger
 from runtime.polling.input_buffers import InputBuffers
 from runtime.processing.key_parallel import make_task
-from runtime.processing.task import StreamTask, TaskSettings
+from runtime.processing.task import StreamTask
+from runtime.processing.task_settings import TaskSettings
 from runtime.topology.topology import Subtopology, Topology
 
 log = get_logger("runtime.tasks")

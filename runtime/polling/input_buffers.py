@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 
 from confluent_kafka import Message
 
-from runtime.processing.task import InputQueue
+from runtime.processing.input_queue import InputQueue
 
 PartitionKey = tuple[str, int]
 

@@ -64,8 +64,8 @@ from runtime.polling.stall_watch import StallWatch
 from runtime.polling.startup import StartupProgress
 from runtime.polling.status_and_standbys import TaskPlacement
 from runtime.processing.errors import TaskFailedError
-from runtime.processing.task import TaskSettings
 from runtime.processing.task_manager import TaskManager
+from runtime.processing.task_settings import TaskSettings
 from runtime.state.restoration import RestorationThread
 from runtime.topology.topology import Topology
 

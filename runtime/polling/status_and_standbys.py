@@ -31,7 +31,7 @@ from runtime.placement.records import (
     status_topic_name,
 )
 from runtime.placement.status_view import StatusTopicView
-from runtime.processing.task import TaskSettings, task_id_of
+from runtime.processing.task_settings import TaskSettings, task_id_of
 from runtime.state.restoration import RestorationThread
 from runtime.state.standby import StandbyTask
 from runtime.topology.topology import Subtopology, Topology

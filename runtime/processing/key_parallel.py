@@ -59,7 +59,8 @@ from runtime.logging import get_logger
 from runtime.processing.errors import TaskFailedError
 from runtime.processing.key_lanes import Grab, KeyLanes
 from runtime.processing.record_context import OutputSink, RecordContext
-from runtime.processing.task import StreamTask, TaskSettings
+from runtime.processing.task import StreamTask
+from runtime.processing.task_settings import TaskSettings
 from runtime.topology.context import PunctuationType
 from runtime.topology.topology import Subtopology
 

@@ -57,7 +57,7 @@ from runtime.topology.record import Headers
 if TYPE_CHECKING:
     from confluent_kafka import Message
 
-    from runtime.processing.task import TaskSettings
+    from runtime.processing.task_settings import TaskSettings
     from runtime.topology.nodes import SourceNode
 
 FlushListener = Callable[[bytes, bytes | None, bytes | None, int], None]

@@ -14,23 +14,19 @@ before the task is processable. See docs/architecture.md.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, NamedTuple
 
-from confluent_kafka import Message
-
 from runtime.collector.collector import OutputRecord
 from runtime.logging import get_logger
-from runtime.processing.errors import ErrorPolicy
-from runtime.processing.key_lanes import KeyParallelSettings, RetryPolicy
+from runtime.processing.input_queue import InputQueue
+from runtime.processing.key_lanes import RetryPolicy
 from runtime.processing.partition_sync import PartitionSync
 from runtime.processing.record_context import NO_RETRY, FlushListener, RecordPath
+from runtime.processing.task_settings import TaskSettings, task_id_of
 from runtime.state.builders import LayeredStore, build_task_stores, task_directory
-from runtime.state.cache_budget import CacheBudget
 from runtime.state.checkpoint import FileCheckpoint, TaskPositions, checkpoint_due
-from runtime.state.consolidated import ConsolidatedPositions, ConsolidatedStores
-from runtime.state.rocksdb_memory import RocksDBMemory
+from runtime.state.consolidated import ConsolidatedPositions
 from runtime.state.task_lock import TaskDirectoryLock
 from runtime.topology.context import PunctuationType
 from runtime.topology.topology import Subtopology, TaskGraph
@@ -39,60 +35,6 @@ log = get_logger("runtime.task")
 
 # How many records between two looks at the clock in the processing loop.
 _CLOCK_CHECK_EVERY = 32
-
-
-def task_id_of(subtopology_id: int | str, partition: int) -> str:
-    """Kafka Streams' task id: `<subtopology>_<partition>` (a named query's
-    subtopology is `<query>__<n>`, `Subtopology.task_name`)."""
-    return f"{subtopology_id}_{partition}"
-
-
-class InputQueue:
-    """The bounded buffer of one input partition of a task.
-
-    Written by the polling thread, read by the processing thread holding the
-    task. The bound is enforced by the polling thread pausing the partition.
-    """
-
-    __slots__ = (
-        "topic",
-        "partition",
-        "records",
-        "paused",
-        "synced",
-        "fetched",
-        "taken_to",
-        "idle_deadline",
-    )
-
-    def __init__(self, topic: str, partition: int) -> None:
-        self.topic = topic
-        self.partition = partition
-        self.records: deque[Message] = deque()
-        self.paused = False  # polling thread only
-        # `max.task.idle.ms` (runtime.processing.partition_sync): whether its
-        # task waits for it while empty; the polling thread's figure for it
-        # while empty, (consumer position, records beyond it) or None when
-        # unknown; the offset of the last record taken when that emptied it;
-        # when the wait for it ends (time.monotonic()).
-        self.synced = False
-        self.fetched: tuple[int, int] | None = None
-        self.taken_to = -1
-        self.idle_deadline: float | None = None
-
-    def emptied_by(self, message: Message) -> None:
-        """The holder took `message`, the last record buffered (partition_sync)."""
-        self.taken_to = message.offset()  # type: ignore[assignment]  # consumed: never None
-        self.idle_deadline = None
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def head_timestamp(self) -> int:
-        try:
-            return int(self.records[0].timestamp()[1])
-        except IndexError:
-            return -1
 
 
 class _Punctuation:
@@ -126,48 +68,6 @@ class CommitBatch(NamedTuple):
     changelogs: tuple[tuple[str, int], ...] = ()
     """Changelog partitions written since the last commit: the committer asks
     the broker for their positions once this output is acknowledged."""
-
-
-class TaskSettings:
-    """What every task of one app shares (resolved once at start-up, read-only)."""
-
-    def __init__(
-        self,
-        application_id: str,
-        default_key_serde: Any,
-        default_value_serde: Any,
-        error_policy: ErrorPolicy,
-        partition_counts: dict[str, int],
-        state_dir: str,
-        cache_budget: CacheBudget | None,
-        static_partitioner: Any = None,
-        key_parallel: KeyParallelSettings | None = None,
-        rocksdb_memory: RocksDBMemory | None = None,
-        consolidated: ConsolidatedStores | None = None,
-        max_task_idle_ms: int = -1,
-    ) -> None:
-        self.application_id = application_id
-        self.default_key_serde = default_key_serde
-        self.default_value_serde = default_value_serde
-        self.error_policy = error_policy
-        self.partition_counts = partition_counts
-        self.state_dir = state_dir
-        self.cache_budget = cache_budget
-        # `static.partitioner` (partition expansion): sinks use it when set.
-        self.static_partitioner = static_partitioner
-        # None: every task is a plain StreamTask (today's path, exactly).
-        self.key_parallel = key_parallel
-        # The block cache and write-buffer budget every RocksDB store of the
-        # app shares (None: the process's default, runtime.state.rocksdb_memory).
-        self.rocksdb_memory = rocksdb_memory
-        # `state.store.layout=consolidated`: the process's one database (None:
-        # a database per store and a checkpoint file per task).
-        self.consolidated = consolidated
-        # The process's global stores by name (runtime.state.global_store),
-        # read by global table joins; filled by the assembly when it has any.
-        self.global_stores: dict[str, Any] = {}
-        # `max.task.idle.ms` (runtime.processing.partition_sync); -1: no waiting.
-        self.max_task_idle_ms = max_task_idle_ms
 
 
 class StreamTask(RecordPath):

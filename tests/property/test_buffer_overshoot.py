@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from runtime.config import KEYS
 from runtime.polling.input_buffers import InputBuffers
-from runtime.processing.task import InputQueue
+from runtime.processing.input_queue import InputQueue
 
 
 class Msg:

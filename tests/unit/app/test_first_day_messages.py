@@ -36,7 +36,8 @@ from runtime.config import ConfigError, StreamsConfig, load_config
 from runtime.kafka.startup_checks import check_client_properties, check_startup
 from runtime.librdkafka_properties import librdkafka_role
 from runtime.processing.errors import ErrorPolicy, TaskFailedError, preview
-from runtime.processing.task import StreamTask, TaskSettings
+from runtime.processing.task import StreamTask
+from runtime.processing.task_settings import TaskSettings
 from runtime.status import NO_PROCESSING_THREADS, AppStatus
 from runtime.topology.loading import load_topology
 from runtime.topology.topology import Topology

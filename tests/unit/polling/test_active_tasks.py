@@ -14,7 +14,8 @@ from runtime.kafka.topics import TopicLayout
 from runtime.polling.active_tasks import ActiveTasks
 from runtime.polling.input_buffers import InputBuffers
 from runtime.processing.errors import ErrorPolicy
-from runtime.processing.task import StreamTask, TaskSettings
+from runtime.processing.task import StreamTask
+from runtime.processing.task_settings import TaskSettings
 from runtime.state.cache_budget import CacheBudget
 
 APP = "lifecycle"

@@ -6,7 +6,7 @@ from confluent_kafka import TopicPartition
 
 from runtime.polling.fetched_lags import FetchedLags
 from runtime.polling.input_buffers import InputBuffers
-from runtime.processing.task import InputQueue
+from runtime.processing.input_queue import InputQueue
 
 
 class FakeConsumer:

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime.polling.input_buffers import InputBuffers
-from runtime.processing.task import InputQueue
+from runtime.processing.input_queue import InputQueue
 
 
 class FakeMessage:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from runtime import App, StreamsBuilder, serdes
 from runtime.polling.input_buffers import InputBuffers
+from runtime.processing.input_queue import InputQueue
 from runtime.processing.query_shares import (
     PRIORITY_MAX_POLL_RECORDS,
     PRIORITY_REFILL_RECORDS,
@@ -21,7 +22,6 @@ from runtime.processing.query_shares import (
     QueryShare,
     input_refill,
 )
-from runtime.processing.task import InputQueue
 from runtime.topology.topology import Topology
 
 

@@ -10,7 +10,8 @@ from confluent_kafka import Message
 
 from runtime import StreamsBuilder, serdes
 from runtime.processing.errors import ErrorPolicy
-from runtime.processing.task import StreamTask, TaskSettings
+from runtime.processing.task import StreamTask
+from runtime.processing.task_settings import TaskSettings
 from runtime.state.checkpoint import (
     CHECKPOINT_DELTA_RECORDS,
     checkpoint_due,

@@ -14,7 +14,8 @@ import pytest
 from runtime import StreamsBuilder, serdes
 from runtime.error_handlers import HEADER_OFFSET, HEADER_TOPIC
 from runtime.processing.errors import ErrorPolicy, TaskFailedError
-from runtime.processing.task import StreamTask, TaskSettings
+from runtime.processing.task import StreamTask
+from runtime.processing.task_settings import TaskSettings
 from runtime.state.cache_budget import CacheBudget
 
 

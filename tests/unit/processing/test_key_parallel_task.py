@@ -20,8 +20,9 @@ from runtime.collector.collector import OutputRecord, RecordCollector
 from runtime.processing.errors import ErrorPolicy, TaskFailedError
 from runtime.processing.key_lanes import KeyParallelSettings, RetryPolicy
 from runtime.processing.key_parallel import KeyParallelTask, make_task
-from runtime.processing.task import StreamTask, TaskSettings
+from runtime.processing.task import StreamTask
 from runtime.processing.task_manager import TaskManager
+from runtime.processing.task_settings import TaskSettings
 from runtime.processing.threads import ProcessingThreadPool
 from runtime.state.cache_budget import CacheBudget
 from runtime.topology.topology import Topology

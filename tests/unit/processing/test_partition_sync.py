@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 
 from runtime import StreamsBuilder, serdes
 from runtime.processing.errors import ErrorPolicy
+from runtime.processing.input_queue import InputQueue
 from runtime.processing.partition_sync import PartitionSync
-from runtime.processing.task import InputQueue, StreamTask, TaskSettings
+from runtime.processing.task import StreamTask
+from runtime.processing.task_settings import TaskSettings
 from runtime.state.cache_budget import CacheBudget
 
 

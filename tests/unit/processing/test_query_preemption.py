@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 from runtime import StreamsBuilder, serdes
 from runtime.processing.errors import ErrorPolicy
 from runtime.processing.query_shares import QueryShare, preemptions
-from runtime.processing.task import StreamTask, TaskSettings
+from runtime.processing.task import StreamTask
 from runtime.processing.task_manager import TaskManager
+from runtime.processing.task_settings import TaskSettings
 from runtime.processing.threads import ProcessingThreadPool
 from runtime.topology.named_queries import compose
 from tests.fakes.tasks import FakeTask
