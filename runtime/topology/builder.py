@@ -351,7 +351,12 @@ class StreamsBuilder:
             table_node,
             make_table_source,
             (source,),
-            {"store": store_name, "key_serde": key_serde, "value_serde": value_serde},
+            {
+                "store": store_name,
+                "key_serde": key_serde,
+                "value_serde": value_serde,
+                "queryable": store is not None,  # (table_changes.sends_old_values_unforced)
+            },
             (store_name,),
         )
         return KTable.materialized(graph, table_node, store_name, key_serde, value_serde)

@@ -438,7 +438,12 @@ class KStream:
             node,
             make_table_source,
             (source._node,),
-            {"store": store_name, "key_serde": key_serde, "value_serde": value_serde},
+            {
+                "store": store_name,
+                "key_serde": key_serde,
+                "value_serde": value_serde,
+                "queryable": store is not None,  # (table_changes.sends_old_values_unforced)
+            },
             (store_name,),
         )
         return KTable.materialized(graph, node, store_name, key_serde, value_serde)
