@@ -191,7 +191,12 @@ def fk_join(
         result,
         table_source_factory,
         (resolver,),
-        {"store": store_name, "key_serde": this.key_serde, "value_serde": value_serde},
+        {
+            "store": store_name,
+            "key_serde": this.key_serde,
+            "value_serde": value_serde,
+            "queryable": store is not None,  # (table_changes.sends_old_values_unforced)
+        },
         (store_name,),
     )
     return result, store_name

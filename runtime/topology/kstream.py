@@ -12,8 +12,9 @@ key may have changed since it was read (`map`, `flat_map`, `process`): key-based
 operations (`group_by_key`, stream-table `join`) then insert a repartition topic.
 
 Stateful operations: `group_by_key`/`group_by` lead to aggregations
-(`runtime.topology.grouped`), and `join`/`left_join` look records up in a
-`KTable` (`runtime.topology.ktable`).
+(`runtime.topology.grouped`); `join`/`left_join`/`outer_join` are thin here
+and checked and dispatched in `runtime.topology.kstream_joins` (a `KTable`,
+a `GlobalKTable`, or another stream with `JoinWindows`).
 
 Over 500 lines as one thing: `KStream` is the DSL's fluent API, one method
 per operator as Kafka Streams' `KStream` has, each a few lines that add a
@@ -25,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from runtime.topology import kstream_joins
 from runtime.topology.builder import (
     GraphBuilder,
     check_callable,
@@ -34,7 +36,6 @@ from runtime.topology.builder import (
     store_spec,
 )
 from runtime.topology.errors import TopologyError
-from runtime.topology.global_table import GlobalKTable, global_join
 from runtime.topology.graph import NodeDef, StateStoreDef
 from runtime.topology.nodes import (
     BranchNode,
@@ -52,11 +53,11 @@ from runtime.topology.nodes import (
     ProcessorNode,
 )
 from runtime.topology.processor import Processor
-from runtime.topology.stateful_nodes import KeySelectNode, StreamTableJoinNode
-from runtime.topology.stream_join_dsl import stream_join
+from runtime.topology.stateful_nodes import KeySelectNode
 from runtime.topology.windows import JoinWindows
 
 if TYPE_CHECKING:
+    from runtime.topology.global_table import GlobalKTable
     from runtime.topology.grouped import KGroupedStream
     from runtime.topology.ktable import KTable
 
@@ -111,11 +112,6 @@ def _make_key_select(d: NodeDef) -> Node:
     return KeySelectNode(d.name, d.params["fn"])
 
 
-def _make_join(d: NodeDef) -> Node:
-    p = d.params
-    return StreamTableJoinNode(d.name, p["getter"], p["joiner"], p["left"])
-
-
 _KEEP: Any = object()
 
 
@@ -145,6 +141,10 @@ class KStream:
 
     def __repr__(self) -> str:
         return f"KStream({self._node!r})"
+
+    def graph_builder(self) -> GraphBuilder:
+        """The builder's graph this stream belongs to (for the DSL's modules)."""
+        return self._graph
 
     # -- helpers -------------------------------------------------------------
 
@@ -438,7 +438,12 @@ class KStream:
             node,
             make_table_source,
             (source._node,),
-            {"store": store_name, "key_serde": key_serde, "value_serde": value_serde},
+            {
+                "store": store_name,
+                "key_serde": key_serde,
+                "value_serde": value_serde,
+                "queryable": store is not None,  # (table_changes.sends_old_values_unforced)
+            },
             (store_name,),
         )
         return KTable.materialized(graph, node, store_name, key_serde, value_serde)
@@ -535,30 +540,20 @@ class KStream:
         (default: the streams' own, else the configured default); `store`
         names the stores (`<store>-this-join-store`, `<store>-other-join-store`).
         """
-        if isinstance(other, GlobalKTable):  # (table, key_mapper, joiner, name) as Kafka Streams
-            extra = (value_serde, windows, other_value_serde, store)
-            node = global_join(
-                self._graph, self._node, other, joiner, name, False, key_serde, extra
-            )
-            return KStream(self._graph, node, self.key_serde, None, self.repartition_required)
-        if name is not None and not isinstance(name, str):
-            raise TopologyError(f"a join's name must be a str, got {name!r}")
-        if isinstance(other, KStream):
-            return self._join_stream(
+        return self._joined(
+            kstream_joins.join(
+                self,
                 other,
                 joiner,
-                windows,
-                False,
-                False,
                 name,
                 key_serde,
                 value_serde,
+                windows,
                 other_value_serde,
                 store,
-                "join()",
+                left=False,
             )
-        self._no_windows(windows, other_value_serde, store, "join()")
-        return self._join_table(other, joiner, False, name, key_serde, value_serde)
+        )
 
     def left_join(
         self,
@@ -589,28 +584,20 @@ class KStream:
         by the time its window closed (stream time past its timestamp +
         after + grace) is emitted once as `joiner(this_value, None)`.
         """
-        if isinstance(other, GlobalKTable):  # (table, key_mapper, joiner, name) as Kafka Streams
-            extra = (value_serde, windows, other_value_serde, store)
-            node = global_join(self._graph, self._node, other, joiner, name, True, key_serde, extra)
-            return KStream(self._graph, node, self.key_serde, None, self.repartition_required)
-        if name is not None and not isinstance(name, str):
-            raise TopologyError(f"a join's name must be a str, got {name!r}")
-        if isinstance(other, KStream):
-            return self._join_stream(
+        return self._joined(
+            kstream_joins.join(
+                self,
                 other,
                 joiner,
-                windows,
-                True,
-                False,
                 name,
                 key_serde,
                 value_serde,
+                windows,
                 other_value_serde,
                 store,
-                "left_join()",
+                left=True,
             )
-        self._no_windows(windows, other_value_serde, store, "left_join()")
-        return self._join_table(other, joiner, True, name, key_serde, value_serde)
+        )
 
     def outer_join(
         self,
@@ -628,115 +615,17 @@ class KStream:
         closed, as `joiner(this_value, None)` or `joiner(None, other_value)`."""
         if not isinstance(other, KStream):
             raise TopologyError(f"outer_join() expects a KStream, got {other!r}")
-        return self._join_stream(
-            other,
-            joiner,
-            windows,
-            True,
-            True,
-            name,
-            key_serde,
-            value_serde,
-            other_value_serde,
-            store,
-            "outer_join()",
+        serdes = (key_serde, value_serde, other_value_serde)
+        return self._joined(
+            kstream_joins.join_streams(
+                self, other, joiner, windows, True, True, name, serdes, store, "outer_join()"
+            )
         )
 
-    @staticmethod
-    def _no_windows(windows: Any, other_value_serde: Any, store: Any, what: str) -> None:
-        if windows is not None or other_value_serde is not None or store is not None:
-            raise TopologyError(
-                f"{what}: windows, other_value_serde and store are for joining two streams; "
-                "a stream-table join takes none"
-            )
-
-    def _join_stream(
-        self,
-        other: KStream,
-        joiner: Callable[[Any, Any], Any],
-        windows: JoinWindows | None,
-        left_outer: bool,
-        right_outer: bool,
-        name: str | None,
-        key_serde: Any,
-        value_serde: Any,
-        other_value_serde: Any,
-        store: str | None,
-        what: str,
-    ) -> KStream:
-        if not isinstance(windows, JoinWindows):
-            raise TopologyError(
-                f"{what} of two streams needs windows=JoinWindows...(...), got {windows!r}"
-            )
-        if other._graph is not self._graph:
-            raise TopologyError(f"{what}: both streams must come from one StreamsBuilder")
-        fn = check_callable(joiner, what)
-        key_serde = self._serde(key_serde, self.key_serde, "key_serde")
-        this_serde = self._serde(value_serde, self.value_serde, "value_serde")
-        other_serde = self._serde(other_value_serde, other.value_serde, "other_value_serde")
-        this: KStream = self
-        if self.repartition_required:
-            this = self.repartition(
-                name=f"{name}-left" if name else None, key_serde=key_serde, value_serde=this_serde
-            )
-        that: KStream = other
-        if other.repartition_required:
-            that = other.repartition(
-                name=f"{name}-right" if name else None,
-                key_serde=key_serde,
-                value_serde=other_serde,
-            )
-        merge = stream_join(
-            self._graph,
-            this._node,
-            that._node,
-            fn,
-            windows,
-            left_outer,
-            right_outer,
-            name,
-            (key_serde, this_serde, other_serde),
-            None if store is None else check_store_name(store),
-            store_spec,
+    def _joined(self, joined: kstream_joins.Joined) -> KStream:
+        return KStream(
+            self._graph, joined.node, joined.key_serde, None, joined.repartition_required
         )
-        return KStream(self._graph, merge, key_serde, None, False)
-
-    def _join_table(
-        self,
-        table: KTable,
-        joiner: Callable[[Any, Any], Any],
-        left: bool,
-        name: str | None,
-        key_serde: Any,
-        value_serde: Any,
-    ) -> KStream:
-        from runtime.topology.ktable import KTable
-
-        what = "left_join()" if left else "join()"
-        if not isinstance(table, KTable):
-            raise TopologyError(f"{what} expects a KTable, got {table!r}")
-        if table.graph_builder() is not self._graph:
-            raise TopologyError(
-                f"{what}: the stream and the table must come from one StreamsBuilder"
-            )
-        getter = table.value_getter(what)
-        fn = check_callable(joiner, what)
-        stream = self
-        if self.repartition_required:
-            stream = self.repartition(name=name, key_serde=key_serde, value_serde=value_serde)
-        graph = self._graph
-        node = graph.node_name(name, "KSTREAM-LEFTJOIN-" if left else "KSTREAM-JOIN-")
-        graph.add_processor(
-            node,
-            _make_join,
-            (stream._node,),
-            {"getter": getter, "joiner": fn, "left": left},
-            (getter.store,),
-        )
-        graph.add_copartition_group(
-            graph.source_topics_of(stream._node) | graph.source_topics_of(table.name)
-        )
-        return KStream(graph, node, stream.key_serde, None, False)
 
     # -- Processor API ---------------------------------------------------------
 

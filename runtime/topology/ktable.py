@@ -138,31 +138,35 @@ class KTable:
         """The rows for which `predicate(key, value)` is true.
 
         An update the predicate rejects is forwarded as a tombstone `(key,
-        None)`, so a row that stops matching disappears downstream.
+        None)`, so a row that stops matching disappears downstream. When this
+        table can tell what it replaces (its store was named, it is an
+        aggregation or a table-table join, as Kafka Streams'
+        `enableSendingOldValues(false)`), the old value is filtered too and a
+        rejected update of a row that did not pass before forwards nothing.
         """
         fn = check_callable(predicate, "KTable.filter()")
-        getter = self._getter.then(filter_step(fn, True)) if self._getter else None
-        return self._derive(
-            "KTABLE-FILTER-",
-            name,
-            _make_filter,
-            {"fn": fn, "keep": True},
-            self.value_serde,
-            getter,
-        )
+        return self._filter(fn, True, name, "KTable.filter()")
 
     def filter_not(self, predicate: Callable[[Any, Any], Any], name: str | None = None) -> KTable:
         """The rows for which `predicate(key, value)` is false (see `filter`)."""
         fn = check_callable(predicate, "KTable.filter_not()")
-        getter = self._getter.then(filter_step(fn, False)) if self._getter else None
-        return self._derive(
-            "KTABLE-FILTER-",
-            name,
-            _make_filter,
-            {"fn": fn, "keep": False},
-            self.value_serde,
-            getter,
+        return self._filter(fn, False, name, "KTable.filter_not()")
+
+    def _filter(
+        self, fn: Callable[[Any, Any], Any], keep: bool, name: str | None, what: str
+    ) -> KTable:
+        from runtime.topology.table_changes import sends_old_values_unforced
+
+        getter = self._getter.then(filter_step(fn, keep)) if self._getter else None
+        table = self._derive(
+            "KTABLE-FILTER-", name, _make_filter, {"fn": fn, "keep": keep}, self.value_serde, getter
         )
+        # Kafka Streams' KTableFilter asks its parent for old values without
+        # forcing a store on it; where the parent has them, the filter sends
+        # them too and drops updates that neither pass now nor passed before.
+        if sends_old_values_unforced(self._graph, self._node, self._table_kinds()):
+            table._enable_old_values(what)
+        return table
 
     def map_values(self, mapper: Callable[[Any], Any], name: str | None = None) -> KTable:
         """Each value replaced by `mapper(value)`; tombstones stay tombstones."""
@@ -378,10 +382,17 @@ class KTable:
         return KTable.materialized(self._graph, node, store_name, self.key_serde, value_serde)
 
     def _enable_old_values(self, what: str) -> None:
+        from runtime.topology import table_changes
+
+        table_changes.enable_old_values(self._graph, self._node, self._table_kinds(), what)
+
+    @staticmethod
+    def _table_kinds() -> dict[Any, str]:
+        """What each table node factory is, for `runtime.topology.table_changes`."""
         from runtime.topology import cogroup, table_changes, table_grouping, table_joins
         from runtime.topology.grouped import _make_aggregate
 
-        kinds = {
+        return {
             make_table_source: table_changes.STORE,
             _make_aggregate: table_changes.STORE,
             table_joins.make_join_store: table_changes.STORE,
@@ -391,4 +402,3 @@ class KTable:
             table_joins.make_merge: table_changes.JOIN,
             cogroup.make_merge: table_changes.STORE,
         }
-        table_changes.enable_old_values(self._graph, self._node, kinds, what)

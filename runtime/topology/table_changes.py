@@ -13,6 +13,11 @@ the same at build time:
 - `filter`/`map_values` nodes apply themselves to the old value too, and a
   filter forwards nothing when both values are None (Kafka Streams' rule: no
   tombstone for a row downstream never saw);
+- `KTable.filter` asks for old values itself when its table can send them
+  without being materialized for it (`sends_old_values_unforced`, Kafka
+  Streams' `enableSendingOldValues(false)` in `KTableFilter`'s constructor):
+  a filtered materialized table then forwards no tombstone for a rejected
+  update of a row that did not pass before either;
 - an unmaterialized table-table join computes the old result from its sides'
   old values (both sides then send them).
 
@@ -167,6 +172,30 @@ def _wrap(factory: Callable[[NodeDef], Node], convert: Callable[[Node], Node]) -
 
     make.sends_old_values = True  # type: ignore[attr-defined]
     return make
+
+
+def sends_old_values_unforced(graph: GraphBuilder, node: str, kinds: Mapping[Any, str]) -> bool:
+    """Whether the table produced by `node` can send old values without a
+    store added for it: Kafka Streams' `enableSendingOldValues(false)`.
+
+    True for a table already sending them, a table source whose store the
+    user named (`builder.table`/`to_table` with `store`: Kafka Streams'
+    `Materialized.as`; an internal store does not count, as its
+    `KTableSource.materialized()`), an aggregation or materialized join (they
+    always have their store), an unmaterialized table-table join (Kafka
+    Streams' join merger enables its sides with force, and answers yes), and
+    a filter or `map_values` whose parent can. False otherwise: an unnamed
+    source, a windowed table, a Processor API table.
+    """
+    spec = graph.specs[node]
+    if getattr(spec.factory, "sends_old_values", False) or spec.params.get("send_old"):
+        return True
+    kind = kinds.get(spec.factory)
+    if kind == STORE:
+        return bool(spec.params.get("queryable", True))
+    if kind in (FILTER, MAP_VALUES):
+        return sends_old_values_unforced(graph, spec.parents[0], kinds)
+    return kind == JOIN
 
 
 def enable_old_values(graph: GraphBuilder, node: str, kinds: Mapping[Any, str], what: str) -> None:
