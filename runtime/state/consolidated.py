@@ -36,8 +36,11 @@ one by one after the positions). A database left by the first version
 
 Threads: the database is opened by the thread starting the app and closed
 after every task is closed. The polling thread stages and writes commits
-(tasks locked) and opens the stores of new tasks; the restoration thread
-writes restore batches, opens standbys' stores and clears a wiped store;
+(tasks locked), opens the stores of new tasks and, for a remote-state
+snapshot, flushes the memtables and checkpoints the whole database
+(`checkpoint_to`); the restoration thread writes restore batches and
+installed snapshots (`write_installed`), opens standbys' stores and clears
+a wiped store;
 the cleanup thread drops the state of tasks not owned here (`drop_task`,
 refused while a store of the task is open); the metrics thread reads each
 column family's properties (`FamilyFigures`). RocksDB is thread-safe;
