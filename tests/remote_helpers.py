@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -18,9 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rocksdict import AccessType, Options, Rdict
 
 from runtime.brokers.s3proxy import S3Proxy
 from runtime.state.checkpoint import read_checkpoint
+from runtime.state.consolidated import consolidated_directory
+from runtime.state.consolidated_families import OFFSETS_CF, task_prefix
 from tests.kafka_helpers import unique_name
 
 __all__ = ["RemoteBucket", "SlowRelay", "local_checkpoint", "remote_bucket", "snapshot_offsets"]
@@ -85,8 +89,36 @@ def snapshot_offsets(manifest: dict[str, Any]) -> dict[tuple[str, int], int]:
     return {(t, p): o for t, p, o in manifest["offsets"]}
 
 
-def local_checkpoint(state_dir: Path, app_id: str, task_id: str) -> dict[tuple[str, int], int]:
-    return read_checkpoint(state_dir / app_id / task_id / ".checkpoint") or {}
+def local_checkpoint(
+    state_dir: Path, app_id: str, task_id: str, layout: str = "per-task"
+) -> dict[tuple[str, int], int]:
+    """The task's local changelog positions: its `.checkpoint` file, or in the
+    consolidated layout its entries of the `offsets` column family (read from
+    the database opened read-only, which works while an app holds it)."""
+    if layout == "per-task":
+        return read_checkpoint(state_dir / app_id / task_id / ".checkpoint") or {}
+    path = consolidated_directory(str(state_dir), app_id)
+    if not (path / "CURRENT").exists():
+        return {}
+    db = Rdict(
+        str(path),
+        Options(raw_mode=True),
+        column_families={OFFSETS_CF: Options(raw_mode=True)},
+        access_type=AccessType.read_only(),
+    )
+    try:
+        prefix = task_prefix(task_id)
+        offsets = db.get_column_family(OFFSETS_CF)
+        found: dict[tuple[str, int], int] = {}
+        for key, value in offsets.items(from_key=prefix):
+            if not key.startswith(prefix):
+                break
+            topic, number = key[len(prefix) :].decode().split("\x00")
+            found[(topic, int(number))] = struct.unpack(">q", value)[0]
+        del offsets
+        return found
+    finally:
+        db.close()
 
 
 class SlowRelay:

@@ -264,14 +264,16 @@ class LayeredStore:
 
     def install_snapshot(self, directory: str | os.PathLike[str], position: int) -> None:
         """Replace the inner RocksDB by a downloaded snapshot (a RocksDB
-        checkpoint) that reflects the changelog up to `position`; restoration
-        then replays the changelog from there. Raises if it does not open (the
-        store is then empty and its position unknown)."""
+        database of the store's keys, taken by either layout) that reflects
+        the changelog up to `position`; restoration then replays the changelog
+        from there. Raises if it does not open (the store's position is then
+        unknown: per-task, the store is empty; consolidated, nothing was
+        written and the store is as restoration found it)."""
         base = self.rocksdb
         if base is None or self.changelog is None:
             raise TypeError(f"store {self.name!r} is not a change-logged RocksDB store")
         self.changelog.changelog_offset = None
-        base.replace_with(directory)
+        base.install_snapshot_db(directory, position)
         if isinstance(self.store, WindowStore):
             self.store.restored()
         self.changelog.update_changelog_offset(position)

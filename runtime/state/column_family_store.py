@@ -11,9 +11,10 @@ one batch of the commit is written (`batch_written`). `restore_batch`
 writes the records with the store's changelog position in one batch. `wipe`
 deletes the task's range. RocksDB's figures are per column family, so per
 store name for all tasks (`FamilyFigures`), not per store object: this
-store registers nothing with the metrics thread. Remote-state snapshots are
-per database, so they are not offered here (the layout refuses
-`state.remote.url` at start-up).
+store registers nothing with the metrics thread. Remote-state snapshots
+export the task's range into a standalone database and install one back in
+one batch (runtime.state.snapshot_export), so they are portable between
+layouts.
 
 Threads: as `RocksDBKeyValueStore` (runtime.state.rocksdb_store).
 """
@@ -21,21 +22,27 @@ Threads: as `RocksDBKeyValueStore` (runtime.state.rocksdb_store).
 from __future__ import annotations
 
 import os
+import shutil
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
+from pathlib import Path
 from typing import cast
 
 from rocksdict import ColumnFamily, ReadOptions, WriteBatch
 
 from runtime.state.checkpoint import ChangelogPartition
 from runtime.state.consolidated import ConsolidatedStores
-from runtime.state.consolidated_families import prefix_end, task_prefix
+from runtime.state.consolidated_families import prefix_end, store_family_name, task_prefix
 from runtime.state.rocksdb_store import RocksDBKeyValueStore
+from runtime.state.snapshot_export import export_range, read_database
 from runtime.state.store import KeyValue, SortedKeys
 
-_NO_SNAPSHOTS = "remote state snapshots are not built for state.store.layout=consolidated"
 _CHUNK = 1024  # entries per rocksdict iterator (none outlives a chunk)
+# Where a capture checkpoints the process database, beside the task's store
+# directories (a name no store has: the uploader deletes entries starting
+# with "." once the exports ran, and never uploads them).
+CHECKPOINT_SCRATCH = ".consolidated-checkpoint"
 
 
 class ColumnFamilyStore(RocksDBKeyValueStore):
@@ -169,19 +176,67 @@ class ColumnFamilyStore(RocksDBKeyValueStore):
         if was_open:
             self._stores.release(self._task_id)
 
-    # --- not in this layout ------------------------------------------------------
+    # --- remote state: per-task snapshots (runtime.state.snapshot_export) -----
 
     def memtable_bytes(self) -> int:
-        raise NotImplementedError(_NO_SNAPSHOTS)
+        """Bytes in the active memtables of the whole database: what the
+        checkpoint under a snapshot would flush now."""
+        return self._stores.memtable_bytes()
 
     def start_flush(self) -> None:
-        raise NotImplementedError(_NO_SNAPSHOTS)
+        """Ask RocksDB to flush every column family in the background."""
+        self._stores.start_flush()
+
+    def flush_pending(self) -> bool:
+        return self._stores.flush_pending()
+
+    def capture_snapshot(self, directory: str | os.PathLike[str]) -> Callable[[], None]:
+        """Checkpoint the process database next to `directory` (once per
+        capture: the task's other stores reuse it; the commit's batch is
+        written, so it holds exactly the committed state) and return the
+        export of the task's range from it into a standalone database at
+        `directory`, to run later on the upload's thread
+        (runtime.state.snapshot_export). Polling thread, task locked."""
+        target = Path(directory)
+        checkpoint = target.parent / CHECKPOINT_SCRATCH
+        if not checkpoint.exists():
+            self._stores.checkpoint_to(checkpoint)
+        family = store_family_name(self._name)
+        prefix, end = self._prefix, self._end
+
+        def export() -> None:
+            export_range(checkpoint, family, prefix, end, target)
+
+        return export
 
     def checkpoint_to(self, directory: str | os.PathLike[str]) -> None:
-        raise NotImplementedError(_NO_SNAPSHOTS)
+        """Export the task's range now (what `capture_snapshot` defers), its
+        scratch checkpoint deleted after."""
+        try:
+            self.capture_snapshot(directory)()
+        finally:
+            shutil.rmtree(Path(directory).parent / CHECKPOINT_SCRATCH, ignore_errors=True)
+
+    def install_snapshot_db(self, directory: str | os.PathLike[str], position: int) -> None:
+        """Replace the task's keys by those of the snapshot database at
+        `directory` (either layout's) and set the store's position to
+        `position`, in one synced batch. Pending writes are dropped. Raises if
+        the snapshot does not open or read; nothing is written then (the
+        store stays as restoration found it, without a position). Restoration thread, before processing."""
+        self._open_db()
+        self._pending = {}
+        self._pending_keys.clear()
+        partition = self.changelog_partition
+        self._stores.write_installed(
+            self._name,
+            self._task_id,
+            read_database(directory),
+            (partition, position) if partition is not None else None,
+        )
+        self.created = False
 
     def replace_with(self, directory: str | os.PathLike[str]) -> None:
-        raise NotImplementedError(_NO_SNAPSHOTS)
+        raise NotImplementedError("consolidated stores install snapshots with install_snapshot_db")
 
     def rocksdb_properties(self, names: tuple[str, ...]) -> dict[str, int] | None:
         """None: RocksDB's properties are per column family, shared by every

@@ -36,8 +36,11 @@ one by one after the positions). A database left by the first version
 
 Threads: the database is opened by the thread starting the app and closed
 after every task is closed. The polling thread stages and writes commits
-(tasks locked) and opens the stores of new tasks; the restoration thread
-writes restore batches, opens standbys' stores and clears a wiped store;
+(tasks locked), opens the stores of new tasks and, for a remote-state
+snapshot, flushes the memtables and checkpoints the whole database
+(`checkpoint_to`); the restoration thread writes restore batches and
+installed snapshots (`write_installed`), opens standbys' stores and clears
+a wiped store;
 the cleanup thread drops the state of tasks not owned here (`drop_task`,
 refused while a store of the task is open); the metrics thread reads each
 column family's properties (`FamilyFigures`). RocksDB is thread-safe;
@@ -55,7 +58,15 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from rocksdict import ColumnFamily, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import (
+    Checkpoint,
+    ColumnFamily,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBatch,
+    WriteOptions,
+)
 
 from runtime.logging import get_logger
 from runtime.state.checkpoint import ChangelogPartition, Offsets
@@ -197,6 +208,37 @@ class ConsolidatedStores:
             entry = self._families.get(name)
             if entry is not None and self._db is not None:
                 entry[0].flush(False)
+
+    # --- remote-state snapshots (polling thread, at a commit) ------------------
+
+    def memtable_bytes(self) -> int:
+        """Bytes in every column family's active memtable."""
+        with self._lock:
+            families = [family for family, _handle in self._families.values()]
+        prop = "rocksdb.cur-size-active-mem-table"
+        return sum(int(family.property_int_value(prop) or 0) for family in families)
+
+    def start_flush(self) -> None:
+        """Ask RocksDB to flush every column family in the background."""
+        with self._lock:
+            families = [family for family, _handle in self._families.values()]
+        for family in families:
+            family.flush(False)
+
+    def flush_pending(self) -> bool:
+        """Whether a flush `start_flush` asked for is still under way."""
+        with self._lock:
+            families = [family for family, _handle in self._families.values()]
+        for family in families:
+            for prop in ("rocksdb.num-immutable-mem-table", "rocksdb.num-running-flushes"):
+                if family.property_int_value(prop):
+                    return True
+        return False
+
+    def checkpoint_to(self, directory: str | os.PathLike[str]) -> None:
+        """A RocksDB checkpoint of the whole database at `directory` (which
+        must not exist; SST files hard-linked, memtables flushed first)."""
+        Checkpoint(self._database()).create_checkpoint(str(directory))
 
     # --- stores (the thread opening, wiping or dropping a store) ---------------
 
@@ -368,6 +410,37 @@ class ConsolidatedStores:
         if position is not None:
             with self._lock:
                 self._remember(task_id, {partition: offset})
+        return count
+
+    def write_installed(
+        self,
+        store: str,
+        task_id: str,
+        chunks: Iterable[list[tuple[bytes, bytes]]],
+        position: tuple[ChangelogPartition, int] | None,
+    ) -> int:
+        """Replace a task's keys of `store` by a snapshot's (`chunks`: keys
+        without the prefix) and set its position, in ONE synced batch: the
+        old range cleared, the snapshot's keys, the snapshot's position. A
+        crash leaves the old state with its old position or the new one with
+        the new, never a mix. The whole snapshot is held in the batch (memory:
+        its size). Restoration thread, the store not yet processed."""
+        prefix = task_prefix(task_id)
+        with self._lock:
+            handle = self._families[store_family_name(store)][1]
+        batch = WriteBatch(raw_mode=True)
+        batch.delete_range(prefix, prefix_end(prefix), handle)
+        count = 0
+        for chunk in chunks:
+            for key, value in chunk:
+                batch.put(prefix + key, value, handle)
+            count += len(chunk)
+        with self._lock:
+            if position is not None:
+                self._put_positions(batch, task_id, {position[0]: position[1]})
+            self._database().write(batch, _SYNC)
+            if position is not None:
+                self._remember(task_id, {position[0]: position[1]})
         return count
 
     def stage(self, store: ColumnFamilyStore) -> None:

@@ -53,7 +53,7 @@ import os
 import re
 import shutil
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import cast
@@ -331,6 +331,19 @@ class RocksDBKeyValueStore:
         writes only: the pending overlay is not in the database) at `directory`,
         which must not exist. SST files are hard links (same file system)."""
         Checkpoint(self._open_db()).create_checkpoint(str(directory))
+
+    def capture_snapshot(self, directory: str | os.PathLike[str]) -> Callable[[], None] | None:
+        """Take the snapshot of this store into `directory` now (a checkpoint);
+        None: nothing is left to do later (the consolidated layout's store
+        returns its deferred export instead)."""
+        self.checkpoint_to(directory)
+        return None
+
+    def install_snapshot_db(self, directory: str | os.PathLike[str], position: int) -> None:
+        """Install a snapshot database (`replace_with`); the position is kept
+        by the owner's checkpoint in this layout."""
+        del position
+        self.replace_with(directory)
 
     def replace_with(self, directory: str | os.PathLike[str]) -> None:
         """Replace the whole database by the one at `directory` (a downloaded

@@ -47,9 +47,16 @@ class CountApp:
     exactly_once_v2.
     """
 
-    def __init__(self, bootstrap: str, tmp_path: Path, guarantee: str = "at_least_once") -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        tmp_path: Path,
+        guarantee: str = "at_least_once",
+        layout: str = "per-task",
+    ) -> None:
         self.bootstrap = bootstrap
         self.guarantee = guarantee
+        self.layout = layout  # state.store.layout, unless an app is given another
         self.app_id = unique_name("remote")
         self.source, self.sink = unique_name("in"), unique_name("out")
         create_topic(bootstrap, self.source, 2)
@@ -61,7 +68,7 @@ class CountApp:
         produce(self.bootstrap, self.source, ((k, "x") for k in keys))
         self.truth.update(keys)
 
-    def app(self, state_dir: Path, extra: dict[str, object]) -> App:
+    def app(self, state_dir: Path, extra: dict[str, object], layout: str | None = None) -> App:
         builder = StreamsBuilder()
         (
             builder.stream(self.source, key_serde=serdes.STRING, value_serde=serdes.STRING)
@@ -70,6 +77,7 @@ class CountApp:
             .to_stream()
             .to(self.sink, value_serde=serdes.INT64)
         )
+        extra = {"state.store.layout": layout or self.layout, **extra}
         config = app_config(
             self.bootstrap, self.app_id, state_dir, commit_ms=300, guarantee=self.guarantee, **extra
         )
@@ -120,7 +128,7 @@ def wait_snapshots_cover_local_state(
     def covered() -> bool:
         for task_id in TASKS:
             manifests = bucket.manifests(counts.app_id, task_id)
-            local = local_checkpoint(state_dir, counts.app_id, task_id)
+            local = local_checkpoint(state_dir, counts.app_id, task_id, counts.layout)
             if not manifests or not local or snapshot_offsets(manifests[-1]) != local:
                 return False
             if newer_than and newer_than.get(task_id) == local:
@@ -132,10 +140,19 @@ def wait_snapshots_cover_local_state(
     return seen
 
 
+@pytest.mark.parametrize(
+    ("layout", "restore_layout"),
+    [
+        ("per-task", "per-task"),
+        ("consolidated", "consolidated"),
+        # A snapshot is portable: a per-task app's, installed by a consolidated one.
+        ("per-task", "consolidated"),
+    ],
+)
 def test_wiped_state_restores_from_snapshot_plus_tail(
-    bootstrap: str, tmp_path: Path, bucket: RemoteBucket
+    bootstrap: str, tmp_path: Path, bucket: RemoteBucket, layout: str, restore_layout: str
 ) -> None:
-    counts = CountApp(bootstrap, tmp_path)
+    counts = CountApp(bootstrap, tmp_path, layout=layout)
     keys = [f"key-{i}" for i in range(KEYS)] + [f"key-{i}" for i in range(0, KEYS, 3)]
     counts.feed(keys)
     state = tmp_path / "state"
@@ -162,14 +179,14 @@ def test_wiped_state_restores_from_snapshot_plus_tail(
         counts.wait_processed(second, len(tail))
     finally:
         assert second.close(30)
-    changelog_ends = {t: local_checkpoint(state, counts.app_id, t) for t in TASKS}
+    changelog_ends = {t: local_checkpoint(state, counts.app_id, t, layout) for t in TASKS}
     tail_records = sum(
         changelog_ends[t][tp] - snapshot_ends[t][tp] for t in TASKS for tp in snapshot_ends[t]
     )
     assert tail_records > 0
 
     shutil.rmtree(state)  # the local state is gone: a new machine
-    third = counts.app(state, bucket.config(interval_ms=60_000))
+    third = counts.app(state, bucket.config(interval_ms=60_000), layout=restore_layout)
     third.start()
     try:
         wait_until(
@@ -261,8 +278,9 @@ def test_corrupt_or_truncated_snapshots_fall_back_and_old_ones_are_deleted(
         assert restored.close(30)
 
 
+@pytest.mark.parametrize("layout", ["per-task", "consolidated"])
 def test_standby_starts_from_a_snapshot_and_takes_over_with_little_to_restore(
-    bootstrap: str, tmp_path: Path, bucket: RemoteBucket
+    bootstrap: str, tmp_path: Path, bucket: RemoteBucket, layout: str
 ) -> None:
     """A new instance's standby downloads the newest snapshot and replays only
     the changelog after it, like an active task; when the other instance
@@ -272,7 +290,7 @@ def test_standby_starts_from_a_snapshot_and_takes_over_with_little_to_restore(
     machine one of them can outlast a session (seen: a flush stalled in the
     revocation commit, the member timed out, its partitions were lost), and
     under at_least_once the new owner would then count some records twice."""
-    counts = CountApp(bootstrap, tmp_path, guarantee="exactly_once_v2")
+    counts = CountApp(bootstrap, tmp_path, guarantee="exactly_once_v2", layout=layout)
     keys = [f"key-{i}" for i in range(KEYS)]
     counts.feed(keys)
     standby = {"num.standby.replicas": 1}

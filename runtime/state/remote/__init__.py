@@ -6,7 +6,9 @@ hours; downloading a recent snapshot and replaying only the changelog after it
 takes seconds. A snapshot is a RocksDB checkpoint of every change-logged
 RocksDB store of one task, taken where the stores hold exactly what the task's
 checkpoint names (right after a commit's `post_commit`), tagged with those
-changelog offsets.
+changelog offsets. With `state.store.layout=consolidated` it is the same
+per-task format, exported from a checkpoint of the process database
+(runtime.state.snapshot_export), so snapshots move between the layouts.
 
 The parts, and which thread runs them:
 

@@ -12,7 +12,16 @@ nothing writes the databases of an active task (processing threads write the
 stores' pending overlays and caches, which reach RocksDB only in
 `post_commit`), so the checkpoint and the offsets cannot drift apart.
 
-The cost to processing: while the commit holds the task locks, and because
+Consolidated layout (`state.store.layout=consolidated`): a store is a key
+range of column families shared by every task. The same two commits apply
+to the whole database (its memtables: every family), then the capture
+checkpoints the whole database once (hard links; `write_state` wrote the
+commit's batch before `after_commit`) beside the job's store directories,
+and the uploader exports the task's ranges from it into standalone databases
+of the per-task format on the restoration thread and deletes it
+(runtime.state.snapshot_export).
+
+The cost to processing (per-task layout): while the commit holds the task locks, and because
 rocksdict holds the GIL, a checkpoint stalls every thread for as long as
 RocksDB needs to flush the memtable (about 6 ms per MB here). So a due task
 goes through two commits: the first asks RocksDB to flush in its background
@@ -65,8 +74,12 @@ class SnapshotSource(Protocol):
 class UploadJob:
     """One captured snapshot, handed to the restoration thread for upload.
 
-    `directory` holds one RocksDB checkpoint per store (`<directory>/<store>`);
-    the uploader deletes it when done or failed."""
+    `directory` holds one RocksDB checkpoint per store (`<directory>/<store>`),
+    or will once `exports` ran: the consolidated layout's deferred exports of
+    the task's ranges (runtime.state.snapshot_export), which the uploader
+    runs first on its own thread, each once; entries whose name starts with
+    "." are scratch (the database checkpoint they read), deleted after. The uploader deletes the
+    directory when done or failed."""
 
     task_id: str
     snapshot_id: str
@@ -74,6 +87,7 @@ class UploadJob:
     offsets: Offsets
     changelogs: dict[str, tuple[str, int]]  # store -> changelog partition
     directory: Path
+    exports: tuple[Callable[[], None], ...] = ()
 
 
 def snapshot_stores(task: SnapshotSource) -> dict[str, LayeredStore]:
@@ -187,8 +201,11 @@ class SnapshotCapture:
         started = time.perf_counter()
         try:
             directory.mkdir(parents=True)
+            exports = []
             for name, store in stores.items():
-                _rocksdb(store).checkpoint_to(directory / name)
+                export = _rocksdb(store).capture_snapshot(directory / name)
+                if export is not None:
+                    exports.append(export)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
@@ -206,7 +223,15 @@ class SnapshotCapture:
             ms=round(elapsed * 1000, 1),
         )
         self._submit(
-            UploadJob(task_id, snapshot_id, created_ms, dict(offsets), changelogs, directory)
+            UploadJob(
+                task_id,
+                snapshot_id,
+                created_ms,
+                dict(offsets),
+                changelogs,
+                directory,
+                tuple(exports),
+            )
         )
 
 

@@ -142,6 +142,17 @@ class Uploader:
     # --- one upload -------------------------------------------------------------
 
     def _begin(self, job: UploadJob) -> _Upload:
+        # The consolidated layout's exports first, then its checkpoint goes:
+        # the directory then looks like a per-task one. An export is not split
+        # across steps (see docs/remote-state.md for its cost).
+        for export in job.exports:
+            try:
+                export()
+            except Exception as exc:  # rocksdict raises plain Exception
+                raise OSError(f"export of the task's ranges failed: {exc}") from exc
+        for entry in job.directory.iterdir():
+            if entry.name.startswith("."):  # a capture's scratch (its checkpoint)
+                shutil.rmtree(entry, ignore_errors=True)
         # Listed afresh for every snapshot (one request per 1000 files): what
         # the bucket holds is the truth, whatever other instances deleted.
         prefix = self._settings.objects_prefix(job.task_id)

@@ -231,17 +231,15 @@ def test_names_and_prefixes() -> None:
         task_prefix("0\x001")
 
 
-def test_consolidated_refuses_remote_state() -> None:
+def test_consolidated_takes_remote_state() -> None:
     base = {"application.id": "a", "bootstrap.servers": "localhost:9092"}
     assert StreamsConfig.from_dict(
         {**base, "state.store.layout": "consolidated"}
     ).state_store_layout == ("consolidated")
-    with pytest.raises(ConfigError) as info:
-        StreamsConfig.from_dict(
-            {**base, "state.store.layout": "consolidated", "state.remote.url": "s3://bucket/prefix"}
-        )
-    assert info.value.key == "state.store.layout"
-    assert "state.remote.url" in info.value.reason
+    config = StreamsConfig.from_dict(
+        {**base, "state.store.layout": "consolidated", "state.remote.url": "s3://bucket/prefix"}
+    )
+    assert config.state_remote_url == "s3://bucket/prefix"
     with pytest.raises(ConfigError) as info:
         StreamsConfig.from_dict({**base, "state.store.layout": "one-big"})
     assert info.value.key == "state.store.layout"
