@@ -348,6 +348,7 @@ def assemble(
             config.commit_interval_ms / 1000.0,
         )
         settings.global_stores = global_thread.stores  # filled when it opens them
+        polling.global_thread = global_thread
     return Assembly(
         global_thread=global_thread,
         layout=layout,

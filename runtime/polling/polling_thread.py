@@ -66,6 +66,7 @@ from runtime.polling.status_and_standbys import TaskPlacement
 from runtime.processing.errors import TaskFailedError
 from runtime.processing.task_manager import TaskManager
 from runtime.processing.task_settings import TaskSettings
+from runtime.state.global_thread import GlobalStoreError, GlobalStreamThread
 from runtime.state.restoration import RestorationThread
 from runtime.topology.topology import Topology
 
@@ -234,6 +235,9 @@ class PollingThread(threading.Thread):
                 ),
             )
         self.lag_tracker = LagTracker(self._consumer, self._buffers, self._processed_offset)
+        # The app's global thread, if its topology has global tables (set by
+        # the assembly): its failure after start-up stops the app.
+        self.global_thread: GlobalStreamThread | None = None
         self.fetched_lags = FetchedLags(self._consumer, self._buffers, self.lag_tracker.committed)
         self.stall_watch = StallWatch()
         self.expansion = PartitionExpansion(config, topology, layout, self.tasks, self.output)
@@ -399,6 +403,14 @@ class PollingThread(threading.Thread):
         refused = self.output.errors.take_failure()
         if refused is not None:
             raise refused
+        global_thread = self.global_thread
+        if global_thread is not None and global_thread.failure is not None:
+            # As Kafka Streams (its global thread may only shut the client
+            # down): joins would go on against a table that no longer moves.
+            raise GlobalStoreError(
+                f"the global thread failed: {global_thread.failure!r}; the global tables "
+                "stopped following their topics"
+            ) from global_thread.failure
 
     def publish_status(self) -> None:
         """Status to the other instances, standbys toward placement, shutdown requests."""

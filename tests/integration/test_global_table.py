@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from runtime import App, StreamsBuilder, serdes
+from runtime import App, AppState, StreamsBuilder, serdes
 from runtime.state.checkpoint import checkpoint_path, read_checkpoint
-from runtime.state.global_store import global_directory
+from runtime.state.global_store import GlobalStore, global_directory
 from runtime.topology.topology import Topology
 from tests.configs import app_config
 from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
@@ -118,3 +118,43 @@ def test_loaded_first_updated_later_resumed_from_the_checkpoint(
         assert "c2=new2" in _values(bootstrap, out, TABLE_KEYS + 2)
     finally:
         again.close(30)
+
+
+def test_a_global_thread_failure_after_start_stops_the_app(
+    bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As Kafka Streams: joins must not go on against a table that stopped
+    following its topic; the app ends in ERROR, naming the global thread."""
+    table_topic, topic, out = (unique_name(f"global-fail-{n}") for n in ("tbl", "in", "out"))
+    for name in (table_topic, topic, out):
+        create_topic(bootstrap, name, 1)
+    produce(
+        bootstrap,
+        table_topic,
+        [("c1", "v1")],
+        key_serializer=STR.serialize,
+        value_serializer=STR.serialize,
+    )
+    config = app_config(bootstrap, unique_name("global-fail"), tmp_path, commit_ms=100)
+    app = App(topology(table_topic, topic, out), config)
+    app.start()
+    try:
+        assert _global(app)["state"] == "running"
+
+        def disk_gone(self: GlobalStore, records: Any) -> int:
+            raise OSError("No space left on device")
+
+        # A write failing from here on, as a full or failed disk would make it.
+        monkeypatch.setattr(GlobalStore, "apply", disk_gone)
+        produce(
+            bootstrap,
+            table_topic,
+            [("c1", "v2")],
+            key_serializer=STR.serialize,
+            value_serializer=STR.serialize,
+        )
+        assert app.wait(60), "the app kept running on a global table that stopped"
+        assert app.state is AppState.ERROR
+        assert "global thread" in str(app.status().failure or "")
+    finally:
+        app.close(30)
