@@ -82,12 +82,23 @@ class WorkerPool:
                     "query with isolation=thread (it then runs in every processing process)",
                 )
         if config.num_standby_replicas > 0:
-            # A standby in another process of the same daemon would wait for
-            # the active task's directory lock (runtime.state.task_lock).
+            # Standby placement (runtime.placement.records) ranks instances,
+            # not machines: each process here is an instance of its own, so a
+            # standby could land in a sibling process (same machine, no
+            # protection) and wait on the active task's directory lock
+            # (runtime.state.task_lock). docs/multi-process.md says more.
             raise ConfigError(
                 "num.standby.replicas",
-                "standbys are not supported together with processes > 1 yet: set it to 0 "
-                "(a task moving between processes of one daemon keeps its local state anyway)",
+                f"standbys are not supported together with processes > 1 yet (here "
+                f"num.standby.replicas={config.num_standby_replicas}, "
+                f"processes={processes if processes is not None else config.processes}): "
+                "standby placement cannot yet tell the processes of one daemon apart from "
+                "other machines, so a standby could be kept on the same machine as its "
+                "active task and contend for its state directory. Either set "
+                "num.standby.replicas=0 (a task moving between this daemon's processes "
+                "keeps its local state anyway; a lost machine's tasks restore from their "
+                "changelogs), or keep the standbys and set processes=1, running one "
+                "daemon per machine or pod",
             )
         worker_spec(config, source, 0)  # a config that cannot be passed on fails here
         self.config = config

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.config import StreamsConfig
+from runtime.config import ConfigError, StreamsConfig
 from runtime.isolation import workers
 from runtime.isolation.merge import merge_statuses
 from runtime.isolation.slots import exit_reason, restart_delay_ms
@@ -284,3 +284,21 @@ def test_a_slot_started_after_a_pause_starts_paused(monkeypatch: pytest.MonkeyPa
     pool.reconcile()
     assert FakeChild.made[-1].spec["paused_all"] is False
     assert pool.close(1)
+
+
+def test_standbys_with_several_processes_are_refused_naming_the_key_and_both_ways_out() -> None:
+    config = StreamsConfig.from_dict(
+        {
+            "application.id": "app",
+            "bootstrap.servers": "127.0.0.1:9092",
+            "processes": 2,
+            "num.standby.replicas": 1,
+        }
+    )
+    with pytest.raises(ConfigError) as refused:
+        WorkerPool(config, "tests.apps.count_app:topology", child_factory=FakeChild)
+    assert refused.value.key == "num.standby.replicas"
+    reason = refused.value.reason
+    assert "num.standby.replicas=1, processes=2" in reason
+    assert "set num.standby.replicas=0" in reason
+    assert "set processes=1" in reason
