@@ -81,25 +81,6 @@ class WorkerPool:
                     "'process' is not supported together with processes > 1 yet: run the "
                     "query with isolation=thread (it then runs in every processing process)",
                 )
-        if config.num_standby_replicas > 0:
-            # Standby placement (runtime.placement.records) ranks instances,
-            # not machines: each process here is an instance of its own, so a
-            # standby could land in a sibling process (same machine, no
-            # protection) and wait on the active task's directory lock
-            # (runtime.state.task_lock). docs/multi-process.md says more.
-            raise ConfigError(
-                "num.standby.replicas",
-                f"standbys are not supported together with processes > 1 yet (here "
-                f"num.standby.replicas={config.num_standby_replicas}, "
-                f"processes={processes if processes is not None else config.processes}): "
-                "standby placement cannot yet tell the processes of one daemon apart from "
-                "other machines, so a standby could be kept on the same machine as its "
-                "active task and contend for its state directory. Either set "
-                "num.standby.replicas=0 (a task moving between this daemon's processes "
-                "keeps its local state anyway; a lost machine's tasks restore from their "
-                "changelogs), or keep the standbys and set processes=1, running one "
-                "daemon per machine or pod",
-            )
         worker_spec(config, source, 0)  # a config that cannot be passed on fails here
         self.config = config
         self._source = source
@@ -207,7 +188,7 @@ class WorkerPool:
 
     def _launch(self, slot: Slot) -> Slot:
         spec = dataclasses.replace(
-            worker_spec(self.config, self._source, slot.index),
+            worker_spec(self.config, self._source, slot.index, self.instance_id),
             paused_all=self._paused_all,
             paused_tasks=tuple(sorted(self._paused_tasks)),
         )

@@ -192,6 +192,7 @@ class PollingThread(threading.Thread):
             self.output,
             active_ids=lambda: self.tasks.ids(),
             status_view=status_view,
+            daemon=config.process_daemon or "",
         )
         self.tasks = ActiveTasks(
             topology,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.config import ConfigError, StreamsConfig
+from runtime.config import StreamsConfig
 from runtime.isolation import workers
 from runtime.isolation.merge import merge_statuses
 from runtime.isolation.slots import exit_reason, restart_delay_ms
@@ -286,7 +286,7 @@ def test_a_slot_started_after_a_pause_starts_paused(monkeypatch: pytest.MonkeyPa
     assert pool.close(1)
 
 
-def test_standbys_with_several_processes_are_refused_naming_the_key_and_both_ways_out() -> None:
+def test_each_process_names_its_daemon_and_standbys_are_accepted() -> None:
     config = StreamsConfig.from_dict(
         {
             "application.id": "app",
@@ -295,10 +295,13 @@ def test_standbys_with_several_processes_are_refused_naming_the_key_and_both_way
             "num.standby.replicas": 1,
         }
     )
-    with pytest.raises(ConfigError) as refused:
-        WorkerPool(config, "tests.apps.count_app:topology", child_factory=FakeChild)
-    assert refused.value.key == "num.standby.replicas"
-    reason = refused.value.reason
-    assert "num.standby.replicas=1, processes=2" in reason
-    assert "set num.standby.replicas=0" in reason
-    assert "set processes=1" in reason
+    FakeChild.made.clear()
+    pool = WorkerPool(config, "tests.apps.count_app:topology", child_factory=FakeChild)
+    pool.start()
+    daemons = [child.spec["config"]["process.daemon"] for child in FakeChild.made]
+    # One daemon id for both processes: standby placement keeps copies off it.
+    assert daemons == [pool.instance_id, pool.instance_id]
+    assert StreamsConfig.from_dict(FakeChild.made[0].spec["config"]).process_daemon == (
+        pool.instance_id
+    )
+    assert pool.close(1)
