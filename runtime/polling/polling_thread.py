@@ -194,6 +194,7 @@ class PollingThread(threading.Thread):
             status_view=status_view,
             daemon=config.process_daemon or "",
         )
+        settings.while_directory_waits = self.placement.release_claimed_standbys
         self.tasks = ActiveTasks(
             topology,
             layout,

@@ -197,6 +197,16 @@ class TaskPlacement:
             self._standbys[task_id] = standby
             self._restoration.add_standby(standby)
 
+    def release_claimed_standbys(self) -> None:
+        """Give up the standbys whose directory an active task of another
+        process of this daemon waits for (not waited for: the restoration
+        thread closes them). Called while this thread itself waits for a
+        directory (`TaskSettings.while_directory_waits`)."""
+        for task_id in [t for t in self._standbys if self._claimed(t)]:
+            log.info("standby_directory_claimed", task=task_id)
+            self._standbys.pop(task_id)
+            self._removals[task_id] = self._restoration.remove_standby(task_id)
+
     def _claimed(self, task_id: str) -> bool:
         return directory_claimed(
             task_directory(self._settings.state_dir, self._application_id, task_id)

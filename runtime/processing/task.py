@@ -141,6 +141,12 @@ class TaskSettings:
         # The process's global stores by name (runtime.state.global_store),
         # read by global table joins; filled by the assembly when it has any.
         self.global_stores: dict[str, Any] = {}
+        # Called now and then while a new task waits for its directory
+        # (runtime.state.task_lock): standby placement's
+        # `release_claimed_standbys`, set by the polling thread when it is
+        # built (before any task). Two processes of a daemon may each wait
+        # for a directory the other's standby holds; this breaks the tie.
+        self.while_directory_waits: Callable[[], None] | None = None
 
 
 class StreamTask(RecordPath):
@@ -207,7 +213,7 @@ class StreamTask(RecordPath):
         # be closing the task): runtime.state.task_lock.
         self._directory_lock = TaskDirectoryLock(self.directory)
         if subtopology.store_specs:
-            self._directory_lock.acquire()
+            self._directory_lock.acquire(while_waiting=settings.while_directory_waits)
         try:
             self.stores: dict[str, LayeredStore] = build_task_stores(
                 subtopology.store_specs,

@@ -16,7 +16,9 @@ A waiting active task *claims* the directory: `<task dir>/.claim` holds its
 pid while it waits. A standby kept by another process of the daemon (the
 group's assignor knows nothing of standbys, so it may give the task to a
 sibling of the standby's process) gives the directory up when it sees a
-live claim (`directory_claimed`, read by standby placement).
+live claim (`directory_claimed`, read by standby placement at each
+reconcile, and by `while_waiting` of a process's own waiting task: two
+processes may each wait for a directory the other's standby holds).
 
 Threads: a lock belongs to the task's owner thread (the polling thread opens
 and closes tasks; the cleanup thread takes its own locks).
@@ -28,6 +30,7 @@ import contextlib
 import fcntl
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from runtime.logging import get_logger
@@ -38,6 +41,7 @@ LOCK_FILE = ".lock"
 CLAIM_FILE = ".claim"
 ACQUIRE_TIMEOUT_S = 60.0  # an old owner's close: its final commit and checkpoint
 _RETRY_S = 0.05
+_WHILE_WAITING_S = 0.25
 
 
 class TaskDirectoryLocked(RuntimeError):
@@ -69,12 +73,20 @@ class TaskDirectoryLock:
         self._fd = fd
         return True
 
-    def acquire(self, timeout: float = ACQUIRE_TIMEOUT_S, claim: bool = True) -> None:
+    def acquire(
+        self,
+        timeout: float = ACQUIRE_TIMEOUT_S,
+        claim: bool = True,
+        while_waiting: Callable[[], None] | None = None,
+    ) -> None:
         """Take the lock, waiting up to `timeout` for its holder to close the
         task; while waiting, `claim` it (see the module doc: an active
-        task's open claims, a standby's does not). Raises
+        task's open claims, a standby's does not) and call `while_waiting`
+        every `_WHILE_WAITING_S` (the caller's own claimed standbys go: its
+        thread is the one that would release them). Raises
         TaskDirectoryLocked after that."""
         deadline = time.monotonic() + timeout
+        next_call = time.monotonic()
         waited = False
         try:
             while not self.try_acquire():
@@ -83,6 +95,9 @@ class TaskDirectoryLock:
                     waited = True
                     if claim:
                         (self.directory / CLAIM_FILE).write_text(str(os.getpid()))
+                if while_waiting is not None and time.monotonic() >= next_call:
+                    next_call = time.monotonic() + _WHILE_WAITING_S
+                    while_waiting()
                 if time.monotonic() >= deadline:
                     raise TaskDirectoryLocked(
                         f"{self.directory} is locked by another process of this daemon "

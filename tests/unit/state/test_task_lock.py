@@ -107,3 +107,21 @@ def test_a_standby_open_claims_nothing_and_a_dead_process_claim_is_none(tmp_path
     (directory / CLAIM_FILE).write_text(dead.stdout.strip())
     assert not directory_claimed(directory)
     holder.release()
+
+
+def test_a_waiting_owner_runs_its_hook_which_may_free_what_it_waits_for(tmp_path: Path) -> None:
+    # Two processes of a daemon each waiting for a directory the other's
+    # standby holds: each one's hook gives up its own claimed standbys.
+    directory = tmp_path / "0_4"
+    standby, active = TaskDirectoryLock(directory), TaskDirectoryLock(directory)
+    assert standby.try_acquire()
+    calls: list[bool] = []
+
+    def release_claimed() -> None:
+        calls.append(directory_claimed(directory))
+        if len(calls) == 2:
+            standby.release()
+
+    active.acquire(timeout=10, while_waiting=release_claimed)
+    assert active.held and calls == [True, True]
+    active.release()
