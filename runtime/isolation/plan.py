@@ -99,19 +99,22 @@ def _text_config(config: StreamsConfig, who: str, skip: tuple[str, ...]) -> dict
 
 # What a worker does not take: the endpoints (the supervisor has them) and
 # the supervisor's own keys.
-_NOT_FOR_A_WORKER = ("admin.socket", "metrics.", "processes", "process.slot")
+_NOT_FOR_A_WORKER = ("admin.socket", "metrics.", "processes", "process.slot", "process.daemon")
 
 
-def worker_spec(config: StreamsConfig, source: str, slot: int) -> ChildSpec:
+def worker_spec(config: StreamsConfig, source: str, slot: int, daemon: str = "") -> ChildSpec:
     """Slot `slot`'s spec: the daemon's config with the slot's identity
     (client.id and group.instance.id suffixed `-p<slot>`, `process.slot`,
-    which picks its transactional id). Raises ConfigError like `child_spec`."""
+    which picks its transactional id) and the daemon's (`process.daemon`:
+    `daemon`, which standby placement reads). Raises ConfigError like `child_spec`."""
     raw = _text_config(
         config, "the app runs in several processes (processes > 1)", _NOT_FOR_A_WORKER
     )
     suffix = f"-p{slot}"
     raw["client.id"] = f"{config.client_id}{suffix}"
     raw["process.slot"] = slot
+    if daemon:
+        raw["process.daemon"] = daemon
     for key in ("consumer.group.instance.id", "group.instance.id"):
         if raw.get(key):
             raw[key] = f"{raw[key]}{suffix}"

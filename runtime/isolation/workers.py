@@ -81,14 +81,6 @@ class WorkerPool:
                     "'process' is not supported together with processes > 1 yet: run the "
                     "query with isolation=thread (it then runs in every processing process)",
                 )
-        if config.num_standby_replicas > 0:
-            # A standby in another process of the same daemon would wait for
-            # the active task's directory lock (runtime.state.task_lock).
-            raise ConfigError(
-                "num.standby.replicas",
-                "standbys are not supported together with processes > 1 yet: set it to 0 "
-                "(a task moving between processes of one daemon keeps its local state anyway)",
-            )
         worker_spec(config, source, 0)  # a config that cannot be passed on fails here
         self.config = config
         self._source = source
@@ -196,7 +188,7 @@ class WorkerPool:
 
     def _launch(self, slot: Slot) -> Slot:
         spec = dataclasses.replace(
-            worker_spec(self.config, self._source, slot.index),
+            worker_spec(self.config, self._source, slot.index, self.instance_id),
             paused_all=self._paused_all,
             paused_tasks=tuple(sorted(self._paused_tasks)),
         )

@@ -9,6 +9,14 @@ instances other than its active owner are ranked by hash(task, instance), and
 the first `num.standby.replicas` keep a standby. Nobody coordinates; when an
 instance joins or leaves, only the tasks that ranked it change hands.
 
+Instances that share a machine are one *daemon* (the processing processes
+of one `streams-runtime run` with `processes` > 1 publish the supervisor's
+id as `daemon`; a plain instance is a daemon of its own). A standby on the
+active's daemon protects nothing (same machine) and would contend for the
+task's directory (`runtime.state.task_lock`), and two standbys on one daemon
+would too: walking the ranking, an instance is skipped when its daemon
+already holds the active or a standby of the task.
+
 The same topic carries the records of runtime-owned placement
 (`task.assignment=runtime`): the placer's `PlacementPlan` and `scale-down`
 requests, and the status fields the placer reads; the decision itself is
@@ -45,6 +53,12 @@ class InstanceStatus:
     lags: Mapping[str, int] = field(default_factory=dict)
     plan_version: int = 0
     leaving: bool = False
+    daemon: str = ""  # the supervisor's id under `processes` > 1; "" for a plain instance
+
+    @property
+    def machine(self) -> str:
+        """What standby placement keeps copies apart by: the daemon, or the instance."""
+        return self.daemon or self.instance_id
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -57,6 +71,7 @@ class InstanceStatus:
                 "lags": dict(sorted(self.lags.items())),
                 "plan": self.plan_version,
                 "leaving": self.leaving,
+                "daemon": self.daemon,
             },
             separators=(",", ":"),
         ).encode()
@@ -76,6 +91,7 @@ class InstanceStatus:
                 {str(t): int(lag) for t, lag in dict(raw.get("lags", {})).items()},
                 int(raw.get("plan", 0)),
                 bool(raw.get("leaving", False)),
+                str(raw.get("daemon", "")),
             )
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
@@ -188,13 +204,31 @@ def _weight(task_id: str, instance_id: str) -> bytes:
 
 
 def standby_owners(
-    task_id: str, active_owner: str | None, live: Iterable[str], replicas: int
+    task_id: str,
+    active_owner: str | None,
+    live: Iterable[str],
+    replicas: int,
+    daemon_of: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """The instances that should keep a standby of `task_id`, best first."""
-    candidates = sorted(
+    """The instances that should keep a standby of `task_id`, best first.
+
+    `daemon_of`: instance -> its daemon (absent: a daemon of its own). At
+    most one copy of the task per daemon: none on the active owner's, one on
+    each other's (its best-ranked instance), so the ranking of instances
+    that share no daemon is plain rendezvous hashing."""
+    machine = daemon_of or {}
+    taken = set() if active_owner is None else {machine.get(active_owner, active_owner)}
+    chosen: list[str] = []
+    for instance in sorted(
         (i for i in live if i != active_owner), key=lambda i: _weight(task_id, i), reverse=True
-    )
-    return candidates[:replicas]
+    ):
+        if len(chosen) == replicas:
+            break
+        daemon = machine.get(instance, instance)
+        if daemon not in taken:
+            taken.add(daemon)
+            chosen.append(instance)
+    return chosen
 
 
 def standbys_for(
@@ -207,7 +241,8 @@ def standbys_for(
 
     A task whose active owner is unknown (between rebalances) still gets
     standbys among all live instances but the owner-to-be cannot be
-    excluded; a task active here is never a standby here.
+    excluded; a task active here is never a standby here, nor on another
+    instance of this daemon (`InstanceStatus.machine`).
     """
     if replicas <= 0:
         return set()
@@ -215,12 +250,13 @@ def standbys_for(
     for instance, status in live.items():
         for task in status.active_tasks:
             owner_of[task] = instance
+    daemon_of = {i: s.machine for i, s in live.items()}
     chosen = set()
     instances = sorted(live)
     for task in stateful_tasks:
         owner = owner_of.get(task)
         if owner == me:
             continue
-        if me in standby_owners(task, owner, instances, replicas):
+        if me in standby_owners(task, owner, instances, replicas, daemon_of):
             chosen.add(task)
     return chosen

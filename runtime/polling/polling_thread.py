@@ -195,7 +195,9 @@ class PollingThread(threading.Thread):
             self.output,
             active_ids=lambda: self.tasks.ids(),
             status_view=status_view,
+            daemon=config.process_daemon or "",
         )
+        settings.while_directory_waits = self.placement.release_claimed_standbys
         self.tasks = ActiveTasks(
             topology,
             layout,

@@ -32,8 +32,10 @@ from runtime.placement.records import (
 )
 from runtime.placement.status_view import StatusTopicView
 from runtime.processing.task_settings import TaskSettings, task_id_of
+from runtime.state.builders import task_directory
 from runtime.state.restoration import RestorationThread
 from runtime.state.standby import StandbyTask
+from runtime.state.task_lock import TaskDirectoryLocked, directory_claimed
 from runtime.topology.topology import Subtopology, Topology
 
 log = get_logger("runtime.placement")
@@ -59,8 +61,12 @@ class TaskPlacement:
         output: OutputChannel,
         active_ids: Callable[[], frozenset[str]],
         status_view: StatusTopicView | None = None,
+        daemon: str = "",
     ) -> None:
+        """`daemon`: the supervisor's id under `processes` > 1 (`process.daemon`),
+        published so that no standby is placed on the active's daemon."""
         self.instance_id = instance_id
+        self._daemon = daemon
         self.status_topic = status_topic_name(application_id)
         self._application_id = application_id
         self._replicas = num_standby_replicas
@@ -116,6 +122,7 @@ class TaskPlacement:
                 frozenset(self._standbys),
                 int(time.time() * 1000),
                 **placement,
+                daemon=self._daemon,
             ).encode()
         self._output.produce_one(self.status_topic, self.instance_id.encode(), value)
 
@@ -152,28 +159,58 @@ class TaskPlacement:
         )
         active = self._active_ids()
         live[self.instance_id] = InstanceStatus(
-            self.instance_id, active, timestamp_ms=int(time.time() * 1000)
+            self.instance_id, active, timestamp_ms=int(time.time() * 1000), daemon=self._daemon
         )
         wanted = standbys_for(self.instance_id, self._stateful, live, self._replicas)
-        wanted = (wanted | (learners & set(self._stateful))) - active
+        learning = learners & set(self._stateful)
+        # An active task of another process of this daemon waiting for the
+        # directory claims it (runtime.state.task_lock): the group's assignor
+        # knows nothing of standbys and may give a task to a sibling of the
+        # process that keeps its standby. Hand the directory over (its
+        # checkpoint included: the new owner restores only the tail).
+        wanted = {t for t in wanted if not self._claimed(t)}
+        wanted = (wanted | learning) - active
         for task_id in sorted(set(self._standbys) - wanted):
             self._standbys.pop(task_id)
             self._removals[task_id] = self._restoration.remove_standby(task_id)
         for task_id in sorted(wanted - set(self._standbys)):
             self._wait_removed(task_id)
             sub, partition = self._stateful[task_id]
-            standby = StandbyTask(
-                task_id,
-                partition,
-                sub.store_specs,
-                self._settings.state_dir,
-                self._application_id,
-                changelog_prefix=sub.topic_prefix(self._application_id),
-                rocksdb_memory=self._settings.rocksdb_memory,
-                consolidated=self._settings.consolidated,
-            )
+            try:
+                standby = StandbyTask(
+                    task_id,
+                    partition,
+                    sub.store_specs,
+                    self._settings.state_dir,
+                    self._application_id,
+                    changelog_prefix=sub.topic_prefix(self._application_id),
+                    rocksdb_memory=self._settings.rocksdb_memory,
+                    consolidated=self._settings.consolidated,
+                    wait_for_lock=task_id in learning,
+                )
+            except TaskDirectoryLocked:
+                # Another process of this daemon holds the directory (the
+                # active owner, or a closing one): placement's view of it is
+                # not current yet. Tried again at the next reconcile.
+                log.debug("standby_directory_busy", task=task_id)
+                continue
             self._standbys[task_id] = standby
             self._restoration.add_standby(standby)
+
+    def release_claimed_standbys(self) -> None:
+        """Give up the standbys whose directory an active task of another
+        process of this daemon waits for (not waited for: the restoration
+        thread closes them). Called while this thread itself waits for a
+        directory (`TaskSettings.while_directory_waits`)."""
+        for task_id in [t for t in self._standbys if self._claimed(t)]:
+            log.info("standby_directory_claimed", task=task_id)
+            self._standbys.pop(task_id)
+            self._removals[task_id] = self._restoration.remove_standby(task_id)
+
+    def _claimed(self, task_id: str) -> bool:
+        return directory_claimed(
+            task_directory(self._settings.state_dir, self._application_id, task_id)
+        )
 
     def release_standby(self, task_id: str) -> None:
         """Before a task becomes active here: close its standby (same stores)."""

@@ -134,7 +134,7 @@ class StreamTask(RecordPath):
         # be closing the task): runtime.state.task_lock.
         self._directory_lock = TaskDirectoryLock(self.directory)
         if subtopology.store_specs:
-            self._directory_lock.acquire()
+            self._directory_lock.acquire(while_waiting=settings.while_directory_waits)
         try:
             self.stores: dict[str, LayeredStore] = build_task_stores(
                 subtopology.store_specs,

@@ -6,6 +6,7 @@ after that, by every thread that creates or runs a task.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from runtime.processing.errors import ErrorPolicy
@@ -61,3 +62,9 @@ class TaskSettings:
         self.global_stores: dict[str, Any] = {}
         # `max.task.idle.ms` (runtime.processing.partition_sync); -1: no waiting.
         self.max_task_idle_ms = max_task_idle_ms
+        # Called now and then while a new task waits for its directory
+        # (runtime.state.task_lock): standby placement's
+        # `release_claimed_standbys`, set by the polling thread when it is
+        # built (before any task). Two processes of a daemon may each wait
+        # for a directory the other's standby holds; this breaks the tie.
+        self.while_directory_waits: Callable[[], None] | None = None

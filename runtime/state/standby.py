@@ -14,7 +14,7 @@ from runtime.state.builders import LayeredStore, StoreSpec, build_task_stores, t
 from runtime.state.checkpoint import FileCheckpoint, TaskPositions
 from runtime.state.consolidated import ConsolidatedPositions, ConsolidatedStores
 from runtime.state.rocksdb_memory import RocksDBMemory
-from runtime.state.task_lock import TaskDirectoryLock
+from runtime.state.task_lock import TaskDirectoryLock, TaskDirectoryLocked
 
 
 def _no_writes(
@@ -41,17 +41,24 @@ class StandbyTask:
         changelog_prefix: str | None = None,
         rocksdb_memory: RocksDBMemory | None = None,
         consolidated: ConsolidatedStores | None = None,
+        wait_for_lock: bool = True,
     ) -> None:
         """`changelog_prefix`: what its changelog topics start with
         (`Subtopology.topic_prefix`; default `application_id`);
         `rocksdb_memory`: the app's shared RocksDB memory; `consolidated`:
-        the process's one database (`state.store.layout=consolidated`)."""
+        the process's one database (`state.store.layout=consolidated`);
+        `wait_for_lock`: False raises TaskDirectoryLocked at once when another
+        process holds the task's directory (a standby of placement tries
+        again later), True waits like an active task but claims nothing."""
         self.id = task_id
         self.partition = partition
         self.directory = task_directory(state_dir, application_id, task_id)
         logged = [s for s in specs if s.changelog]
         self._directory_lock = TaskDirectoryLock(self.directory)
-        self._directory_lock.acquire()
+        if wait_for_lock:
+            self._directory_lock.acquire(claim=False)
+        elif not self._directory_lock.try_acquire():
+            raise TaskDirectoryLocked(f"{self.directory} is held by another process")
         # Only persistent stores are worth keeping warm; in-memory ones are
         # rebuilt by the active task anyway.
         self.stores: dict[str, LayeredStore] = build_task_stores(

@@ -241,6 +241,7 @@ BAD_VALUES = [
     ("process.restart.backoff.ms", -1),
     ("process.restart.backoff.max.ms", -1),
     ("process.slot", -2),
+    ("process.daemon", "a\nb"),
     ("admin.socket.max.connections", 0),
     ("admin.socket.max.buffered.bytes", 1023),
     ("admin.socket.idle.timeout.ms", 0),

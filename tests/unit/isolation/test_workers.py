@@ -284,3 +284,24 @@ def test_a_slot_started_after_a_pause_starts_paused(monkeypatch: pytest.MonkeyPa
     pool.reconcile()
     assert FakeChild.made[-1].spec["paused_all"] is False
     assert pool.close(1)
+
+
+def test_each_process_names_its_daemon_and_standbys_are_accepted() -> None:
+    config = StreamsConfig.from_dict(
+        {
+            "application.id": "app",
+            "bootstrap.servers": "127.0.0.1:9092",
+            "processes": 2,
+            "num.standby.replicas": 1,
+        }
+    )
+    FakeChild.made.clear()
+    pool = WorkerPool(config, "tests.apps.count_app:topology", child_factory=FakeChild)
+    pool.start()
+    daemons = [child.spec["config"]["process.daemon"] for child in FakeChild.made]
+    # One daemon id for both processes: standby placement keeps copies off it.
+    assert daemons == [pool.instance_id, pool.instance_id]
+    assert StreamsConfig.from_dict(FakeChild.made[0].spec["config"]).process_daemon == (
+        pool.instance_id
+    )
+    assert pool.close(1)

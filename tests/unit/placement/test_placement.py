@@ -72,3 +72,73 @@ def test_adding_an_instance_moves_few_standbys() -> None:
     after = standby_owners("0_3", "a", ["a", "b", "c", "d"], 1)
     # Rendezvous hashing: the standby moves only if the newcomer ranks first.
     assert after == before or after == ["d"]
+
+
+def daemon_statuses(
+    daemons: dict[str, str], active: dict[str, list[str]]
+) -> dict[str, InstanceStatus]:
+    """instance -> daemon ("" for a plain instance), instance -> its active tasks."""
+    return {
+        i: InstanceStatus(i, frozenset(active.get(i, [])), timestamp_ms=1000, daemon=d)
+        for i, d in daemons.items()
+    }
+
+
+def test_status_round_trip_keeps_the_daemon_and_reads_old_records() -> None:
+    status = InstanceStatus("a-p0-x", frozenset({"0_1"}), timestamp_ms=42, daemon="a-y")
+    assert InstanceStatus.decode("a-p0-x", status.encode()) == status
+    assert status.machine == "a-y"
+    old = InstanceStatus.decode("b", b'{"active":["0_1"],"ts":1}')
+    assert old is not None and old.daemon == "" and old.machine == "b"
+
+
+def test_no_standby_on_the_actives_daemon_and_one_per_other_daemon() -> None:
+    # Daemon A runs p0 and p1; b is a plain instance, c another one.
+    daemons = {"a0": "A", "a1": "A", "b": "", "c": ""}
+    view = daemon_statuses(daemons, {"a0": ["0_0", "0_1"], "a1": ["0_2"], "b": ["0_3"]})
+    for replicas in (1, 2, 3):
+        chosen = {i: standbys_for(i, ["0_0", "0_1", "0_2", "0_3"], view, replicas) for i in daemons}
+        for task in ("0_0", "0_1", "0_2"):  # active on A: never a standby in a0 or a1
+            holders = [i for i in daemons if task in chosen[i]]
+            assert not {"a0", "a1"} & set(holders)
+            assert len(holders) == min(replicas, 2)  # b and c
+        holders = [i for i in daemons if "0_3" in chosen[i]]
+        # Active on b: at most one of A's two processes keeps it.
+        assert len({"a0", "a1"} & set(holders)) == 1
+        assert len(holders) == min(replicas, 2)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from([f"i{n}" for n in range(8)]), st.sampled_from(["", "D1", "D2"]), min_size=1
+    ),
+    st.integers(1, 3),
+    st.data(),
+)
+def test_standbys_land_on_distinct_daemons_other_than_the_actives(
+    daemons: dict[str, str], replicas: int, data: st.DataObject
+) -> None:
+    names = sorted(daemons)
+    owners = {t: data.draw(st.sampled_from(names)) for t in TASKS}
+    view = daemon_statuses(daemons, {i: [t for t, o in owners.items() if o == i] for i in names})
+    chosen = {i: standbys_for(i, TASKS, view, replicas) for i in names}
+    for task, owner in owners.items():
+        holders = [i for i in names if task in chosen[i]]
+        held_on = [view[i].machine for i in holders]
+        assert view[owner].machine not in held_on
+        assert len(set(held_on)) == len(held_on)  # one copy a daemon
+        others = {view[i].machine for i in names} - {view[owner].machine}
+        assert len(holders) == min(replicas, len(others))
+
+
+@given(
+    st.lists(st.sampled_from([f"i{n}" for n in range(8)]), min_size=1, unique=True),
+    st.integers(0, 4),
+)
+def test_without_shared_daemons_placement_is_plain_rendezvous(
+    names: list[str], replicas: int
+) -> None:
+    for task in TASKS:
+        assert standby_owners(task, names[0], names, replicas, {n: n for n in names}) == (
+            standby_owners(task, names[0], names, replicas)
+        )

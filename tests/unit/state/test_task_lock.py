@@ -13,7 +13,12 @@ from pathlib import Path
 import pytest
 
 from runtime.state.cleanup import CleanupThread
-from runtime.state.task_lock import TaskDirectoryLock, TaskDirectoryLocked
+from runtime.state.task_lock import (
+    CLAIM_FILE,
+    TaskDirectoryLock,
+    TaskDirectoryLocked,
+    directory_claimed,
+)
 
 
 def test_a_second_owner_waits_until_the_first_releases(tmp_path: Path) -> None:
@@ -66,3 +71,57 @@ def test_cleanup_deletes_only_directories_it_can_lock(tmp_path: Path) -> None:
     owned_elsewhere.release()
     assert cleaner.clean_once(now=time.time() + 20) == ["0_0"]
     assert not (tmp_path / "0_0").exists()
+
+
+def test_a_waiting_owner_claims_the_directory_until_it_holds_it(tmp_path: Path) -> None:
+    directory = tmp_path / "0_2"
+    standby, active = TaskDirectoryLock(directory), TaskDirectoryLock(directory)
+    assert standby.try_acquire()
+    assert not directory_claimed(directory)
+    waiter = threading.Thread(target=active.acquire, kwargs={"timeout": 10})
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while not directory_claimed(directory):  # what the standby's placement sees
+        assert time.monotonic() < deadline, "the waiting owner never claimed the directory"
+        time.sleep(0.01)
+    standby.release()
+    waiter.join(10)
+    assert active.held
+    assert not directory_claimed(directory)  # the claim is gone once held
+    active.release()
+
+
+def test_a_standby_open_claims_nothing_and_a_dead_process_claim_is_none(tmp_path: Path) -> None:
+    directory = tmp_path / "0_3"
+    holder, standby = TaskDirectoryLock(directory), TaskDirectoryLock(directory)
+    assert holder.try_acquire()
+    with pytest.raises(TaskDirectoryLocked):
+        standby.acquire(timeout=0.1, claim=False)
+    assert not directory_claimed(directory)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    (directory / CLAIM_FILE).write_text(dead.stdout.strip())
+    assert not directory_claimed(directory)
+    holder.release()
+
+
+def test_a_waiting_owner_runs_its_hook_which_may_free_what_it_waits_for(tmp_path: Path) -> None:
+    # Two processes of a daemon each waiting for a directory the other's
+    # standby holds: each one's hook gives up its own claimed standbys.
+    directory = tmp_path / "0_4"
+    standby, active = TaskDirectoryLock(directory), TaskDirectoryLock(directory)
+    assert standby.try_acquire()
+    calls: list[bool] = []
+
+    def release_claimed() -> None:
+        calls.append(directory_claimed(directory))
+        if len(calls) == 2:
+            standby.release()
+
+    active.acquire(timeout=10, while_waiting=release_claimed)
+    assert active.held and calls == [True, True]
+    active.release()
