@@ -12,6 +12,8 @@ belong to the thread that made them.
 from __future__ import annotations
 
 import os
+import random
+import signal
 import subprocess
 import sys
 import threading
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
-from tests.kafka_helpers import Msg, unique_name
+from tests.kafka_helpers import Msg, consume_all, unique_name, wait_until
 
 __all__ = ["REPO", "Daemon", "Feeder", "TopicReader", "clean_env"]
 
@@ -280,3 +282,37 @@ class Daemon:
             assert self.proc is not None
             self.proc.kill()
             self.proc.wait(10)
+
+
+def kill_rounds(
+    bootstrap: str,
+    output: str,
+    logs: Path,
+    app: str,
+    sets: dict[str, object],
+    env: dict[str, str],
+    kills: int,
+    rng: random.Random,
+) -> list[Daemon]:
+    """Start the daemon `kills + 1` times on the same state: each round waits
+    until the daemon committed new output (read_committed), then, but for the
+    last round, SIGKILLs it at a random moment up to a second later. Returns
+    the daemons, the last one still running."""
+    daemons: list[Daemon] = []
+    for n in range(kills + 1):
+        daemon = Daemon(logs / f"daemon-{n}.log", app, sets, env).start()
+        daemons.append(daemon)
+        seen = len(consume_all(bootstrap, output, timeout=30))
+        wait_until(
+            lambda d=daemon, s=seen: (
+                d.assert_alive() is None and len(consume_all(bootstrap, output, timeout=30)) > s
+            ),
+            90,
+            message=f"daemon {n} committed no output",
+        )
+        if n == kills:
+            break
+        time.sleep(rng.uniform(0.0, 1.0))  # a random moment, not a wait for a condition
+        daemon.send(signal.SIGKILL)
+        assert daemon.wait(10) is not None
+    return daemons

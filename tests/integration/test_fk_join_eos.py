@@ -27,7 +27,7 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.configs import app_config
-from tests.harness import Daemon
+from tests.harness import Daemon, kill_rounds
 from tests.harness import clean_env as _clean_env
 from tests.kafka_helpers import consume_all, create_topic, unique_name, wait_until
 
@@ -129,22 +129,7 @@ def test_foreign_key_join_survives_kill_9_exactly_once(bootstrap: str, tmp_path:
     daemons: list[Daemon] = []
     feeder.start()
     try:
-        for n in range(KILLS + 1):
-            daemon = Daemon(tmp_path / f"daemon-{n}.log", APP, sets, env).start()
-            daemons.append(daemon)
-            seen = len(consume_all(bootstrap, output, timeout=30))
-            wait_until(
-                lambda d=daemon, s=seen: (
-                    d.assert_alive() is None and len(consume_all(bootstrap, output, timeout=30)) > s
-                ),
-                90,
-                message=f"daemon {n} committed no join result",
-            )
-            if n == KILLS:
-                break
-            time.sleep(rng.uniform(0.0, 1.0))  # a random moment, not a wait for a condition
-            daemon.send(signal.SIGKILL)
-            assert daemon.wait(10) is not None
+        daemons += kill_rounds(bootstrap, output, tmp_path, APP, sets, env, KILLS, rng)
         feeder.stop()
         input_msgs = consume_all(bootstrap, topic, timeout=30)
         want = expected_join(input_msgs)
