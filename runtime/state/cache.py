@@ -367,8 +367,18 @@ class CachingKeyValueStore:
                 self._emit(key, value, entry.timestamp, entry.obj)
 
     def _emit(self, key: bytes, value: bytes | None, timestamp: int, obj: Any = UNSET) -> None:
-        """Write one folded update down and hand it to `on_flush`."""
-        old = self.inner.get(key) if self._send_old_values else None
+        """Write one folded update down and hand it to `on_flush`.
+
+        A cached delete of a key the inner store does not hold either (written
+        and deleted within one commit: a session merged away) is neither
+        written nor handed on, as Kafka Streams' caching stores skip it. With
+        caching off every write passes as it is (the output stays per write).
+        """
+        old = None
+        if self._send_old_values or (value is None and not self._pass_through):
+            old = self.inner.get(key)
+            if value is None and old is None and not self._pass_through:
+                return
         logged = self._logged
         if logged is not None:
             if value is None:
@@ -387,6 +397,30 @@ class CachingKeyValueStore:
                 on_flush(key, value, old, timestamp)
             finally:
                 self.emitting = UNSET
+
+    def drop(self, key: bytes) -> None:
+        """Delete `key` without emitting it: out of the cache, and from the
+        inner store directly (through the change-logging layer, so the
+        changelog still gets its tombstone), with no `on_flush`.
+
+        For expiry (a session store's sweep): Kafka Streams drops expired
+        segments without forwarding anything. An update still dirty here is
+        emitted first: Kafka Streams' cache would forward it at the commit
+        (its write into the expired segment is skipped, the forward is not)."""
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            if entry.dirty and entry.value is not None:
+                self._emit(key, self._bytes_of(key, entry), entry.timestamp, entry.obj)
+            self._keys.discard(key)
+            self._dirty.pop(key, None)
+            self._bytes -= entry.size
+            self._budget.charge(-entry.size)
+        self.deletes += 1
+        logged = self._logged
+        if logged is not None:
+            logged.delete_at(key, self._clock())
+        else:
+            self.inner.delete(key)
 
     def range(self, lo: bytes | None, hi: bytes | None) -> Iterator[KeyValue]:
         if not self._entries:
