@@ -24,6 +24,10 @@ An idle task therefore pins at most its share, and a busy store always has at
 least its share plus whatever idle stores leave free. Tombstones are not kept
 (a read of a deleted key goes to RocksDB, which answers from its memtable).
 `cache.max.bytes=0` turns caching off: each write is emitted at once.
+With `skip_unseen_deletes` (set by the session aggregation, as Kafka
+Streams' CachingSessionStore) a cached delete of a key the inner store does
+not hold (written and deleted within one commit) is neither written nor
+emitted; `drop` deletes a key without emitting it (expiry).
 
 Kept entries stay right because nothing else writes the store of a running
 active task: restoration and standby updates touch stores of tasks that are
@@ -153,6 +157,10 @@ class CachingKeyValueStore:
         self._fixed_size = 0
         self._holds: Callable[[Any], bool] = bool
         self.emitting: Any = UNSET
+        # Cached deletes of keys the inner store lacks are dropped (see the
+        # module docstring); the key-value aggregations keep Kafka Streams'
+        # behaviour of their own store here as it was (every delete goes out).
+        self.skip_unseen_deletes = False
         self.hits = 0
         self.misses = 0
         self.puts = 0
@@ -369,15 +377,17 @@ class CachingKeyValueStore:
     def _emit(self, key: bytes, value: bytes | None, timestamp: int, obj: Any = UNSET) -> None:
         """Write one folded update down and hand it to `on_flush`.
 
-        A cached delete of a key the inner store does not hold either (written
-        and deleted within one commit: a session merged away) is neither
-        written nor handed on, as Kafka Streams' caching stores skip it. With
-        caching off every write passes as it is (the output stays per write).
+        With `skip_unseen_deletes`, a cached delete of a key the inner store
+        does not hold either (written and deleted within one commit: a session
+        merged away) is neither written nor handed on, as Kafka Streams'
+        CachingSessionStore skips it. With caching off every write passes as
+        it is (the output stays per write).
         """
-        old = None
-        if self._send_old_values or (value is None and not self._pass_through):
-            old = self.inner.get(key)
-            if value is None and old is None and not self._pass_through:
+        old = self.inner.get(key) if self._send_old_values else None
+        if value is None and self.skip_unseen_deletes and not self._pass_through:
+            if not self._send_old_values and self.inner.get(key) is None:
+                return
+            if self._send_old_values and old is None:
                 return
         logged = self._logged
         if logged is not None:

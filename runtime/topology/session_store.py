@@ -38,6 +38,7 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from runtime.state.cache import CachingKeyValueStore
 from runtime.topology import serdes as _serdes
 from runtime.topology.context import TaskContext
 from runtime.topology.nodes import StoreNode
@@ -148,6 +149,7 @@ class SessionWindowAggregateNode(StoreNode):
         "_store_time",
         "_swept",
         "_last_emit",
+        "_drop",
     )
 
     def __init__(
@@ -170,10 +172,26 @@ class SessionWindowAggregateNode(StoreNode):
         self._store_time: int | None = None
         self._swept = -1
         self._last_emit: int | None = None
+        self._drop: Callable[[bytes], None] = self._not_bound
+
+    @staticmethod
+    def _not_bound(key: bytes) -> None:
+        raise RuntimeError("session aggregation used before init")
 
     def init(self, ctx: TaskContext) -> None:
         super().init(ctx)
         self._register_flush(ctx)
+        # The caching layer under the metered one (there is one whenever a
+        # flush listener is registered): sessions merged away within a commit
+        # go nowhere, and sweeps delete without emitting.
+        cache = self._store
+        while cache is not None and not isinstance(cache, CachingKeyValueStore):
+            cache = getattr(cache, "inner", None)
+        if cache is None:
+            self._drop = self._store.delete
+        else:
+            cache.skip_unseen_deletes = True
+            self._drop = cache.drop
         # Stream time starts over in a new instance (as Kafka Streams'); the
         # store's time and the last emitted close time are read back lazily,
         # once the store has been restored.
@@ -305,6 +323,6 @@ class SessionWindowAggregateNode(StoreNode):
             last = self._last_emit if self._last_emit is not None else -1
             expired = [d for d in expired if _TIMES.unpack_from(d, len(d) - 16)[0] < last]
         # Silently: through the cache a delete would go downstream as a tombstone.
-        drop = getattr(store, "drop", None) or getattr(store.inner, "drop", store.delete)
+        drop = self._drop
         for data in expired:
             drop(data)
