@@ -30,6 +30,8 @@ session key), so a restart neither loses nor repeats a final result.
 
 Threads: nodes run on the processing thread holding their task; the node keeps
 a stream time shared by all keys, so it opts out of key-parallel processing.
+`on_flush` runs there too (caching off, or an eviction), or on the polling
+thread at a commit while the task is locked.
 """
 
 from __future__ import annotations
