@@ -145,7 +145,6 @@ class CacheMeteredKeyValueStore(MeteredKeyValueStore):
         self.get_value = inner.get_value
         self.put_value = inner.put_value
         self.use_values = inner.use_values
-        self.drop = inner.drop
 
     @property
     def emitting(self) -> Any:
