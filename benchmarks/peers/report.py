@@ -403,10 +403,9 @@ _PEER_NOTES = {
     "session": "The runtime and Kafka Streams: `groupByKey().windowedBy(SessionWindows 1 s gap, "
     "2 s grace).count()` in a store named `sessions`, written with Kafka's session-windowed "
     "key (key, end, start) and a tombstone for each session a merge replaces; each with its "
-    "default caching: Kafka Streams' record cache folds a session's updates per commit, the "
-    "runtime's session store is not cached (runtime/topology/session_store.py), so it writes "
-    "every update and tombstone to the output and the changelog (on the smoke data about 1.4x "
-    "Kafka Streams' output records). quixstreams: `session_window(1 s, grace 2 s).count().current()` "
+    "default caching: both fold a session's updates per commit (Kafka Streams' record cache; "
+    "the runtime's session store cache, runtime/topology/session_store.py), and neither "
+    "forwards a session created and merged away within one commit. quixstreams: `session_window(1 s, grace 2 s).count().current()` "
     "(no cache: one output per input record), keyed by key + session start (its sessions keep "
     "their start as they grow on this data).",
 }

@@ -24,6 +24,10 @@ An idle task therefore pins at most its share, and a busy store always has at
 least its share plus whatever idle stores leave free. Tombstones are not kept
 (a read of a deleted key goes to RocksDB, which answers from its memtable).
 `cache.max.bytes=0` turns caching off: each write is emitted at once.
+With `skip_unseen_deletes` (set by the session aggregation, as Kafka
+Streams' CachingSessionStore) a cached delete of a key the inner store does
+not hold (written and deleted within one commit) is neither written nor
+emitted; `drop` deletes a key without emitting it (expiry).
 
 Kept entries stay right because nothing else writes the store of a running
 active task: restoration and standby updates touch stores of tasks that are
@@ -153,6 +157,10 @@ class CachingKeyValueStore:
         self._fixed_size = 0
         self._holds: Callable[[Any], bool] = bool
         self.emitting: Any = UNSET
+        # Cached deletes of keys the inner store lacks are dropped (see the
+        # module docstring); the key-value aggregations keep Kafka Streams'
+        # behaviour of their own store here as it was (every delete goes out).
+        self.skip_unseen_deletes = False
         self.hits = 0
         self.misses = 0
         self.puts = 0
@@ -367,8 +375,20 @@ class CachingKeyValueStore:
                 self._emit(key, value, entry.timestamp, entry.obj)
 
     def _emit(self, key: bytes, value: bytes | None, timestamp: int, obj: Any = UNSET) -> None:
-        """Write one folded update down and hand it to `on_flush`."""
+        """Write one folded update down and hand it to `on_flush`.
+
+        With `skip_unseen_deletes`, a cached delete of a key the inner store
+        does not hold either (written and deleted within one commit: a session
+        merged away) is neither written nor handed on, as Kafka Streams'
+        CachingSessionStore skips it. With caching off every write passes as
+        it is (the output stays per write).
+        """
         old = self.inner.get(key) if self._send_old_values else None
+        if value is None and self.skip_unseen_deletes and not self._pass_through:
+            if not self._send_old_values and self.inner.get(key) is None:
+                return
+            if self._send_old_values and old is None:
+                return
         logged = self._logged
         if logged is not None:
             if value is None:
@@ -387,6 +407,30 @@ class CachingKeyValueStore:
                 on_flush(key, value, old, timestamp)
             finally:
                 self.emitting = UNSET
+
+    def drop(self, key: bytes) -> None:
+        """Delete `key` without emitting it: out of the cache, and from the
+        inner store directly (through the change-logging layer, so the
+        changelog still gets its tombstone), with no `on_flush`.
+
+        For expiry (a session store's sweep): Kafka Streams drops expired
+        segments without forwarding anything. An update still dirty here is
+        emitted first: Kafka Streams' cache would forward it at the commit
+        (its write into the expired segment is skipped, the forward is not)."""
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            if entry.dirty and entry.value is not None:
+                self._emit(key, self._bytes_of(key, entry), entry.timestamp, entry.obj)
+            self._keys.discard(key)
+            self._dirty.pop(key, None)
+            self._bytes -= entry.size
+            self._budget.charge(-entry.size)
+        self.deletes += 1
+        logged = self._logged
+        if logged is not None:
+            logged.delete_at(key, self._clock())
+        else:
+            self.inner.delete(key)
 
     def range(self, lo: bytes | None, hi: bytes | None) -> Iterator[KeyValue]:
         if not self._entries:

@@ -31,8 +31,12 @@ Kafka Streams' per-input processors does. How updates reach the table:
   (one listener per store), so with caching on a key updated by several
   inputs goes out once per commit, as in Kafka Streams; a record's headers
   go with the update (the nodes share the merge node's `LastWrite`);
-- session and sliding windows: each node forwards its updates itself (their
-  stores are not cached), through the merge node, which also holds the
+- session windows: the store is cached; its flush listener is the first
+  input node's to initialize (one listener per store; each node forwards to
+  the merge node, so any one will do);
+- sliding windows: each node forwards its updates itself (the store is not
+  cached);
+- both: through the merge node, which also holds the
   store's shared time (the newest session end / window start), so windows
   one input wrote are as visible to the other inputs' nodes as Kafka Streams'
   segmented store makes them.
@@ -184,11 +188,14 @@ class CogroupPassThroughNode(Node):
     """The merge node of a session or sliding cogroup: forwards what its
     parents forward, and holds the time of their shared store."""
 
-    __slots__ = ("store_time",)
+    __slots__ = ("store_time", "flush_ctx")
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.store_time: int | None = None
+        # The context whose flush listener one session input registered (not
+        # reset by init: the inputs may initialize before this node).
+        self.flush_ctx: TaskContext | None = None
 
     def init(self, ctx: TaskContext) -> None:
         self.store_time = None
@@ -216,6 +223,12 @@ class CogroupSessionAggregateNode(SessionWindowAggregateNode):
     __slots__ = ()
 
     _store_time = property(_get_store_time, _set_store_time)
+
+    def _register_flush(self, ctx: TaskContext) -> None:
+        merge = _merge_of(self)
+        if merge.flush_ctx is not ctx:
+            merge.flush_ctx = ctx
+            super()._register_flush(ctx)
 
 
 class CogroupSlidingAggregateNode(SlidingWindowAggregateNode):
@@ -445,7 +458,7 @@ def _build(
         make_node, merge_factory = _make_window_aggregate, _make_window_merge
         params["key_parallel"] = False  # the store's time is shared across keys and inputs
     else:
-        spec = store_spec(store_name, caching=False)
+        spec = store_spec(store_name, caching=kind == SESSION)
         make_node = _make_session_aggregate if kind == SESSION else _make_sliding_aggregate
         merge_factory = _make_pass_through_merge
         params["key_parallel"] = False

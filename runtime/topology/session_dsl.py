@@ -189,9 +189,7 @@ class SessionWindowedKStream:
                 raise TopologyError(f"the topology already has a state store named {store_name!r}")
         parent = grouped._input(store_name, values_needed)
         node = graph.node_name(name, prefix)
-        graph.add_store(
-            StateStoreDef(store_spec(store_name, caching=False), grouped.key_serde, value_serde)
-        )
+        graph.add_store(StateStoreDef(store_spec(store_name), grouped.key_serde, value_serde))
         graph.add_processor(
             node,
             _make_session_aggregate,

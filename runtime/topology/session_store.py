@@ -4,16 +4,23 @@
 a record merges every session of its key within the gap into one.
 
 The session store is an ordinary key-value store (change-logged, restored
-and kept by standbys like any other, not cached) whose keys are Kafka's
+and kept by standbys like any other, cached) whose keys are Kafka's
 session key layout, `key bytes + end (8 bytes) + start (8 bytes)`, so one
 range read finds a key's sessions in end order. Values are the serialized
 aggregates. Sessions that ended more than gap + grace before the newest
 session's end are invisible, as in Kafka Streams' segmented store, and are
 deleted from the store in sweeps (one full scan per gap + grace of stream time).
 
-Output: per update, the merged sessions' keys as tombstones (stamped with their
-ends), then the new session `(Windowed(key, start, end), aggregate)` stamped
-with its end, exactly as Kafka Streams without caching; without headers, as
+Output goes through the store, as Kafka Streams' CachingSessionStore: the
+node writes, and the store's flush listener (`on_flush`) forwards each
+emitted store key as `(Windowed(key, start, end), aggregate)`, a delete as a
+tombstone, each stamped with its session's end. With caching on a key goes
+out once per commit (or at eviction), and a session created and merged away
+within one commit not at all (the cache skips deletes of keys the store never
+held); expiry sweeps delete silently (`drop`), as Kafka Streams' segment
+drops. With caching off every write goes out at once: per update, the merged
+sessions' tombstones, then the new session, exactly as Kafka Streams without
+caching; without headers, as
 Kafka Streams makes these records afresh (its on-close results carry the
 headers of the record that closed the session; so do these). With the emit strategy
 `on_window_close` (KIP-825), nothing is forwarded per update; each session is
@@ -23,6 +30,8 @@ session key), so a restart neither loses nor repeats a final result.
 
 Threads: nodes run on the processing thread holding their task; the node keeps
 a stream time shared by all keys, so it opts out of key-parallel processing.
+`on_flush` runs there too (caching off, or an eviction), or on the polling
+thread at a commit while the task is locked.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from runtime.state.cache import CachingKeyValueStore
 from runtime.topology import serdes as _serdes
 from runtime.topology.context import TaskContext
 from runtime.topology.nodes import StoreNode
@@ -141,6 +151,7 @@ class SessionWindowAggregateNode(StoreNode):
         "_store_time",
         "_swept",
         "_last_emit",
+        "_drop",
     )
 
     def __init__(
@@ -163,9 +174,26 @@ class SessionWindowAggregateNode(StoreNode):
         self._store_time: int | None = None
         self._swept = -1
         self._last_emit: int | None = None
+        self._drop: Callable[[bytes], None] = self._not_bound
+
+    @staticmethod
+    def _not_bound(key: bytes) -> None:
+        raise RuntimeError("session aggregation used before init")
 
     def init(self, ctx: TaskContext) -> None:
         super().init(ctx)
+        self._register_flush(ctx)
+        # The caching layer under the metered one (there is one whenever a
+        # flush listener is registered): sessions merged away within a commit
+        # go nowhere, and sweeps delete without emitting.
+        cache = self._store
+        while cache is not None and not isinstance(cache, CachingKeyValueStore):
+            cache = getattr(cache, "inner", None)
+        if cache is None:
+            self._drop = self._store.delete
+        else:
+            cache.skip_unseen_deletes = True
+            self._drop = cache.drop
         # Stream time starts over in a new instance (as Kafka Streams'); the
         # store's time and the last emitted close time are read back lazily,
         # once the store has been restored.
@@ -173,6 +201,10 @@ class SessionWindowAggregateNode(StoreNode):
         self._store_time = None
         self._swept = -1
         self._last_emit = None
+
+    def _register_flush(self, ctx: TaskContext) -> None:
+        """Forward the store's emitted updates (a cogroup's inputs register one)."""
+        ctx.register_flush_listener(self.store_name, self.on_flush)
 
     def _scan_store_time(self) -> int:
         latest = -1
@@ -219,12 +251,9 @@ class SessionWindowAggregateNode(StoreNode):
             self._dropped("late")
             self._maybe_emit_final(record, close_time)
             return
-        emit = not self.emit_final
         if start != timestamp or end != timestamp:
             for s_start, s_end, _data in merged:
                 store.delete(session_key(key_bytes, s_start, s_end))
-                if emit:
-                    self._emit(Record(Windowed(key, s_start, s_end), None, s_end))
         agg = aggregator(key, value, agg)
         new_key = session_key(key_bytes, start, end)
         if agg is None:
@@ -233,10 +262,19 @@ class SessionWindowAggregateNode(StoreNode):
             store.put(new_key, self._value_ser(agg))
         if end > store_time:
             self._store_time = end
-        if emit:
-            self._emit(Record(Windowed(key, start, end), agg, end))
         self._maybe_emit_final(record, close_time)
         self._maybe_sweep()
+
+    def on_flush(self, key: bytes, new: bytes | None, old: bytes | None, timestamp: int) -> None:
+        """The store emitted a session key's update: forward it (see the module
+        docstring). Nothing with `on_window_close`, and nothing for the
+        reserved `~emitted` key (shorter than any session key)."""
+        if self.emit_final or len(key) < 16:
+            return
+        key_bytes, start, end = split_session_key(key)
+        windowed = Windowed(self._key_de(key_bytes), start, end)
+        value = None if new is None else self._value_de(new)
+        self._emit(Record(windowed, value, end))
 
     def _maybe_emit_final(self, record: Record, close_time: int) -> None:
         """`on_window_close`: forward every session that closed since the last time."""
@@ -286,5 +324,7 @@ class SessionWindowAggregateNode(StoreNode):
             # closes only after the next record).
             last = self._last_emit if self._last_emit is not None else -1
             expired = [d for d in expired if _TIMES.unpack_from(d, len(d) - 16)[0] < last]
+        # Silently: through the cache a delete would go downstream as a tombstone.
+        drop = self._drop
         for data in expired:
-            store.delete(data)
+            drop(data)

@@ -91,6 +91,48 @@ def test_put_then_delete_folds_into_a_tombstone() -> None:
     assert rec.downstream == [(b"a", None, None, 0)]
 
 
+def test_put_then_delete_of_a_new_key_folds_into_nothing_when_skipping_unseen() -> None:
+    """As Kafka Streams' CachingSessionStore: a key written and deleted within
+    one commit, never in the inner store, is neither written nor forwarded."""
+    rec = Recorder()
+    store = cached_store(CacheBudget(10_000), rec)
+    store.skip_unseen_deletes = True
+    store.put(b"a", b"1")
+    store.delete(b"a")
+    assert store.get(b"a") is None
+    assert list(store.all()) == []
+    store.flush()
+    assert rec.changelog == []
+    assert rec.downstream == []
+
+
+def test_put_then_delete_of_a_stored_key_folds_into_a_tombstone() -> None:
+    rec = Recorder()
+    store = cached_store(CacheBudget(10_000), rec)
+    store.skip_unseen_deletes = True
+    store.put(b"a", b"0")
+    store.flush()
+    store.put(b"a", b"1")
+    store.delete(b"a")
+    store.flush()
+    assert rec.changelog == [(b"a", b"0", 0), (b"a", None, 0)]
+    assert rec.downstream == [(b"a", b"0", None, 0), (b"a", None, None, 0)]
+
+
+def test_drop_deletes_without_forwarding_but_emits_a_pending_update() -> None:
+    rec = Recorder()
+    store = cached_store(CacheBudget(10_000), rec)
+    store.put(b"a", b"1")
+    store.flush()
+    store.drop(b"a")  # stored: deleted silently
+    store.put(b"b", b"2")
+    store.drop(b"b")  # pending: goes out first, as Kafka Streams' cache would
+    store.flush()
+    assert list(store.all()) == []
+    assert rec.downstream == [(b"a", b"1", None, 0), (b"b", b"2", None, 0)]
+    assert rec.changelog == [(b"a", b"1", 0), (b"a", None, 0), (b"b", b"2", 0), (b"b", None, 0)]
+
+
 def test_range_merges_cache_over_inner_store() -> None:
     rec = Recorder()
     store = cached_store(CacheBudget(10_000), rec)

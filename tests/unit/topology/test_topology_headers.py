@@ -193,7 +193,9 @@ def test_session_updates_carry_no_headers_and_closing_results_the_closers(
         if final:
             windowed = windowed.emit_strategy(EmitStrategy.on_window_close())
         windowed.count().to_stream().to("out", value_serde=serdes.INT64)
-        ctx = RecordingTaskContext(state_dir=tmp_path / str(id(windows)), store_kind="memory")
+        ctx = RecordingTaskContext(
+            state_dir=tmp_path / str(id(windows)), store_kind="memory", cache_max_bytes=0
+        )
         graph = ctx.instantiate(builder.build().subtopologies[0])
         for value, ts in (("a", 1), ("b", 5), ("c", 100)):
             ctx.process(graph, "in", "k", value, ts, [("v", value.encode())])

@@ -52,9 +52,12 @@ def run(
     records: list[tuple[Any, Any, int]],
     kind: str = "count",
     emit_final: bool = False,
+    cache_max_bytes: int = 0,
 ) -> tuple[list[tuple[Any, int, int, Any, int]], RecordingTaskContext]:
     topology, value_serde = session_topology(windows, kind, emit_final)
-    ctx = RecordingTaskContext(state_dir=tmp_path, store_kind="memory")
+    ctx = RecordingTaskContext(
+        state_dir=tmp_path, store_kind="memory", cache_max_bytes=cache_max_bytes
+    )
     graph = ctx.instantiate(topology.subtopologies[0])
     for key, value, ts in records:
         ctx.process(graph, "in", key, value, ts)
