@@ -370,7 +370,11 @@ def build_store(
     if spec.kind == "window":
         assert spec.window_size_ms is not None
         retention = spec.retention_ms if spec.retention_ms is not None else spec.window_size_ms
-        store = WindowStore(metered_layer, spec.window_size_ms, retention, base=base)
+        # Kafka Streams' segment interval: max(retention / 2, 60 s).
+        slack = max(retention // 2, 60_000)
+        store = WindowStore(
+            metered_layer, spec.window_size_ms, retention, base=base, gc_slack_ms=slack
+        )
     return LayeredStore(
         spec, store, metered_layer, cache, changelog, base, Path(task_dir), positions
     )

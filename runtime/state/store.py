@@ -8,9 +8,10 @@ package docstring for the other threads).
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Iterator
 from typing import Protocol
+
+from sortedcontainers import SortedList
 
 KeyValue = tuple[bytes, bytes]
 
@@ -90,48 +91,59 @@ class ReadOnlyKeyValueStore:
 class SortedKeys:
     """The keys of a dict in sorted order, maintained lazily.
 
-    Adding a key costs an append; the sort happens at the next `between`, as
-    a timsort merge of the sorted run with the new tail. Stores that never
-    range never sort. The owner guarantees `add` only for keys not present and
-    `discard` only for keys present (its dict knows).
+    Until the first `between`, adding a key costs an append and discarding
+    one a set add: stores that never range (counts, aggregates) never sort.
+    The first `between` sorts once and switches to a `SortedList`
+    (sortedcontainers): O(log n) adds and discards and O(log n + k) ranges
+    from then on, since a store that ranged once will range again. Sorting
+    the whole list on every range after an add, as this did before, made a
+    stream-stream join quadratic in its pending writes (2 ms a record at
+    100,000 of them). The owner guarantees `add` only for keys not present
+    and `discard` only for keys present (its dict knows).
     """
 
-    __slots__ = ("_keys", "_tail", "_removed")
+    __slots__ = ("_appended", "_removed", "_sorted")
 
     def __init__(self, keys: Iterable[bytes] = ()) -> None:
-        self._keys: list[bytes] = sorted(keys)
-        self._tail: list[bytes] = []
+        self._appended: list[bytes] = list(keys)
         self._removed: set[bytes] = set()
+        self._sorted: SortedList | None = None
 
     def add(self, key: bytes) -> None:
-        if key in self._removed:
-            self._removed.discard(key)  # still physically in the lists
+        ordered = self._sorted
+        if ordered is not None:
+            ordered.add(key)
+        elif key in self._removed:
+            self._removed.discard(key)  # still physically in the list
         else:
-            self._tail.append(key)
+            self._appended.append(key)
 
     def discard(self, key: bytes) -> None:
-        self._removed.add(key)
+        ordered = self._sorted
+        if ordered is not None:
+            ordered.discard(key)
+        else:
+            self._removed.add(key)
 
     def clear(self) -> None:
-        self._keys = []
-        self._tail = []
+        if self._sorted is not None:
+            self._sorted.clear()
+        self._appended = []
         self._removed = set()
 
     def between(self, lo: bytes | None, hi: bytes | None) -> list[bytes]:
         """The present keys in [lo, hi] (None: unbounded), sorted."""
-        keys = self._keys
-        if self._tail:
-            keys.extend(self._tail)
-            self._tail = []
-            keys.sort()
-        if self._removed:
+        ordered = self._sorted
+        if ordered is None:
             removed = self._removed
-            keys = [k for k in keys if k not in removed]
-            self._keys = keys
+            keys = self._appended
+            ordered = (
+                SortedList(k for k in keys if k not in removed) if removed else SortedList(keys)
+            )
+            self._sorted = ordered
+            self._appended = []
             self._removed = set()
-        start = 0 if lo is None else bisect.bisect_left(keys, lo)
-        end = len(keys) if hi is None else bisect.bisect_right(keys, hi)
-        return keys[start:end]
+        return list(ordered.irange(lo, hi))
 
 
 def merge_overlay(

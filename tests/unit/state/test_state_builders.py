@@ -180,6 +180,7 @@ def test_window_store_through_the_layers(tmp_path: Path) -> None:
     built = build(spec, tmp_path, task)
     windows = built.store
     assert isinstance(windows, WindowStore)
+    windows.gc_slack_ms = 0  # physical deletion at every bound, as the assertions below expect
     windows.put(b"k", 0, b"a")
     windows.put(b"k", 0, b"b")
     windows.put(b"k", 10, b"c")
@@ -246,6 +247,7 @@ def test_expiry_scans_once_per_window_not_per_record_between_commits(tmp_path: P
     built = build(spec, tmp_path, task)
     windows = built.store
     assert isinstance(windows, WindowStore)
+    windows.gc_slack_ms = 0  # physical deletion at every bound, as the assertions below expect
     for start in range(0, 1000, 100):  # a flushed history: 10 windows
         windows.put(b"k", start, b"old")
     built.flush()
@@ -260,3 +262,25 @@ def test_expiry_scans_once_per_window_not_per_record_between_commits(tmp_path: P
     windows.expire(2900)
     assert [split_window_key(k)[1] for k, _ in built.base.all()] == [2900]
     built.close()
+
+
+def test_expired_windows_are_hidden_at_once_and_deleted_a_slack_later(tmp_path: Path) -> None:
+    """Reads hide a window as soon as the bound passes it; the scan that frees
+    its space runs only once the bound passed the earliest start by the slack
+    (Kafka Streams' segment interval), so a store whose earliest start moves
+    with every record is not scanned whole per record."""
+    base = RocksDBKeyValueStore("w", tmp_path / "w")
+    windows = WindowStore(base, 10, 100, gc_slack_ms=50)
+    try:
+        for start in range(0, 100, 10):
+            windows.put(b"k", start, b"v")
+        windows.flush()
+        assert windows.expire(1) == 1  # the earliest start is not known yet: a full scan
+        assert windows.expire(35) == 0  # 35 <= earliest (10) + 50: no scan
+        assert windows.get(b"k", 30) is None  # ... yet hidden
+        assert [start for start, _ in windows.fetch(b"k", 0, 100)] == [40, 50, 60, 70, 80, 90]
+        assert windows.expire(61) == 6  # past 10 + 50: one scan deletes 10..60
+        assert windows.expired_count == 7
+        assert [start for start, _ in windows.fetch(b"k", 0, 100)] == [70, 80, 90]
+    finally:
+        windows.close()
