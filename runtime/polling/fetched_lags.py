@@ -10,10 +10,12 @@ the last fetch response gave it (librdkafka's cached high watermark: the
 last stable offset under read_committed). It writes that pair to the queue
 (`InputQueue.fetched`); the task reads it there.
 
-A partition the consumer has handed nothing of since it was assigned has no
-position yet; it starts at the group's committed offset (learnt by
-`LagTracker`, once per assignment) or, with none, at the log's start (the
-runtime's consumers reset to earliest). Until the committed offset is known,
+A partition the consumer has handed nothing of since it was assigned (or
+since it was resumed with a seek) has no position in librdkafka; if its queue
+was emptied by a record, the position is the one after that record; else
+it starts at the group's committed offset (learnt by `LagTracker`, once per
+assignment) or, with none, at the log's start (the runtime's consumers reset
+to earliest). Until the committed offset is known,
 or before the first fetch response gave a high watermark, the figure is
 unknown and the task waits, as Kafka Streams waits while the lag is unknown.
 
@@ -63,7 +65,16 @@ class FetchedLags:
             return False
         caught_up = False
         for queue, tp in zip(empty, positions, strict=True):
-            figure = self._figure(queue.topic, queue.partition, tp.offset)
+            position = tp.offset
+            if position < 0 and queue.taken_to >= 0:
+                # librdkafka forgets the position of a partition resumed with a
+                # seek (`fetch_resumed_now`) until it hands over a record; an
+                # empty queue was emptied by its last record, so what the
+                # consumer handed over ends there. (With the committed offset
+                # instead, a drained partition looked behind for good: a join
+                # task waited forever on records it had already taken.)
+                position = queue.taken_to + 1
+            figure = self._figure(queue.topic, queue.partition, position)
             if figure is not None and figure[1] == 0 and queue.fetched != figure:
                 caught_up = True
             queue.fetched = figure

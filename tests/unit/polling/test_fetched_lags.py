@@ -81,3 +81,18 @@ def test_a_partition_not_consumed_yet_starts_at_its_committed_offset_or_the_log_
     lags.refresh()
     assert a.fetched == (4, 0)
     assert b.fetched == (2, 3)
+
+
+def test_a_drained_partition_without_a_position_is_where_its_last_record_ended() -> None:
+    """librdkafka has no position for a partition resumed with a seek until it
+    hands a record over; a queue its last record emptied says where that is.
+    (The committed offset there made a join task wait forever: found by the
+    peers `join` benchmark at 2 threads.)"""
+    consumer, _, lags, a, b = setup({("a", 0): -1, ("b", 0): -1})
+    consumer.watermarks[("a", 0)] = (0, 50)
+    consumer.watermarks[("b", 0)] = (0, 60)
+    a.taken_to = 49  # a's last record, offset 49, emptied it
+    b.taken_to = 39  # 20 more of b to fetch
+    assert lags.refresh(), "a is caught up"
+    assert a.fetched == (50, 0)
+    assert b.fetched == (40, 20)
