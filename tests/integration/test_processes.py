@@ -51,7 +51,7 @@ def alive(pid: int) -> bool:
     try:  # a zombie (exited, not reaped yet) is not alive either
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().split(") ")[-1][:1] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped meanwhile (ESRCH on the read)
         return False
 
 
