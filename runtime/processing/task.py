@@ -24,8 +24,13 @@ from runtime.processing.key_lanes import RetryPolicy
 from runtime.processing.partition_sync import PartitionSync
 from runtime.processing.record_context import NO_RETRY, FlushListener, RecordPath
 from runtime.processing.task_settings import TaskSettings, task_id_of
-from runtime.state.builders import LayeredStore, build_task_stores, task_directory
-from runtime.state.checkpoint import FileCheckpoint, TaskPositions, checkpoint_due
+from runtime.state.builders import (
+    LayeredStore,
+    build_task_stores,
+    task_checkpoint_offsets,
+    task_directory,
+)
+from runtime.state.checkpoint import CommittedPositions, FileCheckpoint, TaskPositions
 from runtime.state.consolidated import ConsolidatedPositions
 from runtime.state.task_lock import TaskDirectoryLock
 from runtime.topology.context import PunctuationType
@@ -157,9 +162,9 @@ class StreamTask(RecordPath):
             else FileCheckpoint(self.directory)
         )
         checkpoint = self._positions.read() if self.stores else None
-        # What the positions last said durably (a checkpoint is deferred
-        # against it, see `checkpoint_due`).
-        self._checkpointed: dict[tuple[str, int], int] = dict(checkpoint or {})
+        self._committed_positions = CommittedPositions(
+            self._positions, checkpoint, self._sync_stores
+        )
         # changelog (topic, partition) -> offset to restore from (None: beginning)
         self.restore_from: dict[tuple[str, int], int | None] = {}
         for store in self.stores.values():
@@ -454,7 +459,7 @@ class StreamTask(RecordPath):
 
         The checkpoint naming those positions is written when `checkpoint_now`
         (a commit before the task leaves or the app stops) or when it is due
-        (`checkpoint_due`); the stores' write-ahead logs are synced
+        (`CommittedPositions`); the stores' write-ahead logs are synced
         first, so a checkpoint never names writes a power loss could take
         back. Between checkpoints the store may hold more than its checkpoint
         names, never less; replaying a changelog from an older position
@@ -462,7 +467,6 @@ class StreamTask(RecordPath):
         """
         offsets = self._pending_offsets
         self._pending_offsets = {}
-        checkpoint: dict[tuple[str, int], int] = {}
         for store in self.stores.values():
             store.flush()
             changelog = store.changelog
@@ -471,13 +475,9 @@ class StreamTask(RecordPath):
             position = changelog_positions.get((changelog.topic, changelog.partition))
             if position is not None:
                 store.update_changelog_offset(position)
-            checkpoint.update(store.checkpoint_offsets())
-        # The consolidated layout's positions ride in the commit's own batch.
-        file = isinstance(self._positions, FileCheckpoint)
-        if checkpoint and (
-            checkpoint_now or not file or checkpoint_due(self._checkpointed, checkpoint)
-        ):
-            self._write_checkpoint(checkpoint)
+        self._committed_positions.commit(
+            task_checkpoint_offsets(self.stores.values()), checkpoint_now
+        )
         if offsets_committed:
             for topic, next_offset in offsets.items():
                 self.committed_offsets[topic] = next_offset - 1
@@ -486,21 +486,11 @@ class StreamTask(RecordPath):
         """Write the checkpoint now, with the positions of the last commit (a
         remote snapshot was taken of them). Polling thread, task locked, after
         `post_commit`. The consolidated layout wrote them with that commit."""
-        if not isinstance(self._positions, FileCheckpoint):
-            return
-        checkpoint: dict[tuple[str, int], int] = {}
-        for store in self.stores.values():
-            if store.changelog is not None:
-                checkpoint.update(store.checkpoint_offsets())
-        if checkpoint and checkpoint != self._checkpointed:
-            self._write_checkpoint(checkpoint)
+        self._committed_positions.write_now(task_checkpoint_offsets(self.stores.values()))
 
-    def _write_checkpoint(self, checkpoint: dict[tuple[str, int], int]) -> None:
-        if isinstance(self._positions, FileCheckpoint):
-            for store in self.stores.values():
-                store.sync()
-        self._positions.commit(checkpoint)
-        self._checkpointed = checkpoint
+    def _sync_stores(self) -> None:
+        for store in self.stores.values():
+            store.sync()
 
     @property
     def changelog_partitions(self) -> list[tuple[str, int]]:

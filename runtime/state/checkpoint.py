@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -186,6 +186,38 @@ def checkpoint_due(last: Offsets, now: Offsets) -> bool:
     return sum(offset - last[partition] for partition, offset in now.items()) >= (
         CHECKPOINT_DELTA_RECORDS
     )
+
+
+class CommittedPositions:
+    """A task's positions as its commits write them (polling thread, task
+    locked): the file layout's checkpoint deferred by `checkpoint_due`, its
+    stores' write-ahead logs synced (`sync`) before the file names them; the
+    consolidated layout's positions staged with every commit's batch."""
+
+    def __init__(
+        self, positions: TaskPositions, last: Offsets | None, sync: Callable[[], None]
+    ) -> None:
+        self._positions = positions
+        self._last: Offsets = dict(last or {})
+        self._sync = sync
+        self._file = isinstance(positions, FileCheckpoint)
+
+    def commit(self, offsets: Offsets, forced: bool) -> None:
+        """A commit's positions: written when `forced` (the task leaves or the
+        app stops), when due, or always in the consolidated layout."""
+        if offsets and (forced or not self._file or checkpoint_due(self._last, offsets)):
+            self._write(offsets)
+
+    def write_now(self, offsets: Offsets) -> None:
+        """The file now, if it says less (a remote snapshot was taken of `offsets`)."""
+        if self._file and offsets and offsets != self._last:
+            self._write(offsets)
+
+    def _write(self, offsets: Offsets) -> None:
+        if self._file:  # the stores' commits were not synced
+            self._sync()
+        self._positions.commit(offsets)
+        self._last = offsets
 
 
 class TaskPositions(Protocol):
