@@ -32,6 +32,8 @@ from typing import Any, TextIO, cast
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, WrappedLogger
 
+from runtime.kafka.error_chain import repair_chain
+
 __all__ = ["configure_logging", "get_logger", "librdkafka_logger"]
 
 _LEVELS = {
@@ -80,6 +82,11 @@ class _RendererSwitch:
         self._json_renderer = structlog.processors.JSONRenderer()
 
     def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> str:
+        exc_info = event_dict.get("exc_info")
+        if isinstance(exc_info, BaseException):
+            # A chain with a raw KafkaError link would fail the formatting
+            # and lose the line (see runtime/kafka/error_chain.py).
+            repair_chain(exc_info)
         if self.json:
             event_dict = structlog.processors.format_exc_info(logger, method_name, event_dict)
             return cast(str, self._json_renderer(logger, method_name, event_dict))

@@ -46,6 +46,7 @@ from runtime.collector.transactions import (
 from runtime.config import StreamsConfig
 from runtime.kafka.broker_health import Retrying
 from runtime.kafka.clients import producer_config
+from runtime.kafka.error_chain import kafka_error_in, repair_chain
 from runtime.logging import get_logger
 
 log = get_logger("runtime.output")
@@ -63,18 +64,6 @@ _SERVE_INTERVAL_S = 0.05
 
 def _enabled(value: object) -> bool:
     return str(value).strip().lower() in ("true", "1")
-
-
-def _kafka_error_in(exc: BaseException) -> KafkaError | None:
-    """The KafkaError an exception carries, or one it was raised from."""
-    seen: BaseException | None = exc
-    for _ in range(4):
-        if seen is None:
-            return None
-        if isinstance(seen, KafkaException) and seen.args and isinstance(seen.args[0], KafkaError):
-            return seen.args[0]
-        seen = seen.__cause__ or seen.__context__
-    return None
 
 
 class OutputChannel(RefusedBatchSettling):
@@ -344,7 +333,8 @@ class OutputChannel(RefusedBatchSettling):
         try:
             return call()
         except (KafkaException, SystemError) as exc:
-            error = _kafka_error_in(exc)
+            error = kafka_error_in(exc)
+            repair_chain(exc)  # whatever is raised from here must be loggable
             if self.transactions is not None:
                 if error is None or not breaks_producer(error):
                     raise
@@ -426,7 +416,7 @@ class OutputChannel(RefusedBatchSettling):
             # error it is about to raise is already set (measured with the
             # gap-less guarantee): the first call into the C library raises
             # SystemError from it. Note the error; the calls work again.
-            self._note_fatal(_kafka_error_in(exc) or KafkaError(KafkaError._FATAL))
+            self._note_fatal(kafka_error_in(exc) or KafkaError(KafkaError._FATAL))
             code = error.code()
         if code in REFUSAL_CODES:
             if self.transactions is not None:

@@ -45,6 +45,7 @@ from runtime.kafka.clients import (
     log_consume_error,
 )
 from runtime.kafka.consumer_release import close_in_background
+from runtime.kafka.error_chain import repair_chain
 from runtime.kafka.topics import TopicLayout
 from runtime.logging import get_logger
 from runtime.placement.parts import Handovers, PollingSide, RuntimePlacementSettings
@@ -280,7 +281,7 @@ class PollingThread(threading.Thread):
             # in flight may be lost, and the revocation that closing the
             # consumer triggers must not commit past it (rule 3).
             self._abort = True
-            self.fatal_error = exc
+            self.fatal_error = repair_chain(exc)
             log.error("polling_thread_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
         finally:
             self.query_changes.fail_pending(FatalError("the polling thread stopped"))

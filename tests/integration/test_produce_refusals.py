@@ -253,7 +253,8 @@ def test_refusal_matrix(
                 60,
                 "every input record committed",
             )
-            assert app.state is AppState.RUNNING
+            # Alive: a rebalance on a loaded machine (a missed heartbeat) is no failure.
+            assert app.state in (AppState.RUNNING, AppState.REBALANCING), app.state
             # Counted once each, under exactly_once_v2 too (a replay's
             # handling of a record is not counted again).
             status = app.status()

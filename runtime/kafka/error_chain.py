@@ -1,0 +1,60 @@
+"""Exception chains that confluent-kafka's C code leaves behind.
+
+When a client call serves a callback while a fatal error is pending, the call
+raises SystemError whose `__context__` can be the raw `KafkaError` value
+(not an exception: the C code sets it unnormalized). Python's own tools trip
+over such a link: `traceback` reads `__suppress_context__` from it and raises
+AttributeError, so a log line with `exc_info` or a thread's excepthook fails
+while reporting the real failure, and the failure is lost (seen in CI: the
+polling thread stopped without its error, the app ended NOT_RUNNING instead
+of ERROR).
+
+Any thread may call these functions.
+"""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaError, KafkaException
+
+_MAX_LINKS = 16
+
+
+def kafka_error_in(exc: BaseException) -> KafkaError | None:
+    """The KafkaError an exception carries, or one it was raised from
+    (a raw KafkaError link included)."""
+    seen: object = exc
+    for _ in range(_MAX_LINKS):
+        if seen is None:
+            return None
+        if isinstance(seen, KafkaError):
+            return seen
+        if isinstance(seen, KafkaException) and seen.args and isinstance(seen.args[0], KafkaError):
+            return seen.args[0]
+        if not isinstance(seen, BaseException):
+            return None
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def repair_chain(exc: BaseException) -> BaseException:
+    """Replace every link of `exc`'s chain that is not an exception by a
+    KafkaException carrying it (a KafkaError) or by nothing; returns `exc`.
+
+    Called before an exception is logged or kept, so that formatting it
+    cannot fail."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for name in ("__cause__", "__context__"):
+            link = getattr(current, name, None)
+            if link is not None and not isinstance(link, BaseException):
+                setattr(current, name, _as_exception(link))
+        current = current.__cause__ or current.__context__
+    return exc
+
+
+def _as_exception(link: object) -> BaseException | None:
+    if isinstance(link, KafkaError):
+        return KafkaException(link)
+    return None

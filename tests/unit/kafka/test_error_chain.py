@@ -1,0 +1,64 @@
+"""A raw KafkaError in an exception's chain (as confluent-kafka's C code
+leaves it) is found, and repaired so that formatting the chain works."""
+
+from __future__ import annotations
+
+import io
+import json
+import traceback
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from runtime.kafka.error_chain import kafka_error_in, repair_chain
+from runtime.logging import configure_logging, get_logger
+
+
+def _system_error_with_raw_link(code: int) -> SystemError:
+    try:
+        try:
+            raise SystemError("<built-in method flush> returned a result with an exception set")
+        except SystemError as exc:
+            exc.__context__ = KafkaError(code)  # type: ignore[assignment]  # as the C code does
+            raise
+    except SystemError as exc:
+        return exc
+
+
+def test_a_raw_link_breaks_traceback_formatting_without_repair() -> None:
+    # The premise of the module: if this stops failing, the repair is moot.
+    with pytest.raises(AttributeError):
+        traceback.format_exception(_system_error_with_raw_link(KafkaError._FATAL))
+
+
+def test_the_kafka_error_behind_a_raw_link_is_found() -> None:
+    error = kafka_error_in(_system_error_with_raw_link(KafkaError._GAPLESS_GUARANTEE))
+    assert error is not None and error.code() == KafkaError._GAPLESS_GUARANTEE
+
+
+def test_the_kafka_error_of_a_wrapped_cause_is_found() -> None:
+    cause = KafkaException(KafkaError(KafkaError._FENCED))
+    outer = RuntimeError("commit failed")
+    outer.__cause__ = cause
+    error = kafka_error_in(outer)
+    assert error is not None and error.code() == KafkaError._FENCED
+    assert kafka_error_in(RuntimeError("no kafka here")) is None
+
+
+def test_a_repaired_chain_formats_and_keeps_the_kafka_error() -> None:
+    exc = repair_chain(_system_error_with_raw_link(KafkaError._GAPLESS_GUARANTEE))
+    text = "".join(traceback.format_exception(exc))
+    assert "SystemError" in text and "_GAPLESS_GUARANTEE" in text
+    assert isinstance(exc.__context__, KafkaException)
+
+
+def test_a_log_line_with_such_an_exception_is_written() -> None:
+    stream = io.StringIO()
+    configure_logging(level="info", json=True, stream=stream)
+    try:
+        get_logger("test").error("failed", exc_info=_system_error_with_raw_link(KafkaError._FATAL))
+    finally:
+        configure_logging()
+    line = json.loads(stream.getvalue().strip().splitlines()[-1])
+    assert line["event"] == "failed"
+    assert "SystemError" in line["exception"]
