@@ -32,9 +32,7 @@ from typing import Any, TextIO, cast
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, WrappedLogger
 
-from runtime.kafka.error_chain import repair_chain
-
-__all__ = ["configure_logging", "get_logger", "librdkafka_logger"]
+__all__ = ["configure_logging", "get_logger", "librdkafka_logger", "repair_chain"]
 
 _LEVELS = {
     "debug": 10,
@@ -71,6 +69,26 @@ class _StreamSwitch:
     def flush(self) -> None:
         with contextlib.suppress(BrokenPipeError, ValueError):
             (self.target or sys.stderr).flush()
+
+
+def repair_chain(exc: BaseException) -> BaseException:
+    """Replace every link of `exc`'s chain that is not an exception (a raw
+    KafkaError that confluent-kafka's C code sets as a SystemError's
+    context) by a RuntimeError naming it; returns `exc`.
+
+    Python's `traceback` fails on such a link, so a log line with `exc_info`
+    or a thread's excepthook would lose the failure it reports. Any thread.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for name in ("__cause__", "__context__"):
+            link = getattr(current, name, None)
+            if link is not None and not isinstance(link, BaseException):
+                setattr(current, name, RuntimeError(repr(link)))
+        current = current.__cause__ or current.__context__
+    return exc
 
 
 class _RendererSwitch:

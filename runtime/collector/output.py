@@ -46,8 +46,8 @@ from runtime.collector.transactions import (
 from runtime.config import StreamsConfig
 from runtime.kafka.broker_health import Retrying
 from runtime.kafka.clients import producer_config
-from runtime.kafka.error_chain import kafka_error_in, repair_chain
-from runtime.logging import get_logger
+from runtime.kafka.error_chain import kafka_error_in
+from runtime.logging import get_logger, repair_chain
 
 log = get_logger("runtime.output")
 

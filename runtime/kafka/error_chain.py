@@ -1,4 +1,4 @@
-"""Exception chains that confluent-kafka's C code leaves behind.
+"""The KafkaError inside an exception chain, as confluent-kafka leaves it.
 
 When a client call serves a callback while a fatal error is pending, the call
 raises SystemError whose `__context__` can be the raw `KafkaError` value
@@ -7,7 +7,7 @@ over such a link: `traceback` reads `__suppress_context__` from it and raises
 AttributeError, so a log line with `exc_info` or a thread's excepthook fails
 while reporting the real failure, and the failure is lost (seen in CI: the
 polling thread stopped without its error, the app ended NOT_RUNNING instead
-of ERROR).
+of ERROR). `runtime.logging.repair_chain` makes such a chain loggable.
 
 Any thread may call these functions.
 """
@@ -33,28 +33,4 @@ def kafka_error_in(exc: BaseException) -> KafkaError | None:
         if not isinstance(seen, BaseException):
             return None
         seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def repair_chain(exc: BaseException) -> BaseException:
-    """Replace every link of `exc`'s chain that is not an exception by a
-    KafkaException carrying it (a KafkaError) or by nothing; returns `exc`.
-
-    Called before an exception is logged or kept, so that formatting it
-    cannot fail."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        for name in ("__cause__", "__context__"):
-            link = getattr(current, name, None)
-            if link is not None and not isinstance(link, BaseException):
-                setattr(current, name, _as_exception(link))
-        current = current.__cause__ or current.__context__
-    return exc
-
-
-def _as_exception(link: object) -> BaseException | None:
-    if isinstance(link, KafkaError):
-        return KafkaException(link)
     return None

@@ -45,9 +45,8 @@ from runtime.kafka.clients import (
     log_consume_error,
 )
 from runtime.kafka.consumer_release import close_in_background
-from runtime.kafka.error_chain import repair_chain
 from runtime.kafka.topics import TopicLayout
-from runtime.logging import get_logger
+from runtime.logging import get_logger, repair_chain
 from runtime.placement.parts import Handovers, PollingSide, RuntimePlacementSettings
 from runtime.placement.placer import PlacerSettings
 from runtime.placement.records import ShutdownRequest
