@@ -33,7 +33,15 @@ from benchmarks.report import choose, rerender
 
 NAME = "peers"
 ALL_WORKLOADS = ("stateless", "stateful", "io", "io1", "skew", "join", "session")
-DEFAULT_MODELS = ("runtime", "runtime-p2", "keypar", "ks-classic", "ks-proc", "quixstreams")
+DEFAULT_MODELS = (
+    "runtime",
+    "runtime-p2",
+    "keypar",
+    "ks-classic",
+    "ks-proc",
+    "quixstreams",
+    "quixstreams-p2",
+)
 DEFAULT_THREADS = "1,2,4"
 # Records the JVM processes before the measured run (benchmarks/peers/kafka_streams/
 # README.md, "Warm-up"); the I/O-bound workloads take ~1 ms per record, so fewer.
@@ -216,7 +224,7 @@ def main(args: argparse.Namespace) -> int:
         launcher.jar = build.kafka_streams_jar()
         versions["kafka_streams"] = "4.3.1"
         versions["java"] = build.java_version()
-    if "quixstreams" in models:
+    if any(m.startswith("quixstreams") for m in models):
         launcher.quix_python = build.quix_python()
         versions["quixstreams"] = build.quix_version(launcher.quix_python)
 

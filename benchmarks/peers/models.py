@@ -15,6 +15,9 @@
 - ``keypar``: the runtime with ``num.threads.per.task`` = threads (key-parallel
   processing inside a task), on the one-partition and skewed I/O workloads only,
   where threads exceed the busy partitions;
+- ``quixstreams-p2``: two quixstreams processes in one consumer group, as
+  quixstreams scales (``benchmarks/peers/quix_group.py``; threads = 1): the
+  stateless and stateful workloads, beside ``runtime-p2``;
 - ``quixstreams``: quixstreams (single-threaded; threads = 1 only): the
   stateless, stateful and session workloads. Not the join: its
   ``join_interval`` is no windowed join (a record finds only partners at or
@@ -71,6 +74,12 @@ MODELS: dict[str, Model] = {
             "quixstreams",
             "quixstreams 3.28.1: one thread",
             workloads=frozenset({"stateless", "stateful", "session"}),
+            threads=(1,),
+        ),
+        Model(
+            "quixstreams-p2",
+            "quixstreams 3.28.1: 2 processes in one group",
+            workloads=frozenset({"stateless", "stateful"}),
             threads=(1,),
         ),
     )
@@ -131,12 +140,15 @@ class Launcher:
                 warmup_records=int(self.warmup.get(str(spec.get("workload")), 0)),
             )
             return ["java", *self.jvm_opts, "-jar", str(self.jar)], spec
-        if model == "quixstreams":
+        if model in ("quixstreams", "quixstreams-p2"):
             if self.quix_python is None:
                 raise RuntimeError("the quixstreams virtualenv was not created")
             quix_config = {k: config[k] for k in _KS_KEYS if k in config}
             quix_config.update(self.quix_settings)
             spec = dict(spec, config=quix_config)
+            if model == "quixstreams-p2":
+                spec["processes"] = 2
+                return [str(self.quix_python), "-m", "benchmarks.peers.quix_group"], spec
             return [str(self.quix_python), "-m", "benchmarks.peers.quix_child"], spec
         if model in ("runtime", "runtime-p2", "keypar"):
             return [], spec  # the compare child (an empty command means the default)

@@ -41,6 +41,15 @@ the processing loop at its first record until ``go`` and counts records (one
 Python call per record: well under 1% of quixstreams' per-record cost).
 ``ready`` comes once that first record is held, every input partition is
 assigned and nothing changed for ``settle_s``.
+
+A worker of the two-process model (``spec["role"] == "worker"``, started by
+``benchmarks/peers/quix_group.py``) cannot hold its loop: a held loop serves no
+rebalance, and the second process's join would wait for the first one's
+``max.poll.interval.ms``. It pauses the input partitions of every assignment
+until ``go`` instead (its loop keeps polling and serving rebalances; nothing is
+fetched, so nothing is buffered at ``go`` either), reports each assignment it
+gets (``assignment``) and its processed count after ``go`` (``progress``); the
+group process decides when all of them are ready.
 """
 
 from __future__ import annotations
@@ -193,6 +202,11 @@ def run(spec: dict[str, Any], events: Events) -> dict[str, Any]:
         processing_guarantee="at-least-once",
     )
     build(app, spec, gate)
+    if spec.get("role") == "worker":
+        try:
+            return _run_worker(app, spec, events, commands, gate)
+        finally:
+            shutil.rmtree(state_dir, ignore_errors=True)
     started = time.monotonic()
     failure: list[BaseException] = []
     result: dict[str, Any] = {}
@@ -255,6 +269,72 @@ def run(spec: dict[str, Any], events: Events) -> dict[str, Any]:
         shutil.rmtree(state_dir, ignore_errors=True)
     if failure:
         raise failure[0]
+    result["closed_cleanly"] = True
+    return result
+
+
+def _input_partitions(app: Any, topic: str, partitions: list[Any] | None = None) -> list[Any]:
+    from confluent_kafka import TopicPartition
+
+    listed = partitions if partitions is not None else app._consumer.assignment()  # noqa: SLF001
+    return [TopicPartition(tp.topic, tp.partition) for tp in listed if tp.topic == topic]
+
+
+def _run_worker(
+    app: Any, spec: dict[str, Any], events: Events, commands: Commands, gate: _Gate
+) -> dict[str, Any]:
+    """One process of the two-process model: the pause gate (module docstring).
+    `on_assign` runs on quixstreams' processing thread (the main one), inside
+    its poll."""
+    topic = spec["input_topic"]
+    consumer = app._consumer  # noqa: SLF001 - the gate needs the consumer itself
+    real_on_assign = app._on_assign  # noqa: SLF001
+    assigned: list[int] = []
+
+    def on_assign(consumer_: Any, partitions: list[Any]) -> None:
+        real_on_assign(consumer_, partitions)
+        mine = _input_partitions(app, topic, partitions)
+        if not gate.open and mine:
+            consumer.pause(mine)
+        assigned[:] = sorted(tp.partition for tp in _input_partitions(app, topic))
+        events.emit("assignment", partitions=list(assigned))
+
+    # Read by `_run_dataframe` when the loop starts: overriding it on the
+    # instance before `run()` is enough.
+    app._on_assign = on_assign  # noqa: SLF001
+    result: dict[str, Any] = {}
+    finished = threading.Event()
+
+    def watch() -> None:
+        commands.go.wait()
+        # From this thread, not the loop's: with every partition paused the
+        # loop sits in a 1 s poll; librdkafka's resume is thread-safe and the
+        # first fetched record ends that poll. Open first, so an assignment
+        # served meanwhile is not paused again.
+        gate.open = True
+        consumer.resume(_input_partitions(app, topic))
+        events.emit("go", processed_at_go={})
+        reported = -1
+        while not commands.stop.wait(0.05) and not finished.is_set():
+            if gate.processed != reported:
+                reported = gate.processed
+                events.emit("progress", processed=reported)
+        result["stop_requested"] = time.monotonic()
+        app.stop()
+
+    watcher = threading.Thread(target=watch, name="bench-watch", daemon=True)
+    watcher.start()
+    events.emit("listening")
+    try:
+        app.run()
+    finally:
+        stopped = time.monotonic()
+        finished.set()
+        commands.go.set()
+        commands.stop.set()
+        watcher.join(30)
+    result["close_s"] = stopped - result.pop("stop_requested", stopped)
+    result["status"] = {"processed": gate.processed, "partitions": list(assigned)}
     result["closed_cleanly"] = True
     return result
 

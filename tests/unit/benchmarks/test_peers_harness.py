@@ -132,3 +132,27 @@ def test_report_judges_each_target_on_its_throughput_figure() -> None:
     assert ratios[("stateful", 1, "quixstreams")]["records_per_s"] == pytest.approx(1.5)
     # The runtime at 2 threads is compared with quixstreams' one thread.
     assert ("stateless", 2, "quixstreams") not in ratios  # no runtime run at t=2 here
+
+
+def test_two_quixstreams_processes_run_through_the_group_child() -> None:
+    assert runs("quixstreams-p2", "stateful", 1)
+    assert not runs("quixstreams-p2", "stateful", 2)
+    assert not runs("quixstreams-p2", "io", 1)
+    argv, spec = Launcher(quix_python=Path("/venv/bin/python"))("quixstreams-p2", _spec())
+    assert argv == ["/venv/bin/python", "-m", "benchmarks.peers.quix_group"]
+    assert spec["processes"] == 2
+
+
+def test_the_processes_table_compares_two_runtime_processes_with_two_quixstreams_ones() -> None:
+    result = _result(
+        [
+            _run("stateful", "runtime", 1, 0.0, records_per_s=10_000.0),
+            _run("stateful", "runtime-p2", 1, 0.0, records_per_s=15_000.0),
+            _run("stateful", "quixstreams-p2", 1, 0.0, records_per_s=5_000.0),
+        ]
+    )
+    result["models"] = ["runtime", "runtime-p2", "quixstreams-p2"]
+    text = report.markdown(result)
+    rows = [line for line in text.splitlines() if line.startswith("| stateful | 1 | 1.50x")]
+    assert rows, text
+    assert "| 3.00x |" in rows[0]
