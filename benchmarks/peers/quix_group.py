@@ -49,6 +49,7 @@ class _Worker:
         os.close(write_fd)
         self.partitions: list[int] = []
         self.processed = 0
+        self.finished = False  # its result arrived
         self._reader = threading.Thread(
             target=self._read, args=(read_fd, inbox), name=f"quix-worker-{index}", daemon=True
         )
@@ -90,6 +91,8 @@ class _Group:
         except queue.Empty:
             return None
         worker = self.workers[index]
+        if event["event"] == "eof" and worker.finished:
+            return index, event  # it sent its result and exited
         if event["event"] in ("failed", "eof"):
             raise RuntimeError(
                 f"quixstreams worker {index} {event['event']}: {event.get('error', '')}"
@@ -158,6 +161,7 @@ class _Group:
             got = self._next(1.0)
             if got is not None and got[1]["event"] == "result":
                 results[got[0]] = got[1]
+                self.workers[got[0]].finished = True
         if len(results) < len(self.workers):
             raise TimeoutError("a quixstreams worker sent no result")
         for worker in self.workers:

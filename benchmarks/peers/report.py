@@ -165,7 +165,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
     ]
     header = "| workload | threads | " + " | ".join(TITLES[mo] for mo in models)
-    ratio_peers = [p for p in PEERS if p in models]
+    ratio_peers = [p for p in PEERS if p in models] if "runtime" in models else []
     if "runtime" in models:
         header += " | " + " | ".join(f"rt / {p}" for p in ratio_peers)
     lines += [header + " |", "|---" * (2 + len(models) + len(ratio_peers)) + "|"]
