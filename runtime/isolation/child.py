@@ -8,7 +8,7 @@ Protocol (JSON lines; the parent's side is runtime.isolation.process): the
 daemon writes a `ChildSpec` line, then commands (`{"cmd": "pause" |
 "resume" | "stop"}`, and requests `{"cmd": "request", "id": n, "op": ...}`
 answered by a `reply` event: `status`, `metrics`, `threads.add`,
-`threads.remove`, `threads.set`, `pause`, `resume`) on stdin; the child
+`threads.remove`, `threads.set`, `pause`, `resume`, `prepare_leave`) on stdin; the child
 writes events on stdout: `started`, `status` (every `STATUS_INTERVAL_S`),
 `failed` (start-up or the app failed), `reply`. Logs go to stderr, which
 the child shares with the daemon; each line says whose it is. stdin closing (the daemon died, even by kill -9) stops the child
@@ -129,6 +129,9 @@ def _request(app: Any, op: str, message: dict[str, Any]) -> Any:
         return app.set_processing_threads(int(message["count"]), timeout)
     if op in ("pause", "resume"):
         getattr(app, op)(message.get("task"))
+        return None
+    if op == "prepare_leave":
+        app.prepare_leave()  # the process exits 0 once its tasks are handed over
         return None
     raise ValueError(f"unknown request {op!r}")
 

@@ -39,7 +39,7 @@ from runtime.isolation.merge import merge_statuses
 from runtime.isolation.plan import PROCESS, isolation_of, worker_spec
 from runtime.isolation.process import ChildProcess
 from runtime.isolation.slots import STABLE_UPTIME_S, Slot, exit_reason, restart_delay_ms
-from runtime.lifecycle import AppState
+from runtime.lifecycle import AppState, IllegalStateError
 from runtime.logging import get_logger
 from runtime.status import AppStatus, ProcessStatus, Progress
 
@@ -96,6 +96,9 @@ class WorkerPool:
         self._state = AppState.CREATED
         self._done = threading.Event()
         self._closing = threading.Event()
+        # `admin prepare-leave`: every process hands its tasks over and exits
+        # 0; none is restarted, and the pool ends once all have left.
+        self._leaving = False
         self.failure: BaseException | None = None
         self.instance_id = f"{config.client_id}-{uuid.uuid4().hex[:12]}"
         self._started_at: float | None = None
@@ -230,6 +233,9 @@ class WorkerPool:
             if slot.child is not child:
                 return
             slot.figures = {}
+            if self._leaving:
+                self._left(slot, reason, code)
+                return
             if stopping or self._closing.is_set():
                 log.info("process_stopped", slot=slot.name, reason=reason)
                 if slot.index >= self._wanted and self._slots.get(slot.index) is slot:
@@ -252,14 +258,35 @@ class WorkerPool:
             restart_in_ms=delay_ms, restarts=slot.restarts,
         )  # fmt: skip
 
+    def _left(self, slot: Slot, reason: str, code: int) -> None:
+        """A process ended while the daemon leaves (under the lock): it is
+        not restarted; once none is left the pool has ended (the daemon
+        exits 0, as one process does after its leave). A process that died
+        instead of leaving is only logged: its tasks move as after a crash."""
+        if code == 0:
+            log.info("process_left", slot=slot.name)
+        else:
+            log.warning("process_died_while_leaving", slot=slot.name, reason=reason)
+        del self._slots[slot.index]
+        if not any(s.up for s in self._slots.values()):
+            self._state = AppState.NOT_RUNNING
+            self._closing.set()
+            self._done.set()
+            log.info("processes_left")
+
     def reconcile(self) -> None:
         """One step toward the wanted count: start the missing slots (a dead
         one once its backoff has passed), stop the ones above it."""
         stopping: list[ChildProcess] = []
         with self._lock:
-            if self._closing.is_set() or self._state not in (
-                AppState.REBALANCING,
-                AppState.RUNNING,
+            if (
+                self._leaving
+                or self._closing.is_set()
+                or self._state
+                not in (
+                    AppState.REBALANCING,
+                    AppState.RUNNING,
+                )
             ):
                 return
             now = _now()
@@ -312,6 +339,8 @@ class WorkerPool:
         with self._lock:
             if self._closing.is_set():
                 raise RuntimeError(f"the daemon is {self._state}")
+            if self._leaving:
+                raise RuntimeError("the daemon is leaving (prepare-leave): its processes stay")
             before, self._wanted = self._wanted, count
         log.info("processes_set", before=before, processes=count)
         self.reconcile()
@@ -482,7 +511,26 @@ class WorkerPool:
         self._ask_all("resume", task=task_id)
 
     def prepare_leave(self) -> None:
-        raise RuntimeError("prepare-leave is not supported with processes > 1 yet")
+        """Planned departure of the whole daemon (`task.assignment=runtime`):
+        every process is asked to leave as one instance does (its tasks are
+        learned by other instances and handed over; it never takes a task
+        of another leaving process: the placer skips leaving members), then
+        exits 0; none is restarted and the daemon exits 0 after the last.
+        Returns at once.
+
+        Raises IllegalStateError unless task.assignment=runtime and the
+        daemon runs."""
+        if self.config.task_assignment != "runtime":
+            raise IllegalStateError("prepare-leave needs task.assignment=runtime")
+        with self._lock:
+            if self._closing.is_set() or self._state not in (
+                AppState.REBALANCING,
+                AppState.RUNNING,
+            ):
+                raise IllegalStateError(f"cannot prepare to leave in state {self.state}")
+            self._leaving = True
+        answers = self._ask_all("prepare_leave")
+        log.info("prepare_leave_requested", processes=sorted(answers))
 
     def _no_queries(self, *_args: Any, **_kwargs: Any) -> None:
         raise RuntimeError(

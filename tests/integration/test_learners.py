@@ -383,9 +383,12 @@ def short_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.parametrize("processes", [1, 2])
 def test_prepare_leave_hands_every_task_over_then_exits_0(
-    bootstrap: str, tmp_path: Path, short_dir: Path
+    bootstrap: str, tmp_path: Path, short_dir: Path, processes: int
 ) -> None:
+    """With `processes` = 2 every processing process leaves (none takes a
+    task of the other) and none is restarted: the daemon exits 0."""
     app_id = unique_name("leave")
     source, sink = make_topics(bootstrap)
     expected = prefill(bootstrap, source, 20_000)
@@ -393,6 +396,7 @@ def test_prepare_leave_hands_every_task_over_then_exits_0(
     sets = {
         **settings(bootstrap, app_id, tmp_path / "daemon"),
         "admin.socket": sock,
+        "processes": processes,
     }
     env = clean_env(STREAMS_TEST_INPUT=source, STREAMS_TEST_OUTPUT=sink)
     daemon = Daemon(tmp_path / "daemon.log", "tests.apps.count_app:topology", sets, env)
@@ -406,11 +410,14 @@ def test_prepare_leave_hands_every_task_over_then_exits_0(
 
         def shared() -> bool:
             daemon.assert_alive()
-            return len(running(b)) == 2
+            # Two members share 4 tasks 2:2; three (2 processes and b) 1:1:2.
+            return len(running(b)) == 2 if processes == 1 else bool(running(b))
 
-        wait_until(shared, 75, interval=0.2, message="b never took half of the tasks")
+        wait_until(shared, 75, interval=0.2, message="b never took its share of the tasks")
         tasks = admin(sock, "tasks")
-        assert tasks.returncode == 0 and "placement plan" in tasks.stdout, tasks
+        assert tasks.returncode == 0, tasks
+        if processes == 1:
+            assert "placement plan" in tasks.stdout, tasks
         since_ms = int(time.time() * 1000)
         leave = admin(sock, "prepare-leave")
         assert leave.returncode == 0, leave.stderr

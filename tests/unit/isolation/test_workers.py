@@ -16,6 +16,7 @@ from runtime.isolation import workers
 from runtime.isolation.merge import merge_statuses
 from runtime.isolation.slots import exit_reason, restart_delay_ms
 from runtime.isolation.workers import WorkerPool
+from runtime.lifecycle import IllegalStateError
 from runtime.status import AppStatus, ProcessStatus
 
 
@@ -164,7 +165,9 @@ class FakeChild:
             self.die()
 
 
-def _pool(monkeypatch: pytest.MonkeyPatch, processes: int) -> tuple[WorkerPool, list[float]]:
+def _pool(
+    monkeypatch: pytest.MonkeyPatch, processes: int, **extra: Any
+) -> tuple[WorkerPool, list[float]]:
     """A pool of fake children whose reconcile runs only when the test says,
     on a clock the test moves."""
     monkeypatch.setattr(workers, "_RECONCILE_S", 3600.0)
@@ -178,6 +181,7 @@ def _pool(monkeypatch: pytest.MonkeyPatch, processes: int) -> tuple[WorkerPool, 
             "process.restart.backoff.ms": 1000,
             "process.restart.backoff.max.ms": 4000,
             "consumer.group.instance.id": "pod-7",
+            **extra,
         }
     )
     FakeChild.made.clear()
@@ -304,4 +308,31 @@ def test_each_process_names_its_daemon_and_standbys_are_accepted() -> None:
     assert StreamsConfig.from_dict(FakeChild.made[0].spec["config"]).process_daemon == (
         pool.instance_id
     )
+    assert pool.close(1)
+
+
+def test_prepare_leave_asks_every_process_and_restarts_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pool, clock = _pool(monkeypatch, 2)
+    pool.start()
+    with pytest.raises(IllegalStateError, match=r"task\.assignment=runtime"):
+        pool.prepare_leave()
+    assert pool.close(1)
+
+    pool, clock = _pool(monkeypatch, 2, **{"task.assignment": "runtime"})
+    pool.start()
+    first, second = FakeChild.made
+    pool.prepare_leave()
+    assert [op for op, _ in first.asked] == ["prepare_leave"]
+    assert [op for op, _ in second.asked] == ["prepare_leave"]
+    with pytest.raises(RuntimeError, match="leaving"):
+        pool.set_processes(3)
+    first.die(0)  # handed its tasks over and exited
+    clock[0] += 60
+    pool.reconcile()
+    assert len(FakeChild.made) == 2, "a process that left is not restarted"
+    assert not pool.wait(0), "the daemon runs until the last process left"
+    second.die(-signal.SIGKILL)  # one that dies while leaving ends the daemon too
+    assert pool.wait(0) and str(pool.state) == "NOT_RUNNING"
     assert pool.close(1)
