@@ -31,10 +31,9 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from typing import Any
 
-from benchmarks.compare.child_protocol import Commands, Events
+from benchmarks.compare.child_protocol import Commands, Events, run_and_exit
 from benchmarks.compare.workloads import build_topology
 from runtime.gc_tuning import tune_for_app_process
 
@@ -378,20 +377,7 @@ def main(argv: list[str]) -> int:
     switch_interval = os.environ.get("BENCH_SWITCH_INTERVAL")
     if switch_interval:
         sys.setswitchinterval(float(switch_interval))
-    try:
-        result = run(spec, events)
-    except BaseException as exc:  # noqa: BLE001 - reported to the harness
-        traceback.print_exc()
-        events.emit("failed", error=f"{type(exc).__name__}: {exc}")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    events.emit("result", **result)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Leftover daemon threads (librdkafka callbacks, a stuck close) must not
-    # keep the process alive: the harness waits for this exit.
-    os._exit(0)
+    run_and_exit(events, lambda: run(spec, events))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ import os
 import sys
 import threading
 import time
-from typing import Any, TextIO
+import traceback
+from collections.abc import Callable
+from typing import Any, NoReturn, TextIO
 
 
 class Events:
@@ -51,3 +53,28 @@ class Commands(threading.Thread):
                 self.stop.set()
         self.go.set()
         self.stop.set()
+
+
+def run_and_exit(
+    events: Events,
+    body: Callable[[], dict[str, Any]],
+    on_failure: Callable[[], None] | None = None,
+) -> NoReturn:
+    """Run a child's measured `body`, report its `result` (or `failed`, after
+    `on_failure`), then end the process with `os._exit`: leftover threads
+    (librdkafka callbacks, a stuck close) must not keep it alive, the
+    harness waits for this exit."""
+    try:
+        result = body()
+    except BaseException as exc:  # noqa: BLE001 - reported to the harness
+        traceback.print_exc()
+        if on_failure is not None:
+            on_failure()
+        events.emit("failed", error=f"{type(exc).__name__}: {exc}")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    events.emit("result", **result)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -56,17 +56,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import struct
 import sys
 import tempfile
 import threading
 import time
-import traceback
 from typing import Any
 
-from benchmarks.compare.child_protocol import Commands, Events
+from benchmarks.compare.child_protocol import Commands, Events, run_and_exit
 
 
 class _Gate:
@@ -342,18 +340,7 @@ def _run_worker(
 def main(argv: list[str]) -> int:
     spec: dict[str, Any] = json.loads(argv[0])
     events = Events(int(spec["event_fd"]))
-    try:
-        result = run(spec, events)
-    except BaseException as exc:  # noqa: BLE001 - reported to the harness
-        traceback.print_exc()
-        events.emit("failed", error=f"{type(exc).__name__}: {exc}")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    events.emit("result", **result)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    run_and_exit(events, lambda: run(spec, events))
 
 
 if __name__ == "__main__":

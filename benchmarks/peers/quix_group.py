@@ -28,10 +28,9 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from typing import Any
 
-from benchmarks.compare.child_protocol import Commands, Events
+from benchmarks.compare.child_protocol import Commands, Events, run_and_exit
 
 
 class _Worker:
@@ -185,27 +184,23 @@ def main(argv: list[str]) -> int:
     events = Events(int(spec["event_fd"]))
     commands = Commands()
     commands.start()
-    group: _Group | None = None
-    try:
+    groups: list[_Group] = []
+
+    def body() -> dict[str, Any]:
         if int(spec["threads"]) != 1:
             raise ValueError("quixstreams is single-threaded: threads must be 1")
-        group = _Group(spec, events, commands)
+        groups.append(_Group(spec, events, commands))
+        group = groups[0]
         group.wait_ready()
         group.go()
         group.until_stop()
-        result = group.stop()
-    except BaseException as exc:  # noqa: BLE001 - reported to the harness
-        traceback.print_exc()
-        if group is not None:
+        return group.stop()
+
+    def kill_workers() -> None:
+        for group in groups:
             group.kill()
-        events.emit("failed", error=f"{type(exc).__name__}: {exc}")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    events.emit("result", **result)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+
+    run_and_exit(events, body, kill_workers)
 
 
 if __name__ == "__main__":
