@@ -13,7 +13,9 @@ be wrong, so the hand-over safety rule lives here and is hypothesis-tested
   the group (the broker fences its commits).
 - A stateful task is withdrawn from an owner in the group only when the target
   holds a copy within `acceptable_lag` of the changelog's end; until then the
-  target learns it, at most `max_warmups` learners per plan.
+  target learns it, at most `max_warmups` learners per plan. Between processes
+  of one daemon (`Member.machine`) it is withdrawn at once: they share the
+  state directory.
 - Balanced per subtopology by task count, in proportion to capacity
   (processing threads); leaving instances get nothing; otherwise sticky.
 """
@@ -38,6 +40,16 @@ class Member:
     acked: int = 0  # the newest plan version it applied
     leaving: bool = False
     in_group: bool = True
+    # The daemon it is a processing process of ("": an instance of its own).
+    # Processes of one daemon share the state directory, so a task moving
+    # between them needs no learner: the new owner opens the directory the
+    # old one released and restores the tail; a learner there would wait for
+    # the owner's directory lock instead (runtime.state.task_lock).
+    machine: str = ""
+
+    @property
+    def host(self) -> str:
+        return self.machine or self.instance_id
 
 
 @dataclass(frozen=True)
@@ -74,7 +86,11 @@ def next_plan(
         if owner is not None:
             if target is None or target == owner:
                 owners[task] = owner
-            elif not tasks[task] or _caught_up(members[target], task, settings):
+            elif (
+                not tasks[task]
+                or _same_daemon(members, owner, target)
+                or _caught_up(members[target], task, settings)
+            ):
                 moves[task] = target  # withdrawn: the owner releases it
             else:
                 owners[task] = owner
@@ -106,6 +122,12 @@ def may_take(task: str, taker: str, previous: PlacementPlan, members: Mapping[st
         if member.acked < previous.version or task in member.active:
             return False
     return True
+
+
+def _same_daemon(members: Mapping[str, Member], owner: str, target: str) -> bool:
+    """Both processes of one daemon: the target takes the owner's directory."""
+    mine, theirs = members.get(owner), members.get(target)
+    return mine is not None and theirs is not None and mine.host == theirs.host
 
 
 def _caught_up(member: Member, task: str, settings: PlacerSettings) -> bool:

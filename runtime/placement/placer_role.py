@@ -120,6 +120,7 @@ class PlacerRole:
                 status.plan_version,
                 status.leaving,
                 in_group=status.member_id in in_group,
+                machine=status.machine,
             )
             for instance_id, status in snapshot.statuses.items()
         }

@@ -224,6 +224,7 @@ class PlanFollower:
             dict(self._handovers.standby_lags()),
             self.applied,
             self.leaving,
+            machine=self._polling.standbys.machine,
         )
         return LocalView(self.instance_id, self.member_id, member, self.plan, self.all_tasks)
 

@@ -67,6 +67,9 @@ class TaskPlacement:
         published so that no standby is placed on the active's daemon."""
         self.instance_id = instance_id
         self._daemon = daemon
+        # What placement keeps copies apart by, and moves between without a
+        # learner: the daemon's id, or this instance's own.
+        self.machine = daemon or instance_id
         self.status_topic = status_topic_name(application_id)
         self._application_id = application_id
         self._replicas = num_standby_replicas

@@ -2,7 +2,7 @@
 
 One input topic, `$STREAMS_TEST_INPUT`: keys `k<j>`, values `L:<n>` or
 `R:<n>`, the two sides of one sequence number stamped with the same event
-time and the sequences a second apart, so within the join window (100 ms)
+time and the sequences 250 ms apart, so within the join window (100 ms)
 each left record meets exactly its own right record. The inner join goes to
 `$STREAMS_TEST_OUTPUT` as `L:<n>|R:<n>`.
 """

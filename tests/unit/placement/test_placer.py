@@ -48,6 +48,21 @@ def test_a_stateful_task_is_learned_before_it_moves() -> None:
     assert three.moves == {task: "b"} and task not in three.owners
 
 
+def test_a_stateful_task_moves_between_processes_of_one_daemon_without_a_learner() -> None:
+    """They share the state directory: the new owner opens what the old one
+    released (a learner would wait for the owner's directory lock); another
+    daemon's instance still learns first."""
+    one = PlacementPlan(1, "p0", {"1_0": "p0", "1_1": "p0"})
+    members = {
+        "p0": Member("p0", active=frozenset(one.owners), acked=1, machine="d"),
+        "p1": Member("p1", acked=1, machine="d"),
+    }
+    two = next_plan(one, members, STATEFUL, CONFIG, "p0")
+    assert not two.learners and len(two.moves) == 1 and set(two.moves.values()) == {"p1"}
+    elsewhere = members | {"p1": Member("p1", acked=1, machine="other")}
+    assert next_plan(one, elsewhere, STATEFUL, CONFIG, "p0").learners
+
+
 def test_an_owner_out_of_the_group_is_fenced_so_its_task_moves_at_once() -> None:
     one = PlacementPlan(1, "a", {"1_0": "a", "1_1": "b"})
     members = {
