@@ -50,6 +50,11 @@ ChildFactory = Callable[..., ChildProcess]
 _RECONCILE_S = 0.2
 
 
+# The pool's states in which its processes run (and may be started, resized
+# or asked to leave).
+_LIVE = (AppState.REBALANCING, AppState.RUNNING)
+
+
 def _now() -> float:
     """The clock of restart backoff and uptime (monotonic); a module function so
     that a test can move it without touching `time.monotonic` for every
@@ -272,6 +277,8 @@ class WorkerPool:
             self._state = AppState.NOT_RUNNING
             self._closing.set()
             self._done.set()
+            # close() returns at once now; its executor is released here.
+            self._asker.shutdown(wait=False, cancel_futures=True)
             log.info("processes_left")
 
     def reconcile(self) -> None:
@@ -279,15 +286,7 @@ class WorkerPool:
         one once its backoff has passed), stop the ones above it."""
         stopping: list[ChildProcess] = []
         with self._lock:
-            if (
-                self._leaving
-                or self._closing.is_set()
-                or self._state
-                not in (
-                    AppState.REBALANCING,
-                    AppState.RUNNING,
-                )
-            ):
+            if self._leaving or self._closing.is_set() or self._state not in _LIVE:
                 return
             now = _now()
             for index in range(self._wanted):
@@ -523,10 +522,7 @@ class WorkerPool:
         if self.config.task_assignment != "runtime":
             raise IllegalStateError("prepare-leave needs task.assignment=runtime")
         with self._lock:
-            if self._closing.is_set() or self._state not in (
-                AppState.REBALANCING,
-                AppState.RUNNING,
-            ):
+            if self._closing.is_set() or self._state not in _LIVE:
                 raise IllegalStateError(f"cannot prepare to leave in state {self.state}")
             self._leaving = True
         answers = self._ask_all("prepare_leave")
