@@ -78,6 +78,11 @@ def repair_chain(exc: BaseException) -> BaseException:
 
     Python's `traceback` fails on such a link, so a log line with `exc_info`
     or a thread's excepthook would lose the failure it reports. Any thread.
+
+    Never raises: it is called from the handlers that report a failure. It
+    reads the link's text with a guard because a call into the C library can
+    itself raise SystemError while that library has an error pending (the
+    situation that leaves such links; see `runtime.kafka.error_chain`).
     """
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -86,9 +91,18 @@ def repair_chain(exc: BaseException) -> BaseException:
         for name in ("__cause__", "__context__"):
             link = getattr(current, name, None)
             if link is not None and not isinstance(link, BaseException):
-                setattr(current, name, RuntimeError(repr(link)))
+                setattr(current, name, RuntimeError(_describe_link(link)))
         current = current.__cause__ or current.__context__
     return exc
+
+
+def _describe_link(link: object) -> str:
+    """`str(link)` (a KafkaError's reason), or its type's name when even
+    that call fails."""
+    try:
+        return f"{type(link).__name__}: {link}"
+    except Exception:  # noqa: BLE001 - the C library refused the call; keep the type
+        return type(link).__name__
 
 
 class _RendererSwitch:

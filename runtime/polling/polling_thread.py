@@ -280,11 +280,18 @@ class PollingThread(threading.Thread):
             # in flight may be lost, and the revocation that closing the
             # consumer triggers must not commit past it (rule 3).
             self._abort = True
-            self.fatal_error = repair_chain(exc)
-            log.error("polling_thread_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+            # Recorded before anything that could fail in turn: the app must
+            # end in ERROR with this failure, never NOT_RUNNING without it.
+            self.fatal_error = exc
+            _log_failure("polling_thread_failed", repair_chain(exc))
         finally:
-            self.query_changes.fail_pending(FatalError("the polling thread stopped"))
-            self._close_clients()
+            try:
+                self.query_changes.fail_pending(FatalError("the polling thread stopped"))
+                self._close_clients()
+            except Exception as exc:  # noqa: BLE001 - the thread ends either way
+                if self.fatal_error is None:
+                    self.fatal_error = exc
+                _log_failure("polling_thread_close_failed", repair_chain(exc))
             log.info("polling_thread_stopped")
 
     @property
@@ -666,3 +673,14 @@ class PollingThread(threading.Thread):
     def _processed_offset(self, topic: str, partition: int) -> int | None:
         task = self.tasks.get(self._layout.task_id(self._layout.subtopology_of[topic], partition))
         return task.processed_offsets.get(topic) if task is not None else None
+
+
+def _log_failure(event: str, exc: BaseException) -> None:
+    """Log `exc` with its traceback, or without it if formatting fails: the
+    line that reports a thread's failure must not become a second failure
+    that hides the first."""
+    error = f"{type(exc).__name__}: {exc}"
+    try:
+        log.error(event, error=error, exc_info=exc)
+    except Exception:  # noqa: BLE001 - a chain the formatter cannot read
+        log.error(event, error=error, traceback="unavailable")

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from runtime.kafka.error_chain import kafka_error_in
-from runtime.logging import configure_logging, get_logger, repair_chain
+from runtime.logging import _describe_link, configure_logging, get_logger, repair_chain
 
 
 def _system_error_with_raw_link(code: int) -> SystemError:
@@ -62,3 +62,18 @@ def test_a_log_line_with_such_an_exception_is_written() -> None:
     line = json.loads(stream.getvalue().strip().splitlines()[-1])
     assert line["event"] == "failed"
     assert "SystemError" in line["exception"]
+
+
+class _Unreadable:
+    """A link whose text cannot be read (a C call refused while the library
+    has an error pending raises SystemError)."""
+
+    def __str__(self) -> str:
+        raise SystemError("returned a result with an exception set")
+
+
+def test_a_link_whose_text_cannot_be_read_is_named_by_its_type() -> None:
+    # Python refuses such an object as a context from Python code, so the
+    # description is tested alone; repair_chain uses it for every link.
+    assert _describe_link(_Unreadable()) == "_Unreadable"
+    assert _describe_link(KafkaError(KafkaError._FATAL)).startswith("KafkaError: ")
