@@ -32,6 +32,7 @@ from runtime.collector.collector import RecordCollector
 from runtime.collector.output import OutputChannel
 from runtime.config import StreamsConfig
 from runtime.kafka.clients import (
+    LIBRDKAFKA_PREFETCH,
     consume_available,
     consumer_config,
     fetch_resumed_now,
@@ -132,6 +133,16 @@ class StreamThread(threading.Thread):
         consumer_settings = consumer_config(
             config, self.assignment_strategy, {"error_cb": self._on_client_error}
         )
+        # librdkafka's own prefetch, not the runtime's (sized to its input
+        # buffers because its polling thread runs ahead of processing and
+        # pauses often): a stream thread consumes what it processes and
+        # rarely pauses, and the reference must not move with a runtime
+        # tuning. Measured (quiet, 3 rounds, 2,000,000-record stateful count
+        # at 1 thread): 287-312k records/s with these, 229-246k with the
+        # runtime's. A `consumer.*` setting still wins.
+        for key, value in LIBRDKAFKA_PREFETCH.items():
+            if key not in config.consumer_overrides:
+                consumer_settings[key] = value
         consumer_settings["client.id"] = f"{prefix}-consumer"
         restore_settings = restore_consumer_config(config)
         restore_settings["client.id"] = f"{prefix}-restore-consumer"

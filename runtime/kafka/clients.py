@@ -14,7 +14,7 @@ immutable config only).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -64,42 +64,49 @@ def assignment_strategy(topology: Topology) -> str:
     return "range" if multi_source else "cooperative-sticky"
 
 
-# The main consumer's max.partition.fetch.bytes while named queries of
-# different priorities run (unless `consumer.max.partition.fetch.bytes` is
-# set). See `partition_fetch_bytes`.
-PRIORITY_PARTITION_FETCH_BYTES = 65_536
+# The main consumer's prefetch per partition unless `consumer.*` says
+# otherwise (see `input_prefetch`).
+INPUT_PARTITION_FETCH_BYTES = 65_536
+
+# librdkafka's defaults for the settings `input_prefetch` changes (for a
+# consumer that wants them back: the benchmarks' thread-per-client baseline).
+LIBRDKAFKA_PREFETCH = {"max.partition.fetch.bytes": 1_048_576, "queued.min.messages": 100_000}
 
 
-def partition_fetch_bytes(configured: object, priorities: Iterable[int]) -> int | None:
-    """The main consumer's `max.partition.fetch.bytes`, decided at start-up.
+def input_prefetch(config: StreamsConfig) -> dict[str, int]:
+    """The main consumer's prefetch settings, sized to the input buffers.
 
-    A full input buffer pauses its partition, which drops what librdkafka had
-    prefetched for it; each resume then fetches up to this many bytes again
-    (librdkafka's 1 MiB: some 15,000 small records) and all of it is parsed
-    and queued in the consumer's one queue, where a higher-priority query's
-    record waits behind it. Measured beside a CPU-bound query's backlog (one
-    quiet run, Apache Kafka, 2 cores): the light query's p99 was 3.75x of
-    running alone at 1 MiB, 2.13x at 256 KiB, 1.72x at 64 KiB, heavy
-    throughput unchanged. So: None (keep `configured`, or librdkafka's
-    default) when the user set it or the priorities are all equal;
-    `PRIORITY_PARTITION_FETCH_BYTES` while queries of different priorities
-    run from the start (the consumer's settings are fixed once it exists: a
-    query added later does not change them). Pure; any thread.
+    A full input buffer pauses its partition, and pausing makes librdkafka
+    drop what it had prefetched for it; the resume fetches it all again. At
+    librdkafka's defaults (1 MiB a fetch, 100,000 records queued per
+    partition) a partition paused at `buffered.records.per.partition` and
+    resumed at half of it refetched and parsed some 15,000 small records for
+    every 2,500 it kept: on a stateful count over a backlog librdkafka's
+    fetch thread spent 4.1 s of CPU per 3,000,000 records against 1.0 s for
+    the thread-per-client baseline, whose consumer rarely runs ahead of its
+    processing. So a fetch brings at most `INPUT_PARTITION_FETCH_BYTES` a
+    partition (also what keeps a low-priority query's refill from holding up
+    a higher-priority record in the consumer's one queue: measured p99 3.75x
+    of running alone at 1 MiB, 1.72x at 64 KiB), and librdkafka stops
+    fetching a partition once it holds what its buffer takes at a resume
+    (half the bound). A setting the user gave (`consumer.max.partition.fetch.bytes`,
+    `consumer.queued.min.messages`) wins. Pure; any thread.
     """
-    if configured is not None or len(set(priorities)) <= 1:
-        return None
-    return PRIORITY_PARTITION_FETCH_BYTES
+    overrides = config.consumer_overrides
+    settings: dict[str, int] = {}
+    if "max.partition.fetch.bytes" not in overrides:
+        settings["max.partition.fetch.bytes"] = INPUT_PARTITION_FETCH_BYTES
+    if "queued.min.messages" not in overrides:
+        settings["queued.min.messages"] = max(1, config.buffered_records_per_partition // 2)
+    return settings
 
 
 def consumer_config(
     config: StreamsConfig,
     assignment_strategy: str,
     callbacks: dict[str, Any],
-    query_priorities: Iterable[int] = (),
 ) -> dict[str, Any]:
-    """The main consumer's settings; `query_priorities`: the named queries'
-    priorities at start-up (different ones lower the partition fetch size,
-    see `partition_fetch_bytes`)."""
+    """The main consumer's settings (prefetch: see `input_prefetch`)."""
     settings: dict[str, Any] = {
         "bootstrap.servers": config.bootstrap_servers,
         "group.id": config.application_id,
@@ -131,12 +138,8 @@ def consumer_config(
         # (runtime.polling.expansion).
         "topic.metadata.refresh.interval.ms": config.partition_check_interval_ms,
     }
+    settings.update(input_prefetch(config))
     settings.update(config.consumer_overrides)
-    fetch_bytes = partition_fetch_bytes(
-        config.consumer_overrides.get("max.partition.fetch.bytes"), query_priorities
-    )
-    if fetch_bytes is not None:
-        settings["max.partition.fetch.bytes"] = fetch_bytes
     if str(settings.get("group.protocol", "classic")).lower() == "consumer":
         _use_consumer_group_protocol(settings, assignment_strategy)
     settings.update(_FORCED_CONSUMER)

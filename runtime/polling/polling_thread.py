@@ -130,8 +130,7 @@ class PollingThread(threading.Thread):
             task_manager,
             lambda: self._stop_event.is_set() or self._commit_now.is_set(),
         )
-        priorities = list(query_priorities)
-        self._input.tune(priorities)
+        self._input.tune(list(query_priorities))
         self._abort = False  # stop without the final commit (a fatal error)
         self._last_commit = time.monotonic()
         self._last_lag_refresh = 0.0
@@ -163,7 +162,6 @@ class PollingThread(threading.Thread):
             config,
             self.assignment_strategy,
             {"error_cb": self.health.on_client_error},
-            priorities,
         )
         self._consumer = Consumer(consumer_settings)
         session_timeout = consumer_settings.get("session.timeout.ms")

@@ -50,18 +50,20 @@ def test_a_chosen_remote_assignor_wins() -> None:
     assert consumer_config(cfg, "range", {})["group.remote.assignor"] == "uniform"
 
 
-def test_queries_of_different_priorities_fetch_smaller_slices_per_partition() -> None:
-    """A resumed partition of a low-priority query must not bring 1 MiB that a
-    high-priority record waits behind (runtime.processing.query_shares)."""
-    assert "max.partition.fetch.bytes" not in consumer_config(config(), "range", {})
-    same = consumer_config(config(), "range", {}, query_priorities=[5, 5])
-    assert "max.partition.fetch.bytes" not in same
-    differ = consumer_config(config(), "range", {}, query_priorities=[0, 10])
-    assert differ["max.partition.fetch.bytes"] == 65_536
-    Consumer({**differ, "group.id": "g"}).close()  # librdkafka takes it
+def test_the_prefetch_is_sized_to_the_input_buffers() -> None:
+    """A pause drops librdkafka's prefetch for the partition: it holds at most
+    what the buffer takes at a resume, and a fetch brings 64 KiB a partition
+    (runtime.kafka.clients.input_prefetch)."""
+    settings = consumer_config(config(**{"buffered.records.per.partition": 3000}), "range", {})
+    assert settings["max.partition.fetch.bytes"] == 65_536
+    assert settings["queued.min.messages"] == 1500
+    Consumer({**settings, "group.id": "g"}).close()  # librdkafka takes them
 
 
 def test_a_configured_partition_fetch_size_wins() -> None:
-    cfg = config(**{"consumer.max.partition.fetch.bytes": 1_048_576})
-    settings = consumer_config(cfg, "range", {}, query_priorities=[0, 10])
+    cfg = config(
+        **{"consumer.max.partition.fetch.bytes": 1_048_576, "consumer.queued.min.messages": 9}
+    )
+    settings = consumer_config(cfg, "range", {})
     assert settings["max.partition.fetch.bytes"] == 1_048_576
+    assert settings["queued.min.messages"] == 9
