@@ -273,6 +273,8 @@ class StreamThread(threading.Thread):
         if self._restorer.pending and self._gates.restore.is_set():
             self._restorer.restore()
             self._tasks.take_restored()
+        if self._tasks.unsought:  # a rewind waiting for its committed offsets
+            self._tasks.seek_unsought()
         if processing:
             self.process_round()
         self._output.serve()

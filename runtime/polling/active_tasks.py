@@ -22,6 +22,12 @@ and the same-numbered partition of another of them is not assigned here.
 `release_held` turns held partitions into tasks, from their committed
 offsets, once that changed.
 
+A rewound partition waits, paused and without a task, while the group's
+committed offsets cannot be read (`seek_unsought`, retried every loop turn):
+after a broker outage librdkafka may first need the loop to serve a lost
+assignment before it answers an offset lookup, so asking in a blocking retry
+loop never ends (seen: four 30 s timeouts in a row, then the app failed).
+
 Used by the polling thread only; `close`, `rewind` and `rewind_all` need every
 task locked (`Committer.tasks_locked`).
 """
@@ -32,7 +38,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Protocol
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from runtime.collector.output import OutputChannel
 from runtime.kafka.broker_health import Retrying
@@ -50,6 +56,10 @@ log = get_logger("runtime.tasks")
 # How long closing a restoring task waits for the restoration thread to let go
 # of its stores.
 _RESTORATION_RELEASE_S = 30.0
+
+# One attempt to read a rewound partition's committed offset: the polling
+# loop goes on (serving the group) between attempts.
+_COMMITTED_LOOKUP_S = 10.0
 
 
 class TaskRunner(Protocol):
@@ -105,6 +115,8 @@ class ActiveTasks:
         # still to pause (they are assigned only after the callback returns).
         self.held: set[tuple[str, int]] = set()
         self._to_pause: set[tuple[str, int]] = set()
+        # Rewound partitions waiting for their committed offsets (paused, no task).
+        self.unsought: list[TopicPartition] = []
         # Tasks created for partition numbers the app did not have at start-up,
         # each counted once: a rebalance or an aborted transaction closes and
         # re-creates a task, which is not another task created by an expansion.
@@ -192,6 +204,9 @@ class ActiveTasks:
         """
         created = 0
         registered: list[TopicPartition] = []
+        if self.unsought:  # assigned anew: they start from the commit anyway
+            new = {(tp.topic, tp.partition) for tp in partitions}
+            self.unsought = [tp for tp in self.unsought if (tp.topic, tp.partition) not in new]
         for tp in self._hold_back(partitions):
             sub_id = self._layout.subtopology_of.get(tp.topic)
             if sub_id is None:
@@ -285,8 +300,7 @@ class ActiveTasks:
         self.held -= {(tp.topic, tp.partition) for tp in ready}
         self._to_pause -= {(tp.topic, tp.partition) for tp in ready}
         # Records fetched while held were dropped: start again from the commit.
-        self._seek_to_committed(ready)
-        return self.create(ready)
+        return self._restart_from_committed(ready)
 
     def take_restored(self) -> None:
         """Give the tasks the restoration thread finished to the task manager."""
@@ -345,8 +359,7 @@ class ActiveTasks:
             return False
         partitions = self.assigned_partitions([task_id])
         self.close([task_id])
-        self._seek_to_committed(partitions)
-        self.create(partitions)
+        self._restart_from_committed(partitions)
         log.info("task_rewound", task_id=task_id)
         return True
 
@@ -357,9 +370,51 @@ class ActiveTasks:
         task_ids = [t for t in self._tasks if t not in self._restoring]
         partitions = self.assigned_partitions(task_ids)
         self.close(task_ids, discard_output=True)
-        self._seek_to_committed(partitions)
-        self.create(partitions)
+        self._restart_from_committed(partitions)
         return task_ids
+
+    def seek_unsought(self) -> bool:
+        """Seek rewound partitions to their committed offsets and make their
+        tasks again; True once none waits. A lookup that times out (or meets
+        another retriable error) leaves them paused for the next loop turn,
+        logged and shown in status as a retried call; any other error raises.
+        Partitions revoked or lost meanwhile are forgotten."""
+        return self._seek_unsought() is not None
+
+    def _seek_unsought(self) -> int | None:
+        """`seek_unsought`: the tasks it created, None while they wait."""
+        if not self.unsought:
+            return 0
+        assigned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+        partitions = [tp for tp in self.unsought if (tp.topic, tp.partition) in assigned]
+        self.unsought = []
+        if not partitions:
+            return 0
+        try:
+            committed = committed_offsets(
+                self._consumer, partitions, timeout_s=_COMMITTED_LOOKUP_S, budget_s=0.0
+            )
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if not (error.retriable() or error.code() == KafkaError._TIMED_OUT):
+                raise
+            self.unsought = partitions
+            log.warning(
+                "rewind_waits_for_committed_offsets",
+                partitions=[f"{tp.topic}-{tp.partition}" for tp in partitions],
+                error=error.str(),
+                action="paused; asked again next loop turn",
+            )
+            if self._retrying is not None:
+                self._retrying.note("committed_offsets")
+            return None
+        if self._retrying is not None:
+            self._retrying.clear()
+        for tp in committed:
+            # No committed offset yet: start where auto.offset.reset says.
+            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        return self.create(partitions)  # resumes them
 
     # --- helpers ------------------------------------------------------------------
 
@@ -391,15 +446,17 @@ class ActiveTasks:
         except (RuntimeError, KafkaException) as exc:  # a closed consumer
             log.debug("resume_skipped", error=str(exc))
 
-    def _seek_to_committed(self, partitions: list[TopicPartition]) -> None:
+    def _restart_from_committed(self, partitions: list[TopicPartition]) -> int:
+        """Tasks for `partitions` again, from the group's committed offsets
+        (now, or from a later loop turn: `seek_unsought`). Paused meanwhile,
+        so that nothing past the commit is fetched before the seek. Returns
+        the tasks created now."""
         if not partitions:
-            return
-        committed = committed_offsets(self._consumer, partitions, retrying=self._retrying)
-        for tp in committed:
-            # No committed offset yet: start where auto.offset.reset says.
-            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-            self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
-        self._consumer.resume(partitions)
+            return 0
+        self._consumer.pause(partitions)
+        known = {(tp.topic, tp.partition) for tp in self.unsought}
+        self.unsought += [tp for tp in partitions if (tp.topic, tp.partition) not in known]
+        return self._seek_unsought() or 0
 
     def _retire_counts(self, task: StreamTask) -> None:
         totals = self.closed_totals

@@ -323,6 +323,8 @@ class PollingThread(threading.Thread):
             self.resume_drained_partitions()
         if self.tasks.any_restoring:
             self.take_restored_tasks()
+        if self.tasks.unsought and self.tasks.seek_unsought():
+            self._update_owned()  # rewound tasks are back (runtime.polling.active_tasks)
         self.output.drain()
         self.output.serve()
         self.recover_broken_producer()

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from runtime import StreamsBuilder, serdes
 from runtime.kafka.topics import TopicLayout
@@ -78,6 +78,7 @@ class FakeConsumer:
         self.resumed: list[tuple[str, int]] = []
         self.paused: list[tuple[str, int]] = []
         self.assigned: set[tuple[str, int]] = set()
+        self.failed_lookups = 0  # lookups still to time out
 
     def assignment(self) -> list[TopicPartition]:
         return [TopicPartition(t, p) for t, p in sorted(self.assigned)]
@@ -86,6 +87,11 @@ class FakeConsumer:
         self.paused += [(tp.topic, tp.partition) for tp in partitions]
 
     def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        if self.failed_lookups:
+            self.failed_lookups -= 1
+            raise KafkaException(
+                KafkaError(KafkaError._TIMED_OUT, "Failed to get committed offsets")
+            )
         return [
             TopicPartition(
                 tp.topic, tp.partition, self._committed.get((tp.topic, tp.partition), -1001)
@@ -200,6 +206,7 @@ def test_rewind_seeks_to_the_committed_offset_and_recreates_the_task(
 ) -> None:
     tasks: ActiveTasks = parts["tasks"]
     tasks.create(tps(("words", 0), ("words", 1)))
+    parts["consumer"].assigned = {("words", 0), ("words", 1)}
     before = tasks.get("0_0")
     parts["consumer"].resumed.clear()
     assert tasks.rewind("0_0")
@@ -216,11 +223,53 @@ def test_rewind_all_starts_uncommitted_partitions_from_the_reset_policy(
     tasks: ActiveTasks = parts["tasks"]
     tasks.create(tps(("words", 0), ("words", 1)))
     tasks.get("0_1").send("copy", b"k", b"v", 1, None, 0)  # type: ignore[union-attr]
+    parts["consumer"].assigned = {("words", 0), ("words", 1)}
     rewound = tasks.rewind_all()
     assert sorted(rewound) == ["0_0", "0_1"]
     assert sorted(parts["consumer"].seeks) == [("words", 0, 41), ("words", 1, OFFSET_BEGINNING)]
     assert parts["output"].handed == [], "aborted work's output is dropped"
     assert sorted(parts["runner"].tasks) == ["0_0", "0_1"]
+
+
+def test_a_rewind_whose_offsets_cannot_be_read_waits_paused_for_a_later_turn(
+    parts: dict[str, Any],
+) -> None:
+    """After a broker outage the lookup can time out until the loop serves the
+    group: the partitions stay paused, without tasks, and the next turn's
+    attempt seeks and recreates them; nothing past the commit is fetched."""
+    tasks: ActiveTasks = parts["tasks"]
+    consumer = parts["consumer"]
+    tasks.create(tps(("words", 0), ("words", 1)))
+    consumer.assigned = {("words", 0), ("words", 1)}
+    consumer.failed_lookups = 2
+    consumer.resumed.clear()
+    tasks.rewind_all()
+    assert tasks.get("0_0") is None and tasks.get("0_1") is None
+    assert {("words", 0), ("words", 1)} <= set(consumer.paused)
+    assert consumer.seeks == [] and consumer.resumed == []
+    assert tasks.seek_unsought() is False  # the second timeout
+    assert tasks.seek_unsought() is True
+    assert sorted(consumer.seeks) == [("words", 0, 41), ("words", 1, OFFSET_BEGINNING)]
+    assert set(consumer.resumed) == {("words", 0), ("words", 1)}
+    assert tasks.get("0_0") is not None and tasks.get("0_1") is not None
+    assert tasks.unsought == []
+
+
+def test_a_waiting_rewind_forgets_partitions_lost_or_assigned_anew(
+    parts: dict[str, Any],
+) -> None:
+    tasks: ActiveTasks = parts["tasks"]
+    consumer = parts["consumer"]
+    tasks.create(tps(("words", 0), ("words", 1)))
+    consumer.assigned = {("words", 0), ("words", 1)}
+    consumer.failed_lookups = 1
+    tasks.rewind_all()
+    consumer.assigned = {("words", 1)}  # words-0 lost
+    tasks.create(tps(("words", 1)))  # words-1 assigned anew: from its commit
+    assert [(tp.topic, tp.partition) for tp in tasks.unsought] == [("words", 0)]
+    assert tasks.seek_unsought() is True
+    assert consumer.seeks == [] and tasks.unsought == []
+    assert tasks.get("0_0") is None and tasks.get("0_1") is not None
 
 
 def test_closed_tasks_keep_their_counts(parts: dict[str, Any]) -> None:
