@@ -154,7 +154,6 @@ def balance(
     if not eligible:
         return {}
     capacity = {i: members[i].capacity for i in eligible}
-    total_capacity = sum(capacity.values())
     groups: dict[str, list[str]] = {}
     for task in sorted(tasks):
         groups.setdefault(subtopology_of(task), []).append(task)
@@ -171,19 +170,21 @@ def balance(
         return 1 if task in previous.learners or task in previous.moves else 0
 
     for group in groups.values():
-        quota = {i: math.ceil(len(group) * capacity[i] / total_capacity) for i in eligible}
-        counts = dict.fromkeys(eligible, 0)
+        quota = _Quota(len(group), capacity)
+        counts = quota.counts
         unplaced = []
         for task in sorted(group, key=lambda t: (ease(t), t)):
             owner = current.get(task)
-            if owner in counts and counts[owner] < quota[owner]:
+            if owner in counts and quota.has_room(owner):
                 targets[task] = owner
-                counts[owner] += 1
+                quota.take(owner)
             else:
                 unplaced.append(task)
         for task in sorted(unplaced, key=lambda t: (-ease(t), t)):
+            # Members below their floor first: an extra never goes where a
+            # floor would then stay unfilled.
             choice = min(
-                (i for i in eligible if counts[i] < quota[i]),
+                quota.below_floor() or [i for i in eligible if quota.has_room(i)],
                 key=lambda i: (
                     counts[i] / capacity[i],
                     members[i].lags.get(task, math.inf),
@@ -193,7 +194,39 @@ def balance(
                 ),
             )
             targets[task] = choice
-            counts[choice] += 1
+            quota.take(choice)
         for i in eligible:
             totals[i] += counts[i]
     return targets
+
+
+class _Quota:
+    """How many tasks of one subtopology each member may take.
+
+    Each gets the whole part of its capacity's share (its floor) and some
+    one task beyond it, as many as the floors leave over. Ceilings alone
+    let 4 tasks sit 2:2:0 on three equal members (found by a prepare-leave
+    test: the third member stayed idle).
+    """
+
+    def __init__(self, tasks: int, capacity: Mapping[str, int]) -> None:
+        total = sum(capacity.values())
+        share = {i: tasks * c / total for i, c in capacity.items()}
+        self.floor = {i: math.floor(s) for i, s in share.items()}
+        self._can_exceed = {i for i, s in share.items() if s > self.floor[i]}
+        self._extras = tasks - sum(self.floor.values())
+        self.counts = dict.fromkeys(capacity, 0)
+
+    def has_room(self, member: str) -> bool:
+        count, floor = self.counts[member], self.floor[member]
+        return count < floor or (self._extras > 0 and count == floor and member in self._can_exceed)
+
+    def below_floor(self) -> list[str]:
+        """Members short of their floor: they come first, so an extra never
+        goes where a floor would then stay unfilled."""
+        return sorted(i for i, c in self.counts.items() if c < self.floor[i])
+
+    def take(self, member: str) -> None:
+        if self.counts[member] >= self.floor[member]:
+            self._extras -= 1
+        self.counts[member] += 1

@@ -72,6 +72,8 @@ class PlacerRole:
         self._last_membership = 0.0
         self._membership_sent_at = 0.0  # when the pending description was requested
         self._in_group_at = 0.0  # when the description in `_in_group` was requested
+        self._waiting: str | None = None  # why the last `place` made no plan (logged once)
+        self._members_seen: tuple[tuple[str, bool, int], ...] = ()  # logged when it changes
 
     def membership_changed(self) -> None:
         """A rebalance callback ran: describe the group again before placing."""
@@ -107,7 +109,9 @@ class PlacerRole:
     def place(self, local: LocalView) -> PlacementPlan | None:
         """Publish the next plan if it differs; the plan published, if any."""
         snapshot = self._status.snapshot
-        if not self._ready_to_place(local.member_id, snapshot):
+        waiting = self._not_ready_because(local.member_id, snapshot)
+        if waiting is not None:
+            self._note_waiting(waiting)
             return None
         in_group = self._in_group
         assert in_group is not None
@@ -126,10 +130,24 @@ class PlacerRole:
         }
         # This instance's own view is fresher than its status read back.
         members[local.instance_id] = local.member
+        seen = tuple(sorted((i, m.in_group, m.acked) for i, m in members.items()))
+        if seen != self._members_seen:
+            # Once per change: which instances the plans are made for.
+            self._members_seen = seen
+            log.info(
+                "placement_members",
+                members={i: {"in_group": g, "applied_plan": a} for i, g, a in seen},
+                group_size=len(in_group),
+            )
         previous = local.plan
         newest_ack = max((m.acked for m in members.values()), default=0)
         if newest_ack > previous.version:
-            return None  # a plan we have not read yet exists: wait for it
+            # A plan we have not read yet exists: wait for it.
+            self._note_waiting(
+                f"an instance applied plan {newest_ack}, this placer read up to {previous.version}"
+            )
+            return None
+        self._note_waiting(None)
         previous = self._with_scale_down(previous, members, snapshot)
         for instance_id in previous.leave & set(members):  # asked to leave: gets nothing
             members[instance_id] = dataclasses.replace(members[instance_id], leaving=True)
@@ -151,20 +169,37 @@ class PlacerRole:
         )
         return plan
 
-    def _ready_to_place(self, member_id: str, snapshot: StatusSnapshot) -> bool:
-        """Read the status topic up to where it was at election; membership known."""
+    def _not_ready_because(self, member_id: str, snapshot: StatusSnapshot) -> str | None:
+        """Why no plan can be made now (None: ready): the status topic must be
+        read up to where it was at election, and the membership known."""
         if self._ready_at is None:
-            return False
+            return "not elected"
         if snapshot.position < self._ready_at:
-            return False
+            return (
+                f"reading the status topic up to offset {self._ready_at} (where it was at election)"
+            )
         self._refresh_membership()
         if self._in_group is None or self._membership_stale:
-            return False
+            return "describing the group"
         # Not a zombie placer: our own member is in a recent description of
         # the group (a stalled placer's plans would be built on a stale view
         # and could collide in version with the new placer's).
-        fresh = time.monotonic() - self._in_group_at <= _MEMBERSHIP_MAX_AGE_S
-        return fresh and bool(member_id) and member_id in self._in_group
+        if time.monotonic() - self._in_group_at > _MEMBERSHIP_MAX_AGE_S:
+            return "the group's description is stale"
+        if not member_id or member_id not in self._in_group:
+            return "this member is not in the group's description"
+        return None
+
+    def _note_waiting(self, reason: str | None) -> None:
+        """Log why placing waits, once per reason (a placer that never plans
+        is otherwise silent), and when it goes on again."""
+        if reason == self._waiting:
+            return
+        if reason is not None:
+            log.info("placement_waiting", reason=reason)
+        elif self._waiting is not None:
+            log.info("placement_resumed", waited_for=self._waiting)
+        self._waiting = reason
 
     def _refresh_membership(self) -> None:
         """DescribeConsumerGroups without blocking: the member ids of the

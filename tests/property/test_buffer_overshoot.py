@@ -89,4 +89,4 @@ def test_the_bound_is_reached() -> None:
 
 def test_the_config_doc_states_the_bound() -> None:
     doc = KEYS["buffered.records.per.partition"].doc
-    assert "- 1 + `max.poll.records`" in doc and "1,499" in doc
+    assert "- 1 + `max.poll.records`" in doc and "5,999" in doc

@@ -222,7 +222,11 @@ def test_stable_placement_is_balanced_by_capacity(
         size = sum(1 for t in TASKS if subtopology_of(t) == group)
         for x in cluster.instances.values():
             count = sum(1 for t in x.active if subtopology_of(t) == group)
-            assert count <= math.ceil(size * x.capacity / total), (group, x.id, count)
+            share = size * x.capacity / total
+            # Never idle while its share is a whole task or more: with 4 tasks
+            # and 3 equal members, 2:2:0 keeps every count under the ceiling
+            # and left the third member idle (found by a prepare-leave test).
+            assert math.floor(share) <= count <= math.ceil(share), (group, x.id, count)
     assert cluster.running() == set(TASKS)
 
 

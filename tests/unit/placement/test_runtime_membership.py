@@ -176,14 +176,14 @@ def test_a_stalled_placer_does_not_place_from_a_stale_view_of_the_group(
     placer._in_group_at = time.monotonic()
     monkeypatch.setattr(placer, "_refresh_membership", lambda: None)
     snapshot = runtime._handovers.status.snapshot
-    assert placer._ready_to_place("m1", snapshot)
+    assert placer._not_ready_because("m1", snapshot) is None
     # Described before a stall longer than the session timeout: not fresh.
     placer._in_group_at = time.monotonic() - placer_role._MEMBERSHIP_MAX_AGE_S - 1
-    assert not placer._ready_to_place("m1", snapshot)
+    assert placer._not_ready_because("m1", snapshot) is not None
     # Fresh, but the group went on without this member.
     placer._in_group_at = time.monotonic()
     placer._in_group = frozenset({"m2"})
-    assert not placer._ready_to_place("m1", snapshot)
+    assert placer._not_ready_because("m1", snapshot) is not None
 
 
 def test_closing_the_consumer_is_no_lost_membership() -> None:
