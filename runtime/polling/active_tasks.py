@@ -358,6 +358,7 @@ class ActiveTasks:
         if task is None:
             return False
         partitions = self.assigned_partitions([task_id])
+        self._checkpoint_committed([task])
         self.close([task_id])
         self._restart_from_committed(partitions)
         log.info("task_rewound", task_id=task_id)
@@ -369,9 +370,25 @@ class ActiveTasks:
         are dropped. Returns the rewound task ids."""
         task_ids = [t for t in self._tasks if t not in self._restoring]
         partitions = self.assigned_partitions(task_ids)
+        self._checkpoint_committed([self._tasks[t] for t in task_ids])
         self.close(task_ids, discard_output=True)
         self._restart_from_committed(partitions)
         return task_ids
+
+    def _checkpoint_committed(self, tasks: list[StreamTask]) -> None:
+        """Before a rewind closes them: each task's checkpoint names the
+        positions of its last commit, which is what its stores hold (writes
+        since then were never applied). Otherwise the checkpoint can be up to
+        10,000 records old (`runtime.state.checkpoint`), the task made again
+        replays all of that, and if it moves before it has, its next owner
+        replays it too (seen: a rewind after a commit refused for the group's
+        new generation, then the move to a new process, restored a changelog
+        from its start). A failed write only makes that replay longer."""
+        for task in tasks:
+            try:
+                task.write_checkpoint()
+            except Exception as exc:  # noqa: BLE001 - the restore is longer, nothing is lost
+                log.warning("checkpoint_before_rewind_failed", task_id=task.id, error=str(exc))
 
     def seek_unsought(self) -> bool:
         """Seek rewound partitions to their committed offsets and make their

@@ -17,6 +17,7 @@ from runtime.processing.errors import ErrorPolicy
 from runtime.processing.task import StreamTask
 from runtime.processing.task_settings import TaskSettings
 from runtime.state.cache_budget import CacheBudget
+from runtime.state.checkpoint import checkpoint_path, read_checkpoint
 
 APP = "lifecycle"
 
@@ -229,6 +230,30 @@ def test_rewind_all_starts_uncommitted_partitions_from_the_reset_policy(
     assert sorted(parts["consumer"].seeks) == [("words", 0, 41), ("words", 1, OFFSET_BEGINNING)]
     assert parts["output"].handed == [], "aborted work's output is dropped"
     assert sorted(parts["runner"].tasks) == ["0_0", "0_1"]
+
+
+def test_a_rewind_checkpoints_the_last_commit_before_it_closes_the_task(
+    parts: dict[str, Any],
+) -> None:
+    """The task made again restores only past its last commit, not from an
+    older checkpoint (they are written every 10,000 records otherwise)."""
+    tasks: ActiveTasks = parts["tasks"]
+    tasks.create(tps(("clicks", 0)))
+    parts["consumer"].assigned = {("clicks", 0)}
+    parts["restorer"].finish("1_0")
+    tasks.take_restored()
+    task = tasks.get("1_0")
+    assert task is not None
+    changelog = (f"{APP}-clicks-changelog", 0)
+    for position in (77, 120):  # the first is written (a new changelog), the second deferred
+        task.prepare_commit()
+        task.post_commit({changelog: position}, offsets_committed=True, checkpoint_now=False)
+    assert read_checkpoint(checkpoint_path(task.directory)) == {changelog: 77}
+    tasks.rewind_all()
+    assert read_checkpoint(checkpoint_path(task.directory)) == {changelog: 120}
+    again = tasks.get("1_0")
+    assert again is not None and again is not task
+    assert again.restore_from == {changelog: 120}
 
 
 def test_a_rewind_whose_offsets_cannot_be_read_waits_paused_for_a_later_turn(
