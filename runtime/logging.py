@@ -96,6 +96,18 @@ def repair_chain(exc: BaseException) -> BaseException:
     return exc
 
 
+def log_failure(logger: FilteringBoundLogger, event: str, exc: BaseException) -> None:
+    """Log a thread's failure with its traceback (the chain repaired first),
+    or without the traceback if formatting it fails anyway: the line that
+    reports a failure must not become a second failure that hides the
+    first. Any thread."""
+    error = f"{type(exc).__name__}: {exc}"
+    try:
+        logger.error(event, error=error, exc_info=repair_chain(exc))
+    except Exception:  # noqa: BLE001 - a chain the formatter cannot read
+        logger.error(event, error=error, traceback="unavailable")
+
+
 def _describe_link(link: object) -> str:
     """`str(link)` (a KafkaError's reason), or its type's name when even
     that call fails."""

@@ -311,14 +311,18 @@ class ActiveTasks:
                 log.info("task_running", task_id=task.id, restored=task.restored_records)
 
     def close(self, task_ids: list[str], discard_output: bool = False) -> None:
-        """Remove and close tasks (clean: the caller committed them first).
+        """Remove and close tasks (clean: the caller committed them first;
+        or not: a rewind, partitions lost).
 
         Output made during close goes to the output channel, unless it
         belongs to an aborted transaction (`discard_output`).
         """
         for task_id in task_ids:
             task = self._tasks.pop(task_id)
+            restoring = task_id in self._restoring  # the restoration thread checkpoints those
             self._let_go(task)
+            if not restoring:
+                self._checkpoint_committed(task)
             try:
                 task.close()
             except Exception as exc:  # a user close() failing must not stop the rebalance
@@ -358,7 +362,6 @@ class ActiveTasks:
         if task is None:
             return False
         partitions = self.assigned_partitions([task_id])
-        self._checkpoint_committed([task])
         self.close([task_id])
         self._restart_from_committed(partitions)
         log.info("task_rewound", task_id=task_id)
@@ -370,25 +373,9 @@ class ActiveTasks:
         are dropped. Returns the rewound task ids."""
         task_ids = [t for t in self._tasks if t not in self._restoring]
         partitions = self.assigned_partitions(task_ids)
-        self._checkpoint_committed([self._tasks[t] for t in task_ids])
         self.close(task_ids, discard_output=True)
         self._restart_from_committed(partitions)
         return task_ids
-
-    def _checkpoint_committed(self, tasks: list[StreamTask]) -> None:
-        """Before a rewind closes them: each task's checkpoint names the
-        positions of its last commit, which is what its stores hold (writes
-        since then were never applied). Otherwise the checkpoint can be up to
-        10,000 records old (`runtime.state.checkpoint`), the task made again
-        replays all of that, and if it moves before it has, its next owner
-        replays it too (seen: a rewind after a commit refused for the group's
-        new generation, then the move to a new process, restored a changelog
-        from its start). A failed write only makes that replay longer."""
-        for task in tasks:
-            try:
-                task.write_checkpoint()
-            except Exception as exc:  # noqa: BLE001 - the restore is longer, nothing is lost
-                log.warning("checkpoint_before_rewind_failed", task_id=task.id, error=str(exc))
 
     def seek_unsought(self) -> bool:
         """Seek rewound partitions to their committed offsets and make their
@@ -462,6 +449,22 @@ class ActiveTasks:
             self._consumer.resume(partitions)
         except (RuntimeError, KafkaException) as exc:  # a closed consumer
             log.debug("resume_skipped", error=str(exc))
+
+    def _checkpoint_committed(self, task: StreamTask) -> None:
+        """Before a task closes: its checkpoint names the positions of its last
+        commit, which is what its stores hold (writes since then were never
+        applied). A clean close committed with a checkpoint just before, so
+        this writes nothing then; a rewind or a lost partition did not, and
+        the checkpoint could be up to 10,000 records old
+        (`runtime.state.checkpoint`): the task made again replayed all of
+        that, and if it moved before it had, its next owner replayed it too
+        (seen: a rewind after a commit refused for the group's new
+        generation, then the move to a new process, restored a changelog from
+        its start). A failed write only makes that replay longer."""
+        try:
+            task.write_checkpoint()
+        except Exception as exc:  # noqa: BLE001 - the restore is longer, nothing is lost
+            log.warning("checkpoint_at_close_failed", task_id=task.id, error=str(exc))
 
     def _restart_from_committed(self, partitions: list[TopicPartition]) -> int:
         """Tasks for `partitions` again, from the group's committed offsets

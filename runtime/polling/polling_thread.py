@@ -46,7 +46,7 @@ from runtime.kafka.clients import (
 )
 from runtime.kafka.consumer_release import close_in_background
 from runtime.kafka.topics import TopicLayout
-from runtime.logging import get_logger, repair_chain
+from runtime.logging import get_logger, log_failure
 from runtime.placement.parts import Handovers, PollingSide, RuntimePlacementSettings
 from runtime.placement.placer import PlacerSettings
 from runtime.placement.records import ShutdownRequest
@@ -281,7 +281,7 @@ class PollingThread(threading.Thread):
             # Recorded before anything that could fail in turn: the app must
             # end in ERROR with this failure, never NOT_RUNNING without it.
             self.fatal_error = exc
-            _log_failure("polling_thread_failed", repair_chain(exc))
+            log_failure(log, "polling_thread_failed", exc)
         finally:
             try:
                 self.query_changes.fail_pending(FatalError("the polling thread stopped"))
@@ -289,7 +289,7 @@ class PollingThread(threading.Thread):
             except Exception as exc:  # noqa: BLE001 - the thread ends either way
                 if self.fatal_error is None:
                     self.fatal_error = exc
-                _log_failure("polling_thread_close_failed", repair_chain(exc))
+                log_failure(log, "polling_thread_close_failed", exc)
             log.info("polling_thread_stopped")
 
     @property
@@ -673,14 +673,3 @@ class PollingThread(threading.Thread):
     def _processed_offset(self, topic: str, partition: int) -> int | None:
         task = self.tasks.get(self._layout.task_id(self._layout.subtopology_of[topic], partition))
         return task.processed_offsets.get(topic) if task is not None else None
-
-
-def _log_failure(event: str, exc: BaseException) -> None:
-    """Log `exc` with its traceback, or without it if formatting fails: the
-    line that reports a thread's failure must not become a second failure
-    that hides the first."""
-    error = f"{type(exc).__name__}: {exc}"
-    try:
-        log.error(event, error=error, exc_info=exc)
-    except Exception:  # noqa: BLE001 - a chain the formatter cannot read
-        log.error(event, error=error, traceback="unavailable")

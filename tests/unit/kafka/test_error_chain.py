@@ -11,7 +11,13 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from runtime.kafka.error_chain import kafka_error_in
-from runtime.logging import _describe_link, configure_logging, get_logger, repair_chain
+from runtime.logging import (
+    _describe_link,
+    configure_logging,
+    get_logger,
+    log_failure,
+    repair_chain,
+)
 
 
 def _system_error_with_raw_link(code: int) -> SystemError:
@@ -77,3 +83,17 @@ def test_a_link_whose_text_cannot_be_read_is_named_by_its_type() -> None:
     # description is tested alone; repair_chain uses it for every link.
     assert _describe_link(_Unreadable()) == "_Unreadable"
     assert _describe_link(KafkaError(KafkaError._FATAL)).startswith("KafkaError: ")
+
+
+def test_a_failure_is_logged_with_its_repaired_traceback() -> None:
+    stream = io.StringIO()
+    configure_logging(level="info", json=True, stream=stream)
+    exc = _system_error_with_raw_link(KafkaError._FATAL)
+    try:
+        log_failure(get_logger("test"), "thread_failed", exc)
+    finally:
+        configure_logging()
+    line = json.loads(stream.getvalue().strip().splitlines()[-1])
+    assert line["event"] == "thread_failed" and line["error"].startswith("SystemError")
+    assert "SystemError" in line["exception"]
+    assert isinstance(exc.__context__, RuntimeError)  # repaired in place
