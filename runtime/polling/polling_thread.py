@@ -60,6 +60,7 @@ from runtime.polling.input_buffers import InputBuffers
 from runtime.polling.input_wait import InputWait
 from runtime.polling.lag import LagTracker
 from runtime.polling.query_changes import QueryChanges
+from runtime.polling.rebalance_wait import RebalanceCommitWait
 from runtime.polling.stall_watch import StallWatch
 from runtime.polling.startup import StartupProgress
 from runtime.polling.status_and_standbys import TaskPlacement
@@ -157,6 +158,9 @@ class PollingThread(threading.Thread):
         # topic only, with cooperative-sticky (runtime.placement.runtime_assignment).
         self.assignment_strategy = (
             "cooperative-sticky" if runtime_placed else assignment_strategy(topology)
+        )
+        self._rebalance_wait = RebalanceCommitWait(
+            not runtime_placed and self.assignment_strategy == "cooperative-sticky"
         )
         consumer_settings = consumer_config(
             config,
@@ -437,7 +441,11 @@ class PollingThread(threading.Thread):
     # --- commits --------------------------------------------------------------
 
     def maybe_commit(self) -> None:
-        due = time.monotonic() - self._last_commit >= self._config.commit_interval_ms / 1000.0
+        now = time.monotonic()
+        transactions = self.output.transactions
+        if self._rebalance_wait.holds(now, transactions.timeout_s if transactions else None):
+            return
+        due = now - self._last_commit >= self._config.commit_interval_ms / 1000.0
         if due or self._commit_now.is_set() or self.tasks.commit_requested():
             self._commit_now.clear()
             self.commit_all("interval" if due else "requested")
@@ -563,6 +571,7 @@ class PollingThread(threading.Thread):
         if self._consumer_released:
             return
         self.joined = True
+        self._rebalance_wait.assigned()
         try:
             if self.runtime is not None:
                 self.runtime.on_assign(partitions)
@@ -590,6 +599,7 @@ class PollingThread(threading.Thread):
                 self.runtime.on_revoke(partitions)
                 return
             self._hooks.on_revoking()
+            self._rebalance_wait.revoked(len(partitions))
             affected = self.tasks.of(partitions)
             log.info("partitions_revoked", partitions=len(partitions), tasks=affected)
             if not affected:
