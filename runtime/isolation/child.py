@@ -8,7 +8,8 @@ Protocol (JSON lines; the parent's side is runtime.isolation.process): the
 daemon writes a `ChildSpec` line, then commands (`{"cmd": "pause" |
 "resume" | "stop"}`, and requests `{"cmd": "request", "id": n, "op": ...}`
 answered by a `reply` event: `status`, `metrics`, `threads.add`,
-`threads.remove`, `threads.set`, `pause`, `resume`, `prepare_leave`) on stdin; the child
+`threads.remove`, `threads.set`, `pause`, `resume`, `prepare_leave`, and a
+worker's `query.add|remove|pause|resume`) on stdin; the child
 writes events on stdout: `started`, `status` (every `STATUS_INTERVAL_S`),
 `failed` (start-up or the app failed), `reply`. Logs go to stderr, which
 the child shares with the daemon; each line says whose it is. stdin closing (the daemon died, even by kill -9) stops the child
@@ -133,6 +134,39 @@ def _request(app: Any, op: str, message: dict[str, Any]) -> Any:
     if op == "prepare_leave":
         app.prepare_leave()  # the process exits 0 once its tasks are handed over
         return None
+    if op.startswith("query."):
+        return _query_request(app, op, message)
+    raise ValueError(f"unknown request {op!r}")
+
+
+def _query_request(app: Any, op: str, message: dict[str, Any]) -> Any:
+    """A worker's part of the pool's named-query changes
+    (runtime.isolation.pool_queries); a thread-isolated query always."""
+    from runtime.topology.loading import load_topology
+
+    name = str(message["name"])
+    timeout = float(message.get("timeout") or 60.0)
+    if op == "query.add":
+        app.add_query(
+            name,
+            load_topology(str(message["source"])),
+            priority=message.get("priority"),
+            weight=message.get("weight"),
+            max_threads=message.get("max_threads"),
+            timeout=timeout,
+            source=str(message["source"]),
+            isolation="thread",
+        )
+        return None
+    if op == "query.remove":
+        app.remove_query(name, reset=bool(message.get("reset")), timeout=timeout)
+        return None
+    if op == "query.pause":
+        app.pause_query(name)
+        return None
+    if op == "query.resume":
+        app.resume_query(name)
+        return None
     raise ValueError(f"unknown request {op!r}")
 
 
@@ -148,9 +182,11 @@ def _start(spec: Any) -> Any:
     if spec.role == WORKER_ROLE:
         # One log stream: every line says which process wrote it.
         configure_logging(config.log_level, fields={"process": f"p{spec.slot}", "pid": os.getpid()})
-        worker = App(load_topology(spec.source, named=True), config, source=spec.source)
+        worker = App(_worker_topology(spec), config, source=spec.source)
         # Paused before it starts, as the daemon's other processes are: a task
         # moving here must not run for a moment before a `pause` reaches it.
+        for name in spec.queries_paused:
+            worker.pause_query(name)
         if spec.paused_all:
             worker.pause()
         for task_id in spec.paused_tasks:
@@ -165,6 +201,21 @@ def _start(spec: Any) -> Any:
     app = App(topology, config, isolated_query=spec.query)
     app.start()
     return app
+
+
+def _worker_topology(spec: Any) -> Any:
+    """The topology a worker starts with: its source, with the named queries
+    added and removed at runtime since the daemon started (their settings
+    are in the config, runtime.isolation.pool_queries)."""
+    from runtime.topology.loading import load_topology
+
+    loaded = load_topology(spec.source, named=True)
+    if not (spec.queries_added or spec.queries_removed) or not isinstance(loaded, dict):
+        return loaded
+    queries = {name: t for name, t in loaded.items() if name not in spec.queries_removed}
+    for added in spec.queries_added:
+        queries[added["name"]] = load_topology(added["source"])
+    return queries
 
 
 def _run(app: Any, spec: Any, out: IO[str], lock: threading.Lock, stop: threading.Event) -> int:

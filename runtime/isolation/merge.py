@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from runtime.status import AppStatus, ProcessStatus
+from runtime.status import AppStatus, ProcessStatus, QueryStatus
 
 # AppStatus fields that are counts: the daemon's is the sum of its processes'.
 _SUMMED = (
@@ -92,8 +92,43 @@ def merge_statuses(
         waiting_for=_waiting_for(parts),
         processes=tuple(rows),
         global_stores=global_stores,
+        queries=_merge_queries(parts),
         **merged,
     )
+
+
+def _merge_queries(parts: Sequence[tuple[str, AppStatus]]) -> tuple[QueryStatus, ...]:
+    """Each named query once: it runs in every process (thread isolation),
+    each with its share of the query's tasks. Counts summed, the worst p99,
+    FAILED if it failed in any process (the first failure named), PAUSED
+    only where every process has it paused; busy shares over the sums."""
+    by_name: dict[str, list[QueryStatus]] = {}
+    for _, status in parts:
+        for query in status.queries:
+            by_name.setdefault(query.name, []).append(query)
+    busy = {name: sum(q.busy_seconds for q in rows) for name, rows in by_name.items()}
+    total_busy = sum(busy.values())
+    merged = []
+    for name, rows in by_name.items():
+        failed = [q for q in rows if q.state == "FAILED"]
+        paused = all(q.state == "PAUSED" for q in rows)
+        state = "FAILED" if failed else "PAUSED" if paused else "RUNNING"
+        p99s = [q.p99_latency_ms for q in rows if q.p99_latency_ms is not None]
+        merged.append(
+            dataclasses.replace(
+                rows[0],
+                state=state,
+                tasks=sum(q.tasks for q in rows),
+                processed=sum(q.processed for q in rows),
+                records_per_s=sum(q.records_per_s for q in rows),
+                busy_seconds=busy[name],
+                busy_share=busy[name] / total_busy if total_busy else 0.0,
+                lag=sum(q.lag for q in rows),
+                p99_latency_ms=max(p99s) if p99s else None,
+                failure=failed[0].failure if failed else None,
+            )
+        )
+    return tuple(merged)
 
 
 def _waiting_for(parts: Sequence[tuple[str, AppStatus]]) -> str | None:

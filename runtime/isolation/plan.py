@@ -67,6 +67,12 @@ class ChildSpec:
     # (`pause` before a slot was started or restarted must hold in it too).
     paused_all: bool = False
     paused_tasks: tuple[str, ...] = ()
+    # A worker starts with the named queries as the daemon's other processes
+    # run them now: added, removed and paused at runtime
+    # (runtime.isolation.pool_queries).
+    queries_added: tuple[dict[str, Any], ...] = ()
+    queries_removed: tuple[str, ...] = ()
+    queries_paused: tuple[str, ...] = ()
 
     def to_line(self) -> str:
         return json.dumps(self.__dict__) + "\n"
@@ -74,7 +80,8 @@ class ChildSpec:
     @classmethod
     def from_line(cls, line: str) -> ChildSpec:
         fields = json.loads(line)
-        fields["paused_tasks"] = tuple(fields.get("paused_tasks", ()))
+        for name in ("paused_tasks", "queries_added", "queries_removed", "queries_paused"):
+            fields[name] = tuple(fields.get(name, ()))
         return cls(**fields)
 
 

@@ -8,7 +8,9 @@ identity (`worker_spec`: client.id `-p<i>`, its own transactional id). The
 supervisor owns no Kafka client. The pool looks like an `App` to the admin
 loop (runtime.admin.daemon): `state`, `wait`, `close`, `status` (its
 processes' statuses merged, runtime.isolation.merge), the thread calls
-(forwarded to every process), `failure`; and adds the process calls
+(forwarded to every process), the named-query calls (carried to every
+process and remembered for the ones started later,
+runtime.isolation.pool_queries), `failure`; and adds the process calls
 (`add_process`, `remove_process`, `set_processes`).
 
 The gunicorn arbiter's shape: the wanted count is one number, and one
@@ -37,6 +39,7 @@ from typing import Any
 from runtime.config import ConfigError, StreamsConfig
 from runtime.isolation.merge import merge_statuses
 from runtime.isolation.plan import PROCESS, isolation_of, worker_spec
+from runtime.isolation.pool_queries import AddedQuery, PoolQueries, apply_to_config
 from runtime.isolation.process import ChildProcess
 from runtime.isolation.slots import STABLE_UPTIME_S, Slot, exit_reason, restart_delay_ms
 from runtime.lifecycle import AppState, IllegalStateError
@@ -108,6 +111,7 @@ class WorkerPool:
         self.instance_id = f"{config.client_id}-{uuid.uuid4().hex[:12]}"
         self._started_at: float | None = None
         self._asker = ThreadPoolExecutor(max_workers=8, thread_name_prefix="pool-ask")
+        self._queries = PoolQueries(self._ask_each, self._running_slot_names)
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -199,8 +203,11 @@ class WorkerPool:
             worker_spec(self.config, self._source, slot.index, self.instance_id),
             paused_all=self._paused_all,
             paused_tasks=tuple(sorted(self._paused_tasks)),
+            **self._queries.spec_fields(),
         )
         spec.config["processing.threads"] = self._threads
+        for added in spec.queries_added:
+            apply_to_config(spec.config, added)
         # The handlers get the child too: a slot started again has a new
         # one, and the old one's last lines must not count as the new one's.
         holder: list[ChildProcess] = []
@@ -528,10 +535,78 @@ class WorkerPool:
         answers = self._ask_all("prepare_leave")
         log.info("prepare_leave_requested", processes=sorted(answers))
 
-    def _no_queries(self, *_args: Any, **_kwargs: Any) -> None:
-        raise RuntimeError(
-            "named queries cannot be added, removed, paused or resumed at runtime in a daemon "
-            "with processes > 1 yet; restart it with the new topology"
-        )
+    # --- named queries (runtime.isolation.pool_queries) --------------------------
 
-    add_query = remove_query = pause_query = resume_query = _no_queries
+    def add_query(
+        self,
+        name: str,
+        topology: Any = None,
+        *,
+        priority: int | None = None,
+        weight: int | None = None,
+        max_threads: int | None = None,
+        timeout: float = 60.0,
+        source: str | None = None,
+        isolation: str | None = None,
+    ) -> None:
+        """`App.add_query` in every process: each imports `source`
+        ('module:attr', required here: a Topology object cannot cross
+        processes; `topology` is not used). Raises RuntimeError with the
+        reason of the process that refused it."""
+        if source is None:
+            raise IllegalStateError(
+                f"add_query({name!r}) in a daemon with processes > 1 needs source="
+                "'module:attr': each processing process imports the query from it"
+            )
+        self._require_live("add_query()")
+        query = AddedQuery(name, source, priority, weight, max_threads)
+        self._queries.add(query, isolation or isolation_of(self.config, name), timeout)
+
+    def remove_query(self, name: str, reset: bool = False, timeout: float = 60.0) -> None:
+        """`App.remove_query` in every process (with `reset`, the last one resets)."""
+        self._require_live("remove_query()")
+        self._queries.remove(name, reset, timeout)
+
+    def pause_query(self, name: str) -> None:
+        self._require_live("pause_query()")
+        self._queries.pause(name)
+
+    def resume_query(self, name: str) -> None:
+        self._require_live("resume_query()")
+        self._queries.resume(name)
+
+    def _require_live(self, call: str) -> None:
+        with self._lock:
+            if self._closing.is_set() or self._state not in _LIVE:
+                raise IllegalStateError(f"{call} needs a running daemon, it is {self.state}")
+
+    def _running_slot_names(self) -> list[str]:
+        with self._lock:
+            slots = sorted(self._slots.values(), key=lambda s: s.index)
+            return [s.name for s in slots if s.up and s.child is not None and not s.removing]
+
+    def _ask_each(
+        self, op: str, wait_s: float, names: list[str] | None, **fields: Any
+    ) -> dict[str, Any]:
+        """Ask the named running processes (None: all) `op` at once; slot
+        name -> result. Raises RuntimeError naming each that failed."""
+        with self._lock:
+            children = {
+                s.name: s.child
+                for s in self._slots.values()
+                if s.up and s.child is not None and (names is None or s.name in names)
+            }
+        futures = {
+            name: self._asker.submit(child.request, op, wait_s, **fields)
+            for name, child in sorted(children.items())
+        }
+        answers: dict[str, Any] = {}
+        failures: list[str] = []
+        for name, future in futures.items():
+            try:
+                answers[name] = future.result()
+            except Exception as exc:
+                failures.append(f"{name}: {exc}")
+        if failures:
+            raise RuntimeError("; ".join(failures))
+        return answers

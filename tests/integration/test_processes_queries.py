@@ -1,0 +1,121 @@
+"""Named queries changed at runtime in a daemon with `processes` > 1, on a real broker.
+
+The daemon runs the named queries `main` and `side` in two processing
+processes (exactly_once_v2). Through its one admin socket a query is added
+(each process imports it), paused, resumed and removed; the processes the
+supervisor restarts after kill -9 start with the queries as they are at that
+moment, not as the daemon started (runtime.isolation.pool_queries).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
+from tests.process_run import PARTITIONS, Run, alive
+
+pytestmark = pytest.mark.integration
+
+SOURCE = "tests.apps.isolated_app:queries"  # `main` and `side`: copies
+EXTRA = "tests.apps.query_app:topology"  # copies STREAMS_TEST_QUERY_INPUT to ..._OUTPUT
+
+
+@pytest.fixture
+def run(bootstrap: str, tmp_path: Path) -> Iterator[Run]:
+    run = Run(bootstrap, tmp_path, SOURCE)
+    topics = {}
+    for name in ("MAIN", "SIDE", "QUERY"):
+        for end in ("INPUT", "OUTPUT"):
+            topic = unique_name(f"pq-{name.lower()}-{end.lower()}")
+            create_topic(bootstrap, topic, PARTITIONS)
+            topics[f"STREAMS_TEST_{name}_{end}"] = topic
+    run.env.update(topics)
+    yield run
+    if run.daemon is not None:
+        run.daemon.kill()
+
+
+def queries(run: Run) -> dict[str, dict[str, Any]]:
+    return {q["name"]: q for q in run.ask("status")["queries"]}
+
+
+def copied(run: Run, expected: int) -> int:
+    """How many records the `extra` query's output holds (committed)."""
+    out = consume_all(run.bootstrap, run.env["STREAMS_TEST_QUERY_OUTPUT"], expected=expected)
+    return len(out)
+
+
+def kill_and_wait_restart(run: Run, tasks: int) -> None:
+    """kill -9 each processing process in turn; each comes back in its slot."""
+    for victim in run.processes():
+        os.kill(victim["pid"], signal.SIGKILL)
+        wait_until(lambda pid=victim["pid"]: not alive(pid), 10)
+
+        def restarted(v: dict[str, Any] = victim) -> bool:
+            row = next(r for r in run.processes() if r["name"] == v["name"])
+            return row["restarts"] == v["restarts"] + 1 and row["pid"] not in (None, v["pid"])
+
+        wait_until(restarted, 60, interval=0.2, message=f"{victim['name']} not restarted")
+        run.wait_running(2, tasks=tasks)
+
+
+def test_a_query_added_paused_resumed_and_removed_in_every_process_and_kept_across_restarts(
+    run: Run,
+) -> None:
+    extra_in = run.env["STREAMS_TEST_QUERY_INPUT"]
+    run.start()
+    run.wait_running(2, tasks=2 * PARTITIONS)
+    assert set(queries(run)) == {"main", "side"}
+
+    answer = run.ask("query.add", name="extra", target=EXTRA, priority=1, timeout=60)
+    assert "extra" in {q["name"] for q in answer["queries"]}
+    run.wait_running(2, tasks=3 * PARTITIONS)
+    row = queries(run)["extra"]
+    assert row["tasks"] == PARTITIONS and row["priority"] == 1 and row["state"] == "RUNNING"
+    produce(run.bootstrap, extra_in, ((f"k{i}", f"a{i}") for i in range(200)))
+    assert copied(run, 200) == 200
+
+    # Paused in every process: its input waits (lag), nothing is copied.
+    run.ask("query.pause", name="extra")
+    assert queries(run)["extra"]["state"] == "PAUSED"
+    produce(run.bootstrap, extra_in, ((f"k{i}", f"b{i}") for i in range(100)))
+    wait_until(lambda: queries(run)["extra"]["lag"] == 100, 60, message="no lag while paused")
+    assert copied(run, 200) == 200
+    run.ask("query.resume", name="extra")
+    assert copied(run, 300) == 300
+
+    # Both processes die and come back: each starts with `extra` (and its
+    # priority): the output takes the next records, exactly once.
+    kill_and_wait_restart(run, tasks=3 * PARTITIONS)
+    assert queries(run)["extra"]["priority"] == 1
+    produce(run.bootstrap, extra_in, ((f"k{i}", f"c{i}") for i in range(100)))
+    assert copied(run, 400) == 400
+
+    # Removed everywhere; a process restarted after that does not bring it back.
+    answer = run.ask("query.remove", name="extra", timeout=60)
+    assert {q["name"] for q in answer["queries"]} == {"main", "side"}
+    run.wait_running(2, tasks=2 * PARTITIONS)
+    kill_and_wait_restart(run, tasks=2 * PARTITIONS)
+    assert set(queries(run)) == {"main", "side"}
+    produce(run.bootstrap, extra_in, ((f"k{i}", f"d{i}") for i in range(50)))
+    main_in = run.env["STREAMS_TEST_MAIN_INPUT"]
+    produce(run.bootstrap, main_in, ((f"k{i}", f"m{i}") for i in range(50)))
+    main_out = run.env["STREAMS_TEST_MAIN_OUTPUT"]
+    assert len(consume_all(run.bootstrap, main_out, expected=50)) == 50
+    assert copied(run, 400) == 400  # the removed query copied nothing more
+    run.stop()
+
+
+def test_a_process_isolated_query_is_refused_with_the_reason(run: Run) -> None:
+    run.start()
+    run.wait_running(2, tasks=2 * PARTITIONS)
+    with pytest.raises(Exception, match="isolation 'process' is not supported"):
+        run.ask("query.add", name="extra", target=EXTRA, isolation="process")
+    assert set(queries(run)) == {"main", "side"}
+    run.stop()
