@@ -97,6 +97,24 @@ class Run:
         wait_until(ready, timeout, interval=0.3, message=f"not {count} running processes")
         return self.processes()
 
+    def kill_and_wait_restart(
+        self, victim: dict[str, Any], tasks: int = PARTITIONS
+    ) -> list[dict[str, Any]]:
+        """kill -9 the processing process of row `victim`; wait until the
+        supervisor restarted it in its slot and every process runs again."""
+        os.kill(victim["pid"], signal.SIGKILL)
+        wait_until(lambda: not alive(victim["pid"]), 10)
+
+        def restarted() -> bool:
+            row = next(r for r in self.processes() if r["name"] == victim["name"])
+            return bool(
+                row["restarts"] == victim["restarts"] + 1
+                and row["pid"] not in (None, victim["pid"])
+            )
+
+        wait_until(restarted, 60, interval=0.2, message=f"{victim['name']} not restarted")
+        return self.wait_running(2, tasks=tasks)
+
     def stop(self) -> None:
         daemon = self.daemon
         if daemon is not None and daemon.alive():

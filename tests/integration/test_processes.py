@@ -19,7 +19,6 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -162,15 +161,7 @@ def test_kill_9_of_a_processing_process_is_restarted_and_loses_and_duplicates_no
             victim = rows[kill % 2]
             before = run.ask("status")["processed"]
             wait_until(lambda b=before: run.ask("status")["processed"] > b + 100, 60)
-            os.kill(victim["pid"], signal.SIGKILL)
-            wait_until(lambda pid=victim["pid"]: not alive(pid), 10)
-
-            def restarted(v: dict[str, Any] = victim) -> bool:
-                row = next(r for r in run.processes() if r["name"] == v["name"])
-                return row["restarts"] == v["restarts"] + 1 and row["pid"] not in (None, v["pid"])
-
-            wait_until(restarted, 60, interval=0.2, message=f"{victim['name']} not restarted")
-            rows = run.wait_running(2)
+            rows = run.kill_and_wait_restart(victim)
             last_exit = next(r for r in rows if r["name"] == victim["name"])["last_exit"]
             assert last_exit is not None and "SIGKILL" in last_exit
         feeder.stop()

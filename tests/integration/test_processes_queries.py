@@ -9,8 +9,6 @@ moment, not as the daemon started (runtime.isolation.pool_queries).
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
-from tests.process_run import PARTITIONS, Run, alive
+from tests.process_run import PARTITIONS, Run
 
 pytestmark = pytest.mark.integration
 
@@ -51,18 +49,10 @@ def copied(run: Run, expected: int) -> int:
     return len(out)
 
 
-def kill_and_wait_restart(run: Run, tasks: int) -> None:
+def kill_each(run: Run, tasks: int) -> None:
     """kill -9 each processing process in turn; each comes back in its slot."""
     for victim in run.processes():
-        os.kill(victim["pid"], signal.SIGKILL)
-        wait_until(lambda pid=victim["pid"]: not alive(pid), 10)
-
-        def restarted(v: dict[str, Any] = victim) -> bool:
-            row = next(r for r in run.processes() if r["name"] == v["name"])
-            return row["restarts"] == v["restarts"] + 1 and row["pid"] not in (None, v["pid"])
-
-        wait_until(restarted, 60, interval=0.2, message=f"{victim['name']} not restarted")
-        run.wait_running(2, tasks=tasks)
+        run.kill_and_wait_restart(victim, tasks=tasks)
 
 
 def test_a_query_added_paused_resumed_and_removed_in_every_process_and_kept_across_restarts(
@@ -92,7 +82,7 @@ def test_a_query_added_paused_resumed_and_removed_in_every_process_and_kept_acro
 
     # Both processes die and come back: each starts with `extra` (and its
     # priority): the output takes the next records, exactly once.
-    kill_and_wait_restart(run, tasks=3 * PARTITIONS)
+    kill_each(run, tasks=3 * PARTITIONS)
     assert queries(run)["extra"]["priority"] == 1
     produce(run.bootstrap, extra_in, ((f"k{i}", f"c{i}") for i in range(100)))
     assert copied(run, 400) == 400
@@ -101,7 +91,7 @@ def test_a_query_added_paused_resumed_and_removed_in_every_process_and_kept_acro
     answer = run.ask("query.remove", name="extra", timeout=60)
     assert {q["name"] for q in answer["queries"]} == {"main", "side"}
     run.wait_running(2, tasks=2 * PARTITIONS)
-    kill_and_wait_restart(run, tasks=2 * PARTITIONS)
+    kill_each(run, tasks=2 * PARTITIONS)
     assert set(queries(run)) == {"main", "side"}
     produce(run.bootstrap, extra_in, ((f"k{i}", f"d{i}") for i in range(50)))
     main_in = run.env["STREAMS_TEST_MAIN_INPUT"]
