@@ -464,6 +464,13 @@ class App:
         """
         self._queries.remove(name, reset, timeout)
 
+    def rewind_query_input(self, name: str, topology: Topology, timeout: float = 60.0) -> None:
+        """Commit this app's group offsets of `topology`'s input back to the
+        start: the reset of query `name` that runs in a process of its own
+        (a daemon with processes > 1 asks one processing process,
+        runtime.isolation.pool_queries). Any thread but the app's own."""
+        self._queries.rewind_daemon_offsets(name, topology, timeout)
+
     def pause_query(self, name: str) -> None:
         """Stop scheduling a named query's tasks (input buffers up to its bound)."""
         self._queries.pause(name)

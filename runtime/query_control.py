@@ -142,6 +142,11 @@ class NamedQueries:
         with self._lock:
             return {name: q.topology for name, q in self._queries.items() if not q.in_process}
 
+    def in_process(self) -> dict[str, Topology]:
+        """The queries that run in the app's own process (isolation=thread)."""
+        with self._lock:
+            return {name: q.topology for name, q in self._queries.items() if q.in_process}
+
     def add(
         self, name: str, topology: Topology, share: QueryShare, in_process: bool = True
     ) -> None:

@@ -164,6 +164,10 @@ def _query_request(app: Any, op: str, message: dict[str, Any]) -> Any:
     if op == "query.pause":
         app.pause_query(name)
         return None
+    if op == "query.rewind":
+        loaded = load_topology(str(message["source"]), named=True)
+        app.rewind_query_input(name, loaded[name] if isinstance(loaded, dict) else loaded, timeout)
+        return None
     if op == "query.resume":
         app.resume_query(name)
         return None

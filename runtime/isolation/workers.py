@@ -36,10 +36,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from runtime.config import ConfigError, StreamsConfig
+from runtime.config import StreamsConfig
 from runtime.isolation.merge import merge_statuses
-from runtime.isolation.plan import PROCESS, isolation_of, worker_spec
-from runtime.isolation.pool_queries import AddedQuery, PoolQueries, apply_to_config
+from runtime.isolation.plan import isolation_of, worker_spec
+from runtime.isolation.pool_queries import AddedQuery, PoolQueries, worker_config
 from runtime.isolation.process import ChildProcess
 from runtime.isolation.slots import STABLE_UPTIME_S, Slot, exit_reason, restart_delay_ms
 from runtime.lifecycle import AppState, IllegalStateError
@@ -82,13 +82,6 @@ class WorkerPool:
         """`source`: 'module:attr' of the topology (each process imports it);
         `processes`: how many to start (default `config.processes`);
         `child_factory`: makes a slot's `ChildProcess` (a test's fake)."""
-        for name in config.query_settings:
-            if isolation_of(config, name) == PROCESS:
-                raise ConfigError(
-                    f"query.{name}.isolation",
-                    "'process' is not supported together with processes > 1 yet: run the "
-                    "query with isolation=thread (it then runs in every processing process)",
-                )
         worker_spec(config, source, 0)  # a config that cannot be passed on fails here
         self.config = config
         self._source = source
@@ -111,7 +104,8 @@ class WorkerPool:
         self.instance_id = f"{config.client_id}-{uuid.uuid4().hex[:12]}"
         self._started_at: float | None = None
         self._asker = ThreadPoolExecutor(max_workers=8, thread_name_prefix="pool-ask")
-        self._queries = PoolQueries(self._ask_each, self._running_slot_names)
+        # Imports the topology here if a query runs in a process of its own.
+        self._queries = PoolQueries(config, source, self._ask_each, self._running_slot_names)
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -139,6 +133,7 @@ class WorkerPool:
             processes=self._wanted,
             pids=[s.child.pid for s in slots if s.child],
         )
+        self._queries.start_isolated(START_TIMEOUT_S)
         threading.Thread(target=self._reconcile_loop, name="pool-reconcile", daemon=True).start()
 
     def _fail_start(self) -> None:
@@ -164,6 +159,7 @@ class WorkerPool:
         for child in children:
             child.request_stop()
         deadline = time.monotonic() + timeout
+        self._queries.stop_isolated(timeout)
         stopped = True
         for child in children:
             if not child.wait(max(0.0, deadline - time.monotonic())):
@@ -199,15 +195,15 @@ class WorkerPool:
         return slot
 
     def _launch(self, slot: Slot) -> Slot:
+        queries = self._queries.spec_fields()
         spec = dataclasses.replace(
             worker_spec(self.config, self._source, slot.index, self.instance_id),
             paused_all=self._paused_all,
             paused_tasks=tuple(sorted(self._paused_tasks)),
-            **self._queries.spec_fields(),
+            **queries,
         )
         spec.config["processing.threads"] = self._threads
-        for added in spec.queries_added:
-            apply_to_config(spec.config, added)
+        worker_config(spec.config, queries)
         # The handlers get the child too: a slot started again has a new
         # one, and the old one's last lines must not count as the new one's.
         holder: list[ChildProcess] = []
@@ -458,7 +454,11 @@ class WorkerPool:
             "processing_guarantee": self.config.processing_guarantee,
             "failure": None if self.failure is None else str(self.failure),
         }
-        return merge_statuses(base, self.process_rows(), statuses)
+        merged = merge_statuses(base, self.process_rows(), statuses)
+        isolated = self._queries.isolated_statuses()
+        return (
+            dataclasses.replace(merged, queries=merged.queries + isolated) if isolated else merged
+        )
 
     def expositions(self) -> dict[str, str]:
         """Each running process's `/metrics` text (runtime.isolation.pool_metrics)."""
@@ -551,8 +551,10 @@ class WorkerPool:
     ) -> None:
         """`App.add_query` in every process: each imports `source`
         ('module:attr', required here: a Topology object cannot cross
-        processes; `topology` is not used). Raises RuntimeError with the
-        reason of the process that refused it."""
+        processes; `topology`, if given, is what the supervisor checks a
+        process-isolated query with). Raises RuntimeError with the reason of
+        the process that refused it (QueryError and the like for a query in
+        a process of its own, as `App.add_query`)."""
         if source is None:
             raise IllegalStateError(
                 f"add_query({name!r}) in a daemon with processes > 1 needs source="
@@ -560,7 +562,7 @@ class WorkerPool:
             )
         self._require_live("add_query()")
         query = AddedQuery(name, source, priority, weight, max_threads)
-        self._queries.add(query, isolation or isolation_of(self.config, name), timeout)
+        self._queries.add(query, topology, isolation or isolation_of(self.config, name), timeout)
 
     def remove_query(self, name: str, reset: bool = False, timeout: float = 60.0) -> None:
         """`App.remove_query` in every process (with `reset`, the last one resets)."""

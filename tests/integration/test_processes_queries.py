@@ -9,6 +9,8 @@ moment, not as the daemon started (runtime.isolation.pool_queries).
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.kafka_helpers import consume_all, create_topic, produce, unique_name, wait_until
-from tests.process_run import PARTITIONS, Run
+from tests.process_run import PARTITIONS, Run, alive
 
 pytestmark = pytest.mark.integration
 
@@ -102,10 +104,39 @@ def test_a_query_added_paused_resumed_and_removed_in_every_process_and_kept_acro
     run.stop()
 
 
-def test_a_process_isolated_query_is_refused_with_the_reason(run: Run) -> None:
+def test_a_query_in_a_process_of_its_own_runs_once_for_the_daemon(run: Run) -> None:
+    """`query.side.isolation=process`: the supervisor runs `side` in one
+    child; the processing processes start without it. kill -9 of that child
+    fails `side` alone and `query resume` starts it again, exactly once; a
+    query added with `--isolation process` runs so too and is removed with
+    its reset."""
+    run.sets["query.side.isolation"] = "process"
+    side_in, side_out = run.env["STREAMS_TEST_SIDE_INPUT"], run.env["STREAMS_TEST_SIDE_OUTPUT"]
     run.start()
-    run.wait_running(2, tasks=2 * PARTITIONS)
-    with pytest.raises(Exception, match="isolation 'process' is not supported"):
-        run.ask("query.add", name="extra", target=EXTRA, isolation="process")
-    assert set(queries(run)) == {"main", "side"}
+    workers = {r["pid"] for r in run.wait_running(2, tasks=PARTITIONS)}  # `main` alone
+    side = queries(run)["side"]
+    assert side["isolation"] == "process" and side["state"] == "RUNNING"
+    assert side["pid"] not in workers and alive(side["pid"])
+    produce(run.bootstrap, side_in, ((f"k{i}", f"a{i}") for i in range(100)))
+    assert len(consume_all(run.bootstrap, side_out, expected=100)) == 100
+
+    os.kill(side["pid"], signal.SIGKILL)
+    wait_until(lambda: queries(run)["side"]["state"] == "FAILED", 60, message="not FAILED")
+    assert {r["pid"] for r in run.processes()} == workers  # the processing processes stay
+    produce(run.bootstrap, side_in, ((f"k{i}", f"b{i}") for i in range(50)))
+    run.ask("query.resume", name="side")
+    wait_until(lambda: queries(run)["side"]["state"] == "RUNNING", 60, message="not resumed")
+    values = sorted(m.value or b"" for m in consume_all(run.bootstrap, side_out, expected=150))
+    assert values == sorted(
+        [f"a{i}".encode() for i in range(100)] + [f"b{i}".encode() for i in range(50)]
+    ), "lost or duplicated records"
+
+    run.ask("query.add", name="extra", target=EXTRA, isolation="process", timeout=90)
+    extra = queries(run)["extra"]
+    assert extra["isolation"] == "process" and extra["pid"] not in workers | {side["pid"]}
+    produce(run.bootstrap, run.env["STREAMS_TEST_QUERY_INPUT"], ((f"k{i}", "x") for i in range(80)))
+    assert copied(run, 80) == 80
+    answer = run.ask("query.remove", name="extra", reset=True, timeout=60)
+    assert {q["name"] for q in answer["queries"]} == {"main", "side"}
+    wait_until(lambda: not alive(extra["pid"]), 30, message="the removed query's child lives on")
     run.stop()

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from runtime.config import StreamsConfig
 from runtime.isolation.merge import merge_statuses
 from runtime.isolation.plan import ChildSpec
-from runtime.isolation.pool_queries import AddedQuery, PoolQueries, apply_to_config
+from runtime.isolation.pool_queries import AddedQuery, PoolQueries, worker_config
 from runtime.status import AppStatus, QueryStatus
-from runtime.topology.named_queries import QueryError
 
 
 class FakeProcesses:
@@ -29,16 +29,19 @@ class FakeProcesses:
         return {n: None for n in asked}
 
 
+CONFIG = StreamsConfig.from_dict({"application.id": "app", "bootstrap.servers": "localhost:1"})
+
+
 def pool(
     names: list[str], refuse: dict[str, str] | None = None
 ) -> tuple[PoolQueries, FakeProcesses]:
     fake = FakeProcesses(names, refuse)
-    return PoolQueries(fake.ask_each, lambda: list(fake.names)), fake
+    return PoolQueries(CONFIG, "m:queries", fake.ask_each, lambda: list(fake.names)), fake
 
 
 def test_an_add_goes_to_one_process_first_then_to_the_rest_and_is_remembered() -> None:
     queries, fake = pool(["p0", "p1", "p2"])
-    queries.add(AddedQuery("extra", "m:t", priority=2), None, 30.0)
+    queries.add(AddedQuery("extra", "m:t", priority=2), None, None, 30.0)
     assert [(op, asked) for op, asked, _ in fake.calls] == [
         ("query.add", ("p0",)),
         ("query.add", ("p1", "p2")),
@@ -48,15 +51,16 @@ def test_an_add_goes_to_one_process_first_then_to_the_rest_and_is_remembered() -
     assert fields["queries_added"] == (
         {"name": "extra", "source": "m:t", "priority": 2, "weight": None, "max_threads": None},
     )
-    raw: dict[str, Any] = {}
-    apply_to_config(raw, fields["queries_added"][0])
-    assert raw == {"query.extra.priority": 2}
+    raw: dict[str, Any] = {"query.side.priority": 1, "query.main.weight": 2}
+    worker_config(raw, {**fields, "queries_removed": ("side",)})
+    # A removed query's keys go (a key naming no query is refused at start).
+    assert raw == {"query.extra.priority": 2, "query.main.weight": 2}
 
 
 def test_an_add_refused_by_the_first_process_changes_nothing_anywhere() -> None:
     queries, fake = pool(["p0", "p1"], refuse={"p0": "QueryError: name in use"})
     with pytest.raises(RuntimeError, match="p0: QueryError: name in use"):
-        queries.add(AddedQuery("extra", "m:t"), None, 30.0)
+        queries.add(AddedQuery("extra", "m:t"), None, None, 30.0)
     assert [asked for _, asked, _ in fake.calls] == [("p0",)]
     assert queries.spec_fields()["queries_added"] == ()
 
@@ -64,20 +68,13 @@ def test_an_add_refused_by_the_first_process_changes_nothing_anywhere() -> None:
 def test_an_add_failing_in_a_later_process_is_kept_for_its_restart() -> None:
     queries, _ = pool(["p0", "p1"], refuse={"p1": "did not answer"})
     with pytest.raises(RuntimeError, match="p1: did not answer"):
-        queries.add(AddedQuery("extra", "m:t"), None, 30.0)
+        queries.add(AddedQuery("extra", "m:t"), None, None, 30.0)
     assert [q["name"] for q in queries.spec_fields()["queries_added"]] == ["extra"]
-
-
-def test_process_isolation_is_refused_before_any_process_is_asked() -> None:
-    queries, fake = pool(["p0", "p1"])
-    with pytest.raises(QueryError, match="isolation 'process' is not supported"):
-        queries.add(AddedQuery("extra", "m:t"), "process", 30.0)
-    assert fake.calls == []
 
 
 def test_a_reset_runs_in_the_last_process_after_every_other_removed_the_query() -> None:
     queries, fake = pool(["p0", "p1", "p2"])
-    queries.add(AddedQuery("extra", "m:t"), None, 30.0)
+    queries.add(AddedQuery("extra", "m:t"), None, None, 30.0)
     fake.calls.clear()
     queries.remove("extra", reset=True, timeout=30.0)
     assert [(asked, f["reset"]) for _, asked, f in fake.calls] == [
@@ -164,3 +161,26 @@ def test_the_daemon_status_lists_each_query_once_with_the_processes_sums() -> No
     )
     assert main.p99_latency_ms == 9.0 and main.busy_share == pytest.approx(0.75)
     assert (side.state, side.tasks, side.processed) == ("PAUSED", 4, 3)
+
+
+def test_a_query_isolated_at_start_is_left_out_of_the_processing_processes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("MAIN", "SIDE"):
+        monkeypatch.setenv(f"STREAMS_TEST_{name}_INPUT", f"{name.lower()}-in")
+        monkeypatch.setenv(f"STREAMS_TEST_{name}_OUTPUT", f"{name.lower()}-out")
+    config = StreamsConfig.from_dict(
+        {**CONFIG.raw, "query.side.isolation": "process", "query.side.priority": 3}
+    )
+    fake = FakeProcesses(["p0", "p1"])
+    queries = PoolQueries(config, "tests.apps.isolated_app:queries", fake.ask_each, lambda: ["p0"])
+    fields = queries.spec_fields()
+    assert fields["queries_removed"] == ("side",)
+    raw = {"query.side.isolation": "process", "query.side.priority": 3}
+    worker_config(raw, fields)
+    assert raw == {}  # a processing process must not read keys of a query it does not run
+    (row,) = queries.isolated_statuses()
+    assert (row.name, row.isolation, row.priority, row.pid) == ("side", "process", 3, None)
+    with pytest.raises(RuntimeError, match="already runs"):
+        queries.add(AddedQuery("side", "m:t"), None, None, 30.0)
+    assert fake.calls == []
