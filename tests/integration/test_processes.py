@@ -316,13 +316,16 @@ def test_a_benchmark_can_run_k_processes_from_python_and_read_their_totals(
     pool = WorkerPool(config, PASSTHROUGH)
     pool.start()
     try:
-        wait_until(lambda: pool.progress().processed == 2000, 60, message="not all processed")
-        assert pool.progress().consumed == 2000
+        # at_least_once: a commit refused at the second process's join may
+        # have a record processed (and consumed) twice; never fewer.
+        wait_until(lambda: pool.progress().processed >= 2000, 60, message="not all processed")
+        assert pool.progress().consumed >= 2000
         assert len([r for r in pool.process_rows() if r.up]) == 2
     finally:
         assert pool.close(60)
     assert str(pool.state) == "NOT_RUNNING"
-    assert len(consume_all(bootstrap, topic_out, expected=2000)) == 2000
+    values = {int(m.value or b"-1") for m in consume_all(bootstrap, topic_out, expected=2000)}
+    assert values == set(range(2000))
 
 
 def test_a_process_that_cannot_start_fails_the_daemons_start_with_its_reason(
