@@ -40,6 +40,8 @@ from runtime.placement.status_view import StatusSnapshot, StatusTopicView
 log = get_logger("runtime.placement")
 
 _PLACE_INTERVAL_S = 0.1
+# How long one lookup of the status topic's end offset may block the polling thread.
+_STATUS_END_TIMEOUT_S = 2.0
 _MEMBERSHIP_INTERVAL_S = 2.0
 # A placer places only from a group description requested this recently: one
 # older may predate a stall of this process (SIGSTOP, a long GC pause), after
@@ -63,6 +65,7 @@ class PlacerRole:
         self._coordination = coordination
         self.is_placer = False
         self._ready_at: int | None = None  # status-topic offset to read first
+        self._status_end_error = ""  # why `_ready_at` is not known yet
         self._last_place = 0.0
         # The group's membership, described for rule (b).
         self._admin: AdminClient | None = None
@@ -85,10 +88,27 @@ class PlacerRole:
         is paused: plans come from the restoration thread's reading)."""
         consumer = self._polling.consumer
         consumer.pause([self._coordination])
-        _low, high = consumer.get_watermark_offsets(self._coordination, timeout=10)
         self.is_placer = True
-        self._ready_at = high
+        self._ready_at = None
+        high = self._status_end()
         log.info("placer_elected", instance_id=instance_id, read_status_up_to=high)
+
+    def _status_end(self) -> int | None:
+        """Where the status topic ends, which the placer reads up to before its
+        first plan; None while the broker cannot say (a leader being elected,
+        a broker away: seen as NOT_LEADER_FOR_PARTITION on a topic created a
+        moment ago). Asked again at the next `place` then: an error here, in
+        the rebalance callback, must not fail the app."""
+        if self._ready_at is None:
+            try:
+                _low, high = self._polling.consumer.get_watermark_offsets(
+                    self._coordination, timeout=_STATUS_END_TIMEOUT_S
+                )
+            except KafkaException as exc:
+                self._status_end_error = str(exc)
+                return None
+            self._ready_at = int(high)
+        return self._ready_at
 
     def step_down(self, reason: str) -> None:
         """No more plans from here; the ones produced are flushed before the
@@ -172,8 +192,11 @@ class PlacerRole:
     def _not_ready_because(self, member_id: str, snapshot: StatusSnapshot) -> str | None:
         """Why no plan can be made now (None: ready): the status topic must be
         read up to where it was at election, and the membership known."""
-        if self._ready_at is None:
+        if not self.is_placer:
             return "not elected"
+        if self._status_end() is None:
+            return f"the status topic's end offset (asked again; {self._status_end_error})"
+        assert self._ready_at is not None
         if snapshot.position < self._ready_at:
             return (
                 f"reading the status topic up to offset {self._ready_at} (where it was at election)"

@@ -195,3 +195,32 @@ def test_closing_the_consumer_is_no_lost_membership() -> None:
     runtime.on_assign([TopicPartition(STATUS, 0)])
     assert not runtime.check_membership()
     assert not dropped and tasks.ids() == {"0_0", "0_1"} and runtime.instance_id == "i"
+
+
+def test_an_election_while_the_status_topic_has_no_leader_waits_instead_of_failing(
+    monkeypatch: Any,
+) -> None:
+    """Seen on Kafka: the coordination partition of a topic created a moment
+    ago answered NOT_LEADER_FOR_PARTITION to the end-offset lookup inside the
+    assignment callback, and the instance failed. Now the placer is elected,
+    waits, and asks again at the next `place`."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    answers: list[Any] = [KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)), (0, 3)]
+
+    def watermarks(tp: TopicPartition, timeout: float) -> tuple[int, int]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    runtime, consumer, _, _ = make()
+    placer = runtime.placer
+    placer.step_down("test")
+    monkeypatch.setattr(consumer, "get_watermark_offsets", watermarks)
+    placer.elected("i")  # no exception out of the callback
+    assert placer.is_placer
+    snapshot = runtime._handovers.status.snapshot
+    waiting = placer._not_ready_because("m1", snapshot)
+    assert waiting is not None and "reading the status topic up to offset 3" in waiting
+    assert not answers  # asked once more, and known from then on
