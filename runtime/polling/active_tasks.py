@@ -418,6 +418,12 @@ class ActiveTasks:
             # No committed offset yet: start where auto.offset.reset says.
             offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        # Where each partition starts again: what a reader of a rewind (an
+        # abort, a fenced producer) needs to tell replayed input from new.
+        log.info(
+            "rewound_to_committed",
+            offsets={f"{tp.topic}-{tp.partition}": tp.offset for tp in committed},
+        )
         return self.create(partitions)  # resumes them
 
     # --- helpers ------------------------------------------------------------------
