@@ -196,10 +196,17 @@ def test_wipe_and_reopen_keep_the_store_registered(tmp_path: Path) -> None:
 def test_many_stores_stay_within_the_shared_budget(tmp_path: Path) -> None:
     """128 stores, each written in commits (10,000 keys of 200 bytes: 2 MB,
     256 MB in all), then read back: the shared cache, memtables included,
-    never holds more than the 32 MiB budget (checked after every commit
-    round, and on a reader thread meanwhile; see the 1% below), and the
-    memtables stay within their share."""
+    never holds more than the 32 MiB budget plus what pinned entries may
+    add (checked after every commit round, and on a reader thread meanwhile;
+    see `over` below), and the memtables stay within their share."""
     budget = 32 * MIB
+    # RocksDB's LRU cache is sharded (64 shards of 512 KiB at 32 MiB) and not
+    # strict: a shard whose entries are all pinned (memtable reservations of
+    # 256 KiB, blocks being read) goes over its part. Measured: alone, never
+    # over; on a loaded machine 0.4% over, and once 0.7 MiB (2.2%) over in a
+    # CI run with three test workers. A constant, not a share of the budget:
+    # the overshoot is a few shards' pinned entries whatever the budget.
+    over = MIB
     memory = RocksDBMemory(RocksDBMemorySettings(memory_bytes=budget, write_buffer_ratio=0.25))
     stores = [
         RocksDBKeyValueStore(f"s{i}", tmp_path / f"0_{i}" / "rocksdb" / f"s{i}", memory)
@@ -223,29 +230,25 @@ def test_many_stores_stay_within_the_shared_budget(tmp_path: Path) -> None:
                 for k in range(1000):
                     store.put((round_ * 1000 + k).to_bytes(8, "big"), value)
                 store.commit()
-            assert memory.cache_usage() <= budget * 1.01
+            assert memory.cache_usage() <= budget + over
         for store in stores:
             for k in range(0, 10_000, 7):
                 assert store.get(k.to_bytes(8, "big")) == value
-        assert memory.cache_usage() <= budget * 1.01
+        assert memory.cache_usage() <= budget + over
         figures = read_figures(memory)
     finally:
         stop.set()
         watcher.join()
         for store in stores:
             store.close()
-    # RocksDB's LRU cache is sharded (64 shards of 512 KiB at 32 MiB) and not
-    # strict: a shard whose entries are all pinned (memtable reservations of
-    # 256 KiB, blocks being read) goes over its part. Measured: at most 0.4%
-    # over, on a loaded machine (flushes late); alone, never over.
-    assert 0 < peaks["cache"] <= budget * 1.01, peaks
+    assert 0 < peaks["cache"] <= budget + over, peaks
     assert memory.forced_flushes > 0
     # The write-buffer manager flushes past 90% of its share; one memtable
     # being filled may overshoot it briefly by its arena blocks.
     assert peaks["memtables"] <= budget * 0.25 * 1.25, peaks
     assert len(figures.stores) == 128
     assert sum(s.estimated_keys for s in figures.stores) >= 128 * 9_000
-    assert figures.block_cache_usage_bytes <= figures.memory_bytes * 1.01
+    assert figures.block_cache_usage_bytes <= figures.memory_bytes + over
     assert figures.memory_bytes == budget
 
 
