@@ -422,25 +422,48 @@ class WorkerPool:
         self, op: str, wait_s: float = _REQUEST_TIMEOUT_S, **fields: Any
     ) -> dict[str, Any]:
         """Ask every running process `op` at once; slot name -> its result
-        (the ones that did not answer are left out)."""
+        (the ones that did not answer are left out, logged)."""
+        answers, failures = self._ask(op, wait_s, None, fields)
+        for name, error in failures.items():
+            log.info("process_request_failed", slot=name, op=op, error=error)
+        return answers
+
+    def _ask_each(
+        self, op: str, wait_s: float, names: list[str] | None, **fields: Any
+    ) -> dict[str, Any]:
+        """`_ask_all` of the named processes (None: all) that fails when one
+        did: RuntimeError naming each that failed."""
+        answers, failures = self._ask(op, wait_s, names, fields)
+        if failures:
+            raise RuntimeError("; ".join(f"{name}: {error}" for name, error in failures.items()))
+        return answers
+
+    def _ask(
+        self, op: str, wait_s: float, names: list[str] | None, fields: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """Ask the running processes (`names`, None: all) at once; their
+        answers and their failures, by slot name."""
         with self._lock:
             children = {
-                s.name: s.child for s in self._slots.values() if s.up and s.child is not None
+                s.name: s.child
+                for s in self._slots.values()
+                if s.up and s.child is not None and (names is None or s.name in names)
             }
         try:
             futures = {
                 name: self._asker.submit(child.request, op, wait_s, **fields)
-                for name, child in children.items()
+                for name, child in sorted(children.items())
             }
         except RuntimeError:  # closed: its executor takes no more work
-            return {}
+            return {}, {}
         answers: dict[str, Any] = {}
+        failures: dict[str, str] = {}
         for name, future in futures.items():
             try:
                 answers[name] = future.result()
             except Exception as exc:
-                log.info("process_request_failed", slot=name, op=op, error=str(exc))
-        return answers
+                failures[name] = str(exc)
+        return answers, failures
 
     def status(self) -> AppStatus:
         answers = self._ask_all("status")
@@ -586,29 +609,3 @@ class WorkerPool:
         with self._lock:
             slots = sorted(self._slots.values(), key=lambda s: s.index)
             return [s.name for s in slots if s.up and s.child is not None and not s.removing]
-
-    def _ask_each(
-        self, op: str, wait_s: float, names: list[str] | None, **fields: Any
-    ) -> dict[str, Any]:
-        """Ask the named running processes (None: all) `op` at once; slot
-        name -> result. Raises RuntimeError naming each that failed."""
-        with self._lock:
-            children = {
-                s.name: s.child
-                for s in self._slots.values()
-                if s.up and s.child is not None and (names is None or s.name in names)
-            }
-        futures = {
-            name: self._asker.submit(child.request, op, wait_s, **fields)
-            for name, child in sorted(children.items())
-        }
-        answers: dict[str, Any] = {}
-        failures: list[str] = []
-        for name, future in futures.items():
-            try:
-                answers[name] = future.result()
-            except Exception as exc:
-                failures.append(f"{name}: {exc}")
-        if failures:
-            raise RuntimeError("; ".join(failures))
-        return answers

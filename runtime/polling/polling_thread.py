@@ -159,9 +159,6 @@ class PollingThread(threading.Thread):
         self.assignment_strategy = (
             "cooperative-sticky" if runtime_placed else assignment_strategy(topology)
         )
-        self._rebalance_wait = RebalanceCommitWait(
-            not runtime_placed and self.assignment_strategy == "cooperative-sticky"
-        )
         consumer_settings = consumer_config(
             config,
             self.assignment_strategy,
@@ -183,6 +180,11 @@ class PollingThread(threading.Thread):
             retrying=self.health.retrying,
         )
         self.committer = Committer(task_manager, self.output, self._consumer, lambda: self._abort)
+        transactions = self.output.transactions
+        self._rebalance_wait = RebalanceCommitWait(
+            not runtime_placed and self.assignment_strategy == "cooperative-sticky",
+            transactions.timeout_s if transactions is not None else None,
+        )
         # The status topic as the restoration thread's loop reads it (one
         # snapshot a decision), shared by standby placement and placement.
         status_view = status_view or StatusTopicView()
@@ -442,8 +444,7 @@ class PollingThread(threading.Thread):
 
     def maybe_commit(self) -> None:
         now = time.monotonic()
-        transactions = self.output.transactions
-        if self._rebalance_wait.holds(now, transactions.timeout_s if transactions else None):
+        if self._rebalance_wait.holds(now):
             return
         due = now - self._last_commit >= self._config.commit_interval_ms / 1000.0
         if due or self._commit_now.is_set() or self.tasks.commit_requested():

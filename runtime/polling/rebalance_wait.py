@@ -33,8 +33,12 @@ WAIT_S = 10.0
 class RebalanceCommitWait:
     """Whether a regular commit waits for the rebalance's next round."""
 
-    def __init__(self, cooperative: bool) -> None:
+    def __init__(self, cooperative: bool, transaction_timeout_s: float | None) -> None:
+        """`transaction_timeout_s`: the producer's (exactly_once_v2), else None."""
         self._cooperative = cooperative
+        self._limit_s = (
+            WAIT_S if transaction_timeout_s is None else min(WAIT_S, transaction_timeout_s / 2)
+        )
         self._since: float | None = None
 
     def revoked(self, partitions: int) -> None:
@@ -46,13 +50,12 @@ class RebalanceCommitWait:
         """An assignment was served: the rebalance is complete."""
         self._since = None
 
-    def holds(self, now: float, transaction_timeout_s: float | None) -> bool:
+    def holds(self, now: float) -> bool:
         """True while a regular commit should wait (bounded, module docstring)."""
         since = self._since
         if since is None:
             return False
-        limit = WAIT_S if transaction_timeout_s is None else min(WAIT_S, transaction_timeout_s / 2)
-        if now - since < limit:
+        if now - since < self._limit_s:
             return True
         self._since = None
         log.info("rebalance_commit_wait_ended", waited_s=round(now - since, 1))
