@@ -9,7 +9,9 @@ Per side, on the same input topic of ``--records`` records:
   the runtime accepts), each in a fresh child process: time to open every
   store (start, paused, until every task is RUNNING), records/s on the
   backlog, every commit's duration (median, p99, max; and the stores' share:
-  every task's `post_commit`), peak RSS; then the same application id on an
+  every task's `post_commit`), peak RSS; then a steady feed (``--feed-s`` at
+  ``--feed-rate``, from a feeder process) whose commits give the steady commit
+  median and p99 (the backlog gives a handful of commits); then the same application id on an
   empty state directory: the restore time of every store from its changelog,
   the records restored, and both stores read back (their counts must add up
   to the input);
@@ -38,6 +40,7 @@ from typing import Any
 from benchmarks import harness
 from benchmarks.outputs import add_output_arguments, output_dir
 from benchmarks.state import ks_side, report
+from benchmarks.state.runtime_side import fed_records
 from benchmarks.state.workload import accepted_layouts, records
 
 NAME = "state"
@@ -62,6 +65,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--threads", type=int, default=1, help="processing.threads / num.stream.threads (1)"
     )
     parser.add_argument("--commit-interval-ms", type=int, default=1000)
+    parser.add_argument(
+        "--feed-s",
+        type=float,
+        default=60.0,
+        help="runtime sides: after the backlog, a steady feed this long, so that the commit "
+        "p99 is over many commits (0: none)",
+    )
+    parser.add_argument(
+        "--feed-rate", type=int, default=2000, help="records/s of the steady feed (2000)"
+    )
     parser.add_argument(
         "--memory-mib",
         type=int,
@@ -183,7 +196,7 @@ def _runtime_side(
             )
             side[mode] = result
             shutil.rmtree(state_dir, ignore_errors=True)  # the local state wiped
-        _check_runtime(side, args.records)
+        _check_runtime(side, args.records + fed_records(spec))
         side["ok"] = True
     except Exception as exc:  # noqa: BLE001 - a failed side is reported, not raised
         side["ok"] = False
@@ -292,6 +305,8 @@ def main(args: argparse.Namespace) -> int:
                 "base_ms": base_ms,
                 "threads": args.threads,
                 "commit_interval_ms": args.commit_interval_ms,
+                "feed_s": args.feed_s,
+                "feed_rate": args.feed_rate,
             }
             for layout in layouts:
                 side = _runtime_side(args, session, log_dir, base, layout, config)
@@ -315,6 +330,8 @@ def main(args: argparse.Namespace) -> int:
             "ks_memory": ks_memory,
             "threads": args.threads,
             "commit_interval_ms": args.commit_interval_ms,
+            "feed_s": args.feed_s,
+            "feed_rate": args.feed_rate,
             "memory_bytes": budget[0],
             "write_buffer_ratio": budget[1],
             "rss_constant_mib": args.rss_constant_mib,

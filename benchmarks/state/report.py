@@ -4,8 +4,12 @@ Targets (issue 34), judged only when every side completed:
 
 - RSS: each runtime layout's peak RSS at the largest task count at most the
   RocksDB budget plus ``rss_constant_mib``;
-- commit p99 of the consolidated layout at least 5x lower than the per-task
-  layout's (one synced write per store and commit);
+- commit p99 at least 5x lower than one synced write per store: that
+  reference is no layout the runtime has any more (the per-task layout
+  defers its syncs as Kafka Streams does), so it is judged at the store
+  layer by ``python -m benchmarks.state_commit``; here each layout's whole
+  commit (output flush included) is reported, from the steady feed when
+  there is one;
 - no throughput loss at 8 tasks: consolidated records/s at least 95% of
   per-task (the 5% is this machine's run-to-run noise).
 
@@ -58,6 +62,10 @@ def _figures(side: dict[str, Any]) -> dict[str, Any]:
             "commit_p99_ms": p.get("commit_p99_ms"),
             "commit_stores_p99_ms": p.get("commit_stores_p99_ms"),
             "commits": p.get("commits"),
+            "steady_commits": p.get("steady_commits"),
+            "steady_commit_median_ms": p.get("steady_commit_median_ms"),
+            "steady_commit_p99_ms": p.get("steady_commit_p99_ms"),
+            "steady_commit_stores_p99_ms": p.get("steady_commit_stores_p99_ms"),
             "restore_s": r.get("restore_s"),
             "restored_records": r.get("restored_records"),
             "peak_rss_mb": p.get("peak_rss_mb"),
@@ -110,11 +118,13 @@ def verdicts(result: dict[str, Any]) -> list[str]:
                 "not judged (needs both layouts)"
             )
             continue
-        ratio = per_task["commit_p99_ms"] / consolidated["commit_p99_ms"]
+        key = "steady_commit_p99_ms" if per_task.get("steady_commit_p99_ms") else "commit_p99_ms"
+        where = "steady feed" if key.startswith("steady") else "backlog"
         out.append(
-            f"Commit p99 at {partitions} tasks: per-task {per_task['commit_p99_ms']:.1f} ms / "
-            f"consolidated {consolidated['commit_p99_ms']:.1f} ms = {ratio:.1f}x (target >= 5x): "
-            + ("met" if ratio >= 5 else "NOT met")
+            f"Whole-commit p99 at {partitions} tasks ({where}): per-task {per_task[key]:.1f} ms, "
+            f"consolidated {consolidated[key]:.1f} ms ({per_task[key] / consolidated[key]:.2f}x); "
+            "reported, not judged: the 5x target is about the stores' writes against one "
+            "synced write per store, see `python -m benchmarks.state_commit`"
         )
         if partitions <= 8:
             share = consolidated["records_per_s"] / per_task["records_per_s"]
@@ -142,28 +152,42 @@ def markdown(result: dict[str, Any]) -> str:
         f"{settings['write_buffer_ratio']:.0%}).",
         "",
         "| side | tasks | records/s | records/s from start | open all stores s | commit median ms | commit p99 ms "
-        "| commits | restore s | restored records | peak RSS MiB | peak RSS MiB (restore) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| commits | steady commit median / p99 ms (commits) | restore s | restored records "
+        "| peak RSS MiB | peak RSS MiB (restore) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     notes = []
     for side in result["sides"]:
         what = side.get("layout") if side["side"] == "runtime" else f"KS {side.get('memory')}"
         if not side.get("ok"):
-            lines.append(f"| {what} | {side['partitions']} | FAILED | | | | | | | | | |")
+            lines.append(f"| {what} | {side['partitions']} | FAILED | | | | | | | | | | |")
             notes.append(f"- {side_name(side)} FAILED: {side.get('error')}")
             continue
         f = _figures(side)
+        steady = (
+            f"{_f(f['steady_commit_median_ms'])} / {_f(f['steady_commit_p99_ms'])} "
+            f"({_f(f['steady_commits'])})"
+            if f.get("steady_commits")
+            else "-"
+        )
         lines.append(
             f"| {what} | {side['partitions']} | {_f(f['records_per_s'], 0)} "
             f"| {_f(f['records_per_s_from_start'], 0)} | {_f(f['open_s'], 2)} "
             f"| {_f(f['commit_median_ms'])} | {_f(f['commit_p99_ms'])} | {_f(f['commits'])} "
+            f"| {steady} "
             f"| {_f(f['restore_s'], 2)} | {_f(f['restored_records'])} | {_f(f['peak_rss_mb'], 0)} "
             f"| {_f(f['restore_peak_rss_mb'], 0)} |"
         )
         if side["side"] == "runtime":
+            steady_share = (
+                f"; steady feed {_f(f['steady_commit_stores_p99_ms'])} ms"
+                if f.get("steady_commits")
+                else ""
+            )
             notes.append(
-                f"- {side_name(side)}: the stores' share of a commit (every task's post_commit; consolidated: with its one batch) "
-                f"p99 {_f(f['commit_stores_p99_ms'])} ms."
+                f"- {side_name(side)}: the stores' share of a commit (every task's post_commit; "
+                f"consolidated: with its one batch) p99 {_f(f['commit_stores_p99_ms'])} ms "
+                f"(backlog){steady_share}."
             )
         else:
             notes.append(
@@ -178,7 +202,8 @@ def markdown(result: dict[str, Any]) -> str:
     if few:
         notes.append(
             f"- Fewer than {FEW_COMMITS} commits in the window of: {', '.join(few)}; "
-            "a p99 of so few commits is their maximum (a larger --records gives more)."
+            "a p99 of so few commits is their maximum (the steady feed's column has more; "
+            "Kafka Streams runs no feed)."
         )
     lines += ["", *notes, "", "## Targets", ""]
     lines += [f"- {v}" for v in result["verdicts"]]
@@ -191,6 +216,8 @@ def markdown(result: dict[str, Any]) -> str:
         "'records/s from start' (start() to the last record: join and store opening "
         "included) is the like-for-like figure. "
         "Commit: the runtime's Committer.commit (steps 2-6), every commit in the window; "
+        f"steady: the commits while a feeder process sends {settings.get('feed_rate', 0):,} "
+        f"records/s for {settings.get('feed_s', 0):g} s after the backlog (runtime sides only); "
         "Kafka Streams: the stream thread's own commit duration (integer ms). Restore: "
         "the same application id on an empty state directory, until every task is RUNNING. "
         "Peak RSS: VmHWM (the restore's is a fresh process for the runtime, the same JVM "

@@ -8,7 +8,10 @@ child adds the process's CPU seconds and peak RSS). Two modes:
   processes nothing); ``open_s`` is from ``start()`` until every task is
   RUNNING. Then it resumes, and ``records_per_s`` runs from the resume until
   every backlog record is processed; the app waits for one more commit (the
-  last counts on disk and in the changelogs) and closes.
+  last counts on disk and in the changelogs). Then, with ``feed_s`` > 0, the
+  steady phase (``benchmarks.state.feed`` in its own process): the commits
+  that end while it feeds give the ``steady_commit_*`` figures; the app
+  waits for the fed records and one more commit, and closes.
 - ``restore``: the same ``application.id`` on an empty ``state.dir`` (the
   local state wiped): every store restores from its changelog, and
   ``restore_s`` is from ``start()`` until every task is RUNNING. The count
@@ -28,8 +31,11 @@ that end between the resume and the end of the measured window count.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -37,6 +43,7 @@ from benchmarks.state.workload import (
     COUNT_STORE,
     WINDOW_STORE,
     build_topology,
+    event_end_ms,
     key_of,
     layout_config,
 )
@@ -128,7 +135,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     mode = spec["mode"]
     partitions = int(spec["partitions"])
-    total = int(spec["records"])
     timeout = float(spec.get("timeout_s", 600))
     times = CommitTimes()
     times.install()
@@ -168,7 +174,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             result.update(_read_back(app, spec))
         else:
             result["open_s"] = running - started
-            result.update(_process(app, times, total, timeout, started))
+            result.update(_process(app, times, spec, timeout, started))
         result["rss_before_close_mb"] = _rss_mb()
         state = app.status().state_memory or {}
         result["rocksdb_memory_bytes"] = state.get("memory_bytes")
@@ -185,19 +191,19 @@ def _read_back(app: Any, spec: dict[str, Any]) -> dict[str, int]:
     """What the restored stores hold: the counts of both must add up to the backlog."""
     counted = sum(int(v) for _k, v in app.store(COUNT_STORE, timeout=60).all())
     windows = app.store(WINDOW_STORE, timeout=60)
-    total, keys = int(spec["records"]), int(spec["keys"])
-    lo, hi = (
-        int(spec["base_ms"]) - int(spec["window_ms"]),
-        int(spec["base_ms"]) + int(spec["span_ms"]),
-    )
+    backlog, keys = int(spec["records"]), int(spec["keys"])
+    total = backlog + fed_records(spec)
+    lo = int(spec["base_ms"]) - int(spec["window_ms"])
+    hi = event_end_ms(backlog, total - backlog, int(spec["base_ms"]), int(spec["span_ms"]))
     used = {key_of(i, keys).decode() for i in range(total)}
     windowed = sum(int(v) for key in used for _start, v in windows.fetch(key, lo, hi))
     return {"counted": counted, "windowed_counted": windowed}
 
 
 def _process(
-    app: Any, times: CommitTimes, total: int, timeout: float, started: float
+    app: Any, times: CommitTimes, spec: dict[str, Any], timeout: float, started: float
 ) -> dict[str, Any]:
+    total = int(spec["records"])
     go = time.monotonic()
     app.resume()
     first = _wait(lambda: app.progress().processed > 0, timeout, "the first record", app, 0.01)
@@ -212,8 +218,10 @@ def _process(
     window = times.between(go, time.monotonic())
     seconds = [c[1] for c in window]
     stores = [c[2] for c in window]
+    steady = _steady(app, times, spec, timeout)
     return {
         "records": total,
+        **steady,
         "processed": app.progress().processed,
         "first_record_s": first - go,
         "backlog_s": done - go,
@@ -228,6 +236,67 @@ def _process(
         "commit_stores_median_ms": 1000 * statistics.median(stores),
         "commit_stores_p99_ms": 1000 * percentile(stores, 0.99),
         "commit_partitions_max": max(c[3] for c in window),
+    }
+
+
+def fed_records(spec: dict[str, Any]) -> int:
+    """How many records the steady feed adds after the backlog."""
+    return int(float(spec.get("feed_rate", 0)) * float(spec.get("feed_s", 0)))
+
+
+def _steady(app: Any, times: CommitTimes, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The steady phase: `feed_rate` records/s for `feed_s` s from a feeder
+    process; every commit that ends while it feeds (after its first second)
+    counts. Returns nothing when there is no feed."""
+    count = fed_records(spec)
+    if count <= 0:
+        return {}
+    feeder_spec = {
+        "bootstrap": spec["bootstrap"],
+        "topic": spec["input_topic"],
+        "partitions": spec["partitions"],
+        "records": spec["records"],
+        "keys": spec["keys"],
+        "base_ms": spec["base_ms"],
+        "span_ms": spec["span_ms"],
+        "rate": spec["feed_rate"],
+        "count": count,
+    }
+    target = int(spec["records"]) + count
+    started = time.monotonic()
+    feeder = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.state.feed", json.dumps(feeder_spec)]
+    )
+    try:
+        code = feeder.wait(timeout=float(spec["feed_s"]) * 3 + 60)
+    finally:
+        if feeder.poll() is None:
+            feeder.kill()
+    ended = time.monotonic()
+    if code != 0:
+        raise RuntimeError(f"the steady feed failed (exit {code})")
+    done = _wait(lambda: app.progress().processed >= target, timeout, "the fed records", app, 0.02)
+    _wait(
+        lambda: any(end - seconds >= done for end, seconds, _s, _p in times.commits),
+        timeout,
+        "the commit after the feed",
+        app,
+    )
+    window = times.between(started + 1.0, ended)
+    if not window:
+        raise RuntimeError("no commit during the steady feed (a longer --feed-s gives some)")
+    seconds = [c[1] for c in window]
+    stores = [c[2] for c in window]
+    return {
+        "fed": count,
+        "feed_s": ended - started,
+        "feed_lag_s": done - ended,
+        "steady_commits": len(window),
+        "steady_commit_median_ms": 1000 * statistics.median(seconds),
+        "steady_commit_p99_ms": 1000 * percentile(seconds, 0.99),
+        "steady_commit_max_ms": 1000 * max(seconds),
+        "steady_commit_stores_median_ms": 1000 * statistics.median(stores),
+        "steady_commit_stores_p99_ms": 1000 * percentile(stores, 0.99),
     }
 
 

@@ -34,18 +34,34 @@ def key_of(i: int, keys: int) -> bytes:
     return f"key-{(i * 7919) % keys:06d}".encode()
 
 
-def records(total: int, keys: int, partitions: int, base_ms: int, span_ms: int) -> Iterator[Any]:
-    """(key, value, partition, timestamp ms) of every input record, in order."""
+def records(
+    total: int,
+    keys: int,
+    partitions: int,
+    base_ms: int,
+    span_ms: int,
+    first: int = 0,
+    count: int | None = None,
+) -> Iterator[Any]:
+    """(key, value, partition, timestamp ms) of input records `first` to
+    `first + count` (default: the whole backlog of `total`), in order. Records
+    past the backlog (the steady feed) go on at the backlog's pace in event
+    time, past `span_ms`."""
     from runtime.partitioning.default import default_partition
 
     step = span_ms / max(total, 1)
     partition_of: dict[bytes, int] = {}
-    for i in range(total):
+    for i in range(first, first + (total if count is None else count)):
         key = key_of(i, keys)
         partition = partition_of.get(key)
         if partition is None:
             partition = partition_of[key] = default_partition(key, partitions)
         yield key, b"x", partition, base_ms + int(i * step)
+
+
+def event_end_ms(total: int, fed: int, base_ms: int, span_ms: int) -> int:
+    """The event time just past the last record, the steady feed's included."""
+    return base_ms + int((total + fed) * (span_ms / max(total, 1))) + 1
 
 
 def accepted_layouts() -> tuple[str, ...]:

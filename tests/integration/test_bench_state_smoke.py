@@ -3,8 +3,8 @@
 ``benchmarks/state`` only runs when someone benchmarks issue 34's targets;
 this runs it at a tiny size on the session's broker: the runtime side must
 report every figure (records/s, time to open the stores, commit median and
-p99, restore time and records, peak RSS) and read both restored stores back
-to the input's count; a runtime side that cannot start must make the command
+p99, the steady feed's commits, restore time and records, peak RSS) and read
+both restored stores back to the input's count, fed records included; a runtime side that cannot start must make the command
 exit 1, name the side and the reason, and give no verdict. The Kafka Streams
 side runs once (default memory, about 15 s) when Java and Maven are here.
 """
@@ -26,6 +26,7 @@ from runtime.brokers import Broker
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 RECORDS = 600
+FED = 400  # the steady feed's records, after the backlog
 RUNTIME_FIGURES = (
     "records_per_s",
     "open_s",
@@ -49,6 +50,7 @@ def _run(broker: Broker, out: Path, *argv: str) -> tuple[int, dict[str, Any], st
             f"--records={RECORDS}",
             "--keys=60",
             "--quiet-wait=0",
+            "--feed-s=0",
             "--timeout=120",
             f"--out={out}",
             *argv,
@@ -67,7 +69,14 @@ def _figures(side: dict[str, Any]) -> dict[str, Any]:
 
 def test_runtime_side_reports_every_figure(broker: Broker, tmp_path: Path) -> None:
     # One layout: the default runs every layout the runtime accepts.
-    code, result, text = _run(broker, tmp_path, "--ks-memory=", "--layouts=per-task")
+    code, result, text = _run(
+        broker,
+        tmp_path,
+        "--ks-memory=",
+        "--layouts=per-task",
+        "--feed-s=4",
+        f"--feed-rate={FED // 4}",
+    )
     assert code == 0, result["sides"]
     (side,) = result["sides"]
     assert side["ok"] and side["layout"] == "per-task" and side["partitions"] == 4
@@ -76,7 +85,12 @@ def test_runtime_side_reports_every_figure(broker: Broker, tmp_path: Path) -> No
     assert not missing, figures
     assert figures["commits"] >= 1 and figures["restored_records"] > 0
     assert figures["commit_median_ms"] <= figures["commit_p99_ms"]
-    assert side["restore"]["counted"] == RECORDS == side["restore"]["windowed_counted"]
+    # The steady feed's records are processed and counted too, in both stores.
+    process = side["process"]
+    assert process["fed"] == FED and process["processed"] == RECORDS + FED
+    assert process["steady_commits"] >= 1
+    assert process["steady_commit_median_ms"] <= process["steady_commit_p99_ms"]
+    assert side["restore"]["counted"] == RECORDS + FED == side["restore"]["windowed_counted"]
     assert "| per-task | 4 |" in text and "not judged (needs both layouts)" in text
     assert result["verdicts"][0].startswith("RSS bounded (per-task, 4 tasks)")
 
