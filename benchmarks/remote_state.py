@@ -57,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval-ms", type=int, default=2000, help="snapshot interval of the rate runs"
     )
+    parser.add_argument(
+        "--layout",
+        default="per-task",
+        choices=("per-task", "consolidated"),
+        help="state.store.layout of every app (per-task)",
+    )
     add_output_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="smoke run (small sizes)")
 
@@ -73,8 +79,10 @@ def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 class Session:
     """Kafka, S3Proxy, a bucket, a scratch directory; `close()` stops them."""
 
-    def __init__(self) -> None:
+    def __init__(self, layout: str = "per-task") -> None:
         from benchmarks.harness import start_broker
+
+        self.layout = layout
         from runtime.brokers.s3proxy import S3Proxy
 
         self.scratch = Path(tempfile.mkdtemp(prefix="bench-remote-"))
@@ -109,6 +117,7 @@ class Session:
             "state.dir": str(state),
             "log.level": "warning",
             "consumer.session.timeout.ms": 6000,
+            "state.store.layout": self.layout,
         }
         config.update(extra)
         return App(builder.build(), config)
@@ -264,7 +273,8 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"One run, {result['machine']}; Apache Kafka (one KRaft node) and S3Proxy "
         "(file-system backend) on loopback. The machine is shared with other work: "
-        "each figure is one noisy sample.",
+        "each figure is one noisy sample. "
+        f"Store layout: {result.get('layout', 'per-task')}.",
         "",
         f"## Restore of a {restore['keys']:,}-key count store (one task)",
         "",
@@ -304,7 +314,7 @@ def main(args: argparse.Namespace) -> int:
     args.out = output_dir(args)
     if args.quick:
         args.keys, args.tail, args.rate_records, args.rate_repeats = 20_000, 1_000, 20_000, 1
-    session = Session()
+    session = Session(args.layout)
     try:
         restore = measure_restore(session, args.keys, args.tail)
         print(json.dumps(restore, indent=1), flush=True)
@@ -315,11 +325,14 @@ def main(args: argparse.Namespace) -> int:
     result = {
         "machine": f"{os.cpu_count()} CPUs, shared",
         "quick": args.quick,
+        "layout": args.layout,
         "restore": restore,
         "rate": rate,
     }
     os.makedirs(args.out, exist_ok=True)
     name = "remote-state-quick" if args.quick else "remote-state"
+    if args.layout != "per-task":
+        name += f"-{args.layout}"
     with open(os.path.join(args.out, f"{name}.json"), "w") as handle:
         json.dump(result, handle, indent=1)
     text = markdown(result)

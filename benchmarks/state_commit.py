@@ -35,7 +35,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -132,13 +131,15 @@ def _child(mode: str, tasks: int, dirty: int, commits: int, warmup: int) -> dict
     }
 
 
-def _markdown(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+def _markdown(
+    results: list[dict[str, Any]], args: argparse.Namespace, machine: dict[str, Any]
+) -> str:
     lines = [
         "# The stores' share of a commit, per layout (issue 34)",
         "",
-        f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, "
-        f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
-        f"Python {platform.python_version()}; `python -m benchmarks.state_commit "
+        f"{machine.get('date')}, git {machine.get('git_head', '?')}, {machine.get('nproc')} CPUs "
+        f"({machine.get('cpu', '?')}), Python {machine.get('python')}; "
+        "`python -m benchmarks.state_commit "
         f"--tasks {args.tasks} --dirty {args.dirty} --commits {args.commits}`. "
         "No Kafka: the runtime's store classes on the local disk.",
         "",
@@ -209,11 +210,14 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     if args.out:
+        from benchmarks.harness import machine_info
+
+        machine = machine_info("none")
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "state-commit.json"), "w") as f:
-            json.dump({"settings": vars(args), "results": results}, f, indent=1)
+            json.dump({"machine": machine, "settings": vars(args), "results": results}, f, indent=1)
         with open(os.path.join(args.out, "state-commit.md"), "w") as f:
-            f.write(_markdown(results, args))
+            f.write(_markdown(results, args, machine))
     return 0
 
 
