@@ -164,6 +164,47 @@ def load_input(bootstrap: str, topic: str, args: argparse.Namespace, partitions:
     return base_ms
 
 
+def _fresh_input(
+    session: harness.BenchSession, args: argparse.Namespace, partitions: int
+) -> dict[str, Any]:
+    """A new input topic with the backlog loaded; the spec every side starts from."""
+    topic = f"bench-state-in-{partitions}-{random.randrange(1 << 30)}"
+    session.create_topic(topic, partitions)
+    started = time.monotonic()
+    base_ms = load_input(session.bootstrap, topic, args, partitions)
+    print(
+        f"[state] {partitions} partitions: {args.records} records loaded into {topic} in "
+        f"{time.monotonic() - started:.1f} s",
+        flush=True,
+    )
+    return {
+        "bootstrap": session.bootstrap,
+        "input_topic": topic,
+        "partitions": partitions,
+        "records": args.records,
+        "keys": args.keys,
+        "window_ms": args.window_ms,
+        "span_ms": args.span_ms,
+        "base_ms": base_ms,
+        "threads": args.threads,
+        "commit_interval_ms": args.commit_interval_ms,
+        "feed_s": args.feed_s,
+        "feed_rate": args.feed_rate,
+    }
+
+
+def _drop_topics(session: harness.BenchSession, input_topic: str, app_id: str | None) -> None:
+    """A finished side's input and internal topics, so that the broker the next
+    side shares carries no more partitions than the first side's did."""
+    assert session.admin is not None
+    names = [input_topic]
+    if app_id:
+        topics = session.admin.list_topics(timeout=30).topics
+        names += [t for t in topics if t.startswith(f"{app_id}-")]
+    for name in names:
+        session.delete_topic(name)
+
+
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
@@ -179,6 +220,7 @@ def _runtime_side(
     partitions = base["partitions"]
     side: dict[str, Any] = {"side": "runtime", "layout": layout, "partitions": partitions}
     app_id = f"bench-state-{layout}-{partitions}-{random.randrange(1 << 30)}"
+    side["application_id"] = app_id
     scratch = tempfile.mkdtemp(prefix="bench-state-")
     spec = dict(base, application_id=app_id, layout=layout, config=config, timeout_s=args.timeout)
     try:
@@ -240,9 +282,12 @@ def _ks_side(
     try:
         jar = build.kafka_streams_jar()
         harness.wait_for_quiet(session, args.quiet_wait)
+        side["application_id"] = (
+            f"bench-state-ks-{memory_setting}-{partitions}-{random.randrange(1 << 30)}"
+        )
         spec = dict(
             base,
-            application_id=f"bench-state-ks-{memory_setting}-{partitions}-{random.randrange(1 << 30)}",
+            application_id=side["application_id"],
             memory=memory_setting,
             memory_bytes=budget[0],
             write_buffer_ratio=budget[1],
@@ -285,37 +330,19 @@ def main(args: argparse.Namespace) -> int:
         machine = harness.machine_info(args.broker)
         print(f"[state] broker {session.bootstrap}; logs in {log_dir}", flush=True)
         for partitions in partition_counts:
-            topic = f"bench-state-in-{partitions}-{random.randrange(1 << 30)}"
-            session.create_topic(topic, partitions)
-            started = time.monotonic()
-            base_ms = load_input(session.bootstrap, topic, args, partitions)
-            print(
-                f"[state] {partitions} partitions: {args.records} records loaded in "
-                f"{time.monotonic() - started:.1f} s",
-                flush=True,
-            )
-            base = {
-                "bootstrap": session.bootstrap,
-                "input_topic": topic,
-                "partitions": partitions,
-                "records": args.records,
-                "keys": args.keys,
-                "window_ms": args.window_ms,
-                "span_ms": args.span_ms,
-                "base_ms": base_ms,
-                "threads": args.threads,
-                "commit_interval_ms": args.commit_interval_ms,
-                "feed_s": args.feed_s,
-                "feed_rate": args.feed_rate,
-            }
-            for layout in layouts:
-                side = _runtime_side(args, session, log_dir, base, layout, config)
+            runs: list[tuple[str, str]] = [("runtime", layout) for layout in layouts]
+            runs += [("kafka-streams", setting) for setting in ks_memory]
+            for kind, what in runs:
+                # Every side its own input, loaded the same way: a side's steady feed
+                # appends to its topic, which no other side may read.
+                base = _fresh_input(session, args, partitions)
+                if kind == "runtime":
+                    side = _runtime_side(args, session, log_dir, base, what, config)
+                else:
+                    side = _ks_side(args, session, log_dir, base, what, budget)
                 sides.append(side)
                 print(f"[state] {report.side_line(side)}", flush=True)
-            for setting in ks_memory:
-                side = _ks_side(args, session, log_dir, base, setting, budget)
-                sides.append(side)
-                print(f"[state] {report.side_line(side)}", flush=True)
+                _drop_topics(session, base["input_topic"], side.get("application_id"))
     result = {
         "workload": NAME,
         "machine": machine,
