@@ -11,6 +11,7 @@ acknowledged; 1 with the delivery errors otherwise.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -40,9 +41,13 @@ def feed(spec: dict[str, Any]) -> int:
         int(spec["span_ms"]),
         first=int(spec["records"]),
         count=int(spec["count"]),
+        feed_rate=rate,
     )
+    parent = os.getppid()
     for i, (key, value, partition, ts) in enumerate(generated):
         # Paced per record: a burst every second would commit in bursts too.
+        if i % 1000 == 0 and os.getppid() != parent:
+            return 1  # the app measured is gone (the run was stopped)
         ahead = started + i / rate - time.monotonic()
         if ahead > 0:
             time.sleep(ahead)

@@ -194,7 +194,9 @@ def _read_back(app: Any, spec: dict[str, Any]) -> dict[str, int]:
     backlog, keys = int(spec["records"]), int(spec["keys"])
     total = backlog + fed_records(spec)
     lo = int(spec["base_ms"]) - int(spec["window_ms"])
-    hi = event_end_ms(backlog, total - backlog, int(spec["base_ms"]), int(spec["span_ms"]))
+    hi = event_end_ms(
+        total - backlog, float(spec.get("feed_rate", 0)), int(spec["base_ms"]), int(spec["span_ms"])
+    )
     used = {key_of(i, keys).decode() for i in range(total)}
     windowed = sum(int(v) for key in used for _start, v in windows.fetch(key, lo, hi))
     return {"counted": counted, "windowed_counted": windowed}

@@ -42,26 +42,33 @@ def records(
     span_ms: int,
     first: int = 0,
     count: int | None = None,
+    feed_rate: float = 0.0,
 ) -> Iterator[Any]:
     """(key, value, partition, timestamp ms) of input records `first` to
-    `first + count` (default: the whole backlog of `total`), in order. Records
-    past the backlog (the steady feed) go on at the backlog's pace in event
-    time, past `span_ms`."""
+    `first + count` (default: the whole backlog of `total`), in order. The
+    backlog's event times spread over `span_ms` from `base_ms` (which ends
+    about when it is loaded); records past it (the steady feed) go on from
+    there at `feed_rate` records a second, about the wall clock's pace."""
     from runtime.partitioning.default import default_partition
 
     step = span_ms / max(total, 1)
+    feed_step = 1000.0 / feed_rate if feed_rate > 0 else step
     partition_of: dict[bytes, int] = {}
     for i in range(first, first + (total if count is None else count)):
         key = key_of(i, keys)
         partition = partition_of.get(key)
         if partition is None:
             partition = partition_of[key] = default_partition(key, partitions)
-        yield key, b"x", partition, base_ms + int(i * step)
+        if i < total:
+            timestamp = base_ms + int(i * step)
+        else:
+            timestamp = base_ms + span_ms + int((i - total) * feed_step)
+        yield key, b"x", partition, timestamp
 
 
-def event_end_ms(total: int, fed: int, base_ms: int, span_ms: int) -> int:
+def event_end_ms(fed: int, feed_rate: float, base_ms: int, span_ms: int) -> int:
     """The event time just past the last record, the steady feed's included."""
-    return base_ms + int((total + fed) * (span_ms / max(total, 1))) + 1
+    return base_ms + span_ms + (int(fed * 1000.0 / feed_rate) if fed else 0) + 1
 
 
 def accepted_layouts() -> tuple[str, ...]:
