@@ -135,6 +135,25 @@ def verdicts(result: dict[str, Any]) -> list[str]:
     return out
 
 
+def _steady_steps(process: dict[str, Any]) -> str:
+    """Where the steady commits' time went, step by step (median / p99 ms),
+    and the slowest commit's steps."""
+    if "steady_commit_slowest_ms" not in process:
+        return ""
+    parts = ", ".join(
+        f"{step} {_f(process.get(f'steady_commit_{step}_median_ms'))} / "
+        f"{_f(process.get(f'steady_commit_{step}_p99_ms'))}"
+        for step in ("flush", "offsets", "positions", "stores")
+    )
+    slowest = ", ".join(
+        f"{k} {_f(v)}" for k, v in sorted(process.get("steady_commit_slowest_steps_ms", {}).items())
+    )
+    return (
+        f"Steady commits, median / p99 ms per step: {parts}; the slowest commit "
+        f"({_f(process['steady_commit_slowest_ms'])} ms): {slowest or 'no step timed'}."
+    )
+
+
 def markdown(result: dict[str, Any]) -> str:
     settings, machine = result["settings"], result["machine"]
     lines = [
@@ -189,6 +208,9 @@ def markdown(result: dict[str, Any]) -> str:
                 f"consolidated: with its one batch) p99 {_f(f['commit_stores_p99_ms'])} ms "
                 f"(backlog){steady_share}."
             )
+            steps = _steady_steps(side["process"])
+            if steps:
+                notes.append(f"  {steps}")
         else:
             notes.append(
                 f"- {side_name(side)}: Kafka Streams' own commit-latency-avg (per task) "

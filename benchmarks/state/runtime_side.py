@@ -50,52 +50,83 @@ from benchmarks.state.workload import (
 
 
 class CommitTimes:
-    """Every commit's duration and its stores' share, from wrapped methods."""
+    """Every commit's duration, its stores' share and where the rest went,
+    from wrapped methods: ``commits`` holds (end, seconds, stores s,
+    partitions, {step: seconds}) with the steps ``flush`` (the output
+    acknowledged, or the transaction committed), ``offsets`` (at_least_once's
+    offset commit), ``positions`` (the changelogs' end offsets) and
+    ``stores``."""
 
     def __init__(self) -> None:
-        self.commits: list[tuple[float, float, float, int]] = []  # end, seconds, stores s, parts
-        self._stores_s = 0.0
+        self.commits: list[tuple[float, float, float, int, dict[str, float]]] = []
+        self._steps: dict[str, float] = {}
+
+    def _timed(self, owner: Any, name: str, step: str) -> None:
+        original = getattr(owner, name)
+        steps = self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.monotonic()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                elapsed = time.monotonic() - started
+                steps._steps[step] = steps._steps.get(step, 0.0) + elapsed
+
+        setattr(owner, name, timed)
 
     def install(self) -> None:
+        from runtime.collector.output import OutputChannel
+        from runtime.collector.transactions import Transactions
         from runtime.polling.committer import Committer
         from runtime.processing.task import StreamTask
         from runtime.state.consolidated import ConsolidatedStores
 
         commit = Committer.commit
-        post_commit = StreamTask.post_commit
         times = self
 
         def timed_commit(committer: Any, tasks: Any, reason: str) -> Any:
-            times._stores_s = 0.0
+            times._steps = {}
             started = time.monotonic()
             result = commit(committer, tasks, reason)
             ended = time.monotonic()
             if result.committed and result.partitions:
-                times.commits.append((ended, ended - started, times._stores_s, result.partitions))
+                steps = dict(times._steps)
+                times.commits.append(
+                    (ended, ended - started, steps.get("stores", 0.0), result.partitions, steps)
+                )
             return result
 
-        def timed_post_commit(task: Any, *args: Any, **kwargs: Any) -> Any:
-            started = time.monotonic()
-            try:
-                return post_commit(task, *args, **kwargs)
-            finally:
-                times._stores_s += time.monotonic() - started
-
-        write_commit = ConsolidatedStores.write_commit
-
-        def timed_write_commit(stores: Any) -> int:
-            started = time.monotonic()
-            try:
-                return write_commit(stores)
-            finally:
-                times._stores_s += time.monotonic() - started
-
-        ConsolidatedStores.write_commit = timed_write_commit  # type: ignore[method-assign]
+        self._timed(StreamTask, "post_commit", "stores")
+        self._timed(ConsolidatedStores, "write_commit", "stores")
+        self._timed(OutputChannel, "flush", "flush")
+        self._timed(Transactions, "commit", "flush")
+        self._timed(Committer, "_commit_offsets", "offsets")
+        self._timed(Committer, "_changelog_positions", "positions")
         Committer.commit = timed_commit  # type: ignore[method-assign]
-        StreamTask.post_commit = timed_post_commit  # type: ignore[method-assign]
 
-    def between(self, start: float, end: float) -> list[tuple[float, float, float, int]]:
+    def between(
+        self, start: float, end: float
+    ) -> list[tuple[float, float, float, int, dict[str, float]]]:
         return [c for c in self.commits if start <= c[0] <= end]
+
+
+def steps_figures(
+    window: list[tuple[float, float, float, int, dict[str, float]]], prefix: str
+) -> dict[str, Any]:
+    """Median and p99 of each step of the commits in `window`, and the slowest
+    commit's steps (what its time went to)."""
+    figures: dict[str, Any] = {}
+    if not window:
+        return figures
+    for step in ("flush", "offsets", "positions", "stores"):
+        values = [c[4].get(step, 0.0) for c in window]
+        figures[f"{prefix}{step}_median_ms"] = 1000 * statistics.median(values)
+        figures[f"{prefix}{step}_p99_ms"] = 1000 * percentile(values, 0.99)
+    slowest = max(window, key=lambda c: c[1])
+    figures[f"{prefix}slowest_ms"] = 1000 * slowest[1]
+    figures[f"{prefix}slowest_steps_ms"] = {k: round(1000 * v, 1) for k, v in slowest[4].items()}
+    return figures
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -212,7 +243,7 @@ def _process(
     done = _wait(lambda: app.progress().processed >= total, timeout, "the whole backlog", app, 0.02)
     # One commit that started after the last record: the counts are durable.
     _wait(
-        lambda: any(end - seconds >= done for end, seconds, _s, _p in times.commits),
+        lambda: any(c[0] - c[1] >= done for c in times.commits),
         timeout,
         "the commit after the backlog",
         app,
@@ -279,7 +310,7 @@ def _steady(app: Any, times: CommitTimes, spec: dict[str, Any], timeout: float) 
         raise RuntimeError(f"the steady feed failed (exit {code})")
     done = _wait(lambda: app.progress().processed >= target, timeout, "the fed records", app, 0.02)
     _wait(
-        lambda: any(end - seconds >= done for end, seconds, _s, _p in times.commits),
+        lambda: any(c[0] - c[1] >= done for c in times.commits),
         timeout,
         "the commit after the feed",
         app,
@@ -299,6 +330,7 @@ def _steady(app: Any, times: CommitTimes, spec: dict[str, Any], timeout: float) 
         "steady_commit_max_ms": 1000 * max(seconds),
         "steady_commit_stores_median_ms": 1000 * statistics.median(stores),
         "steady_commit_stores_p99_ms": 1000 * percentile(stores, 0.99),
+        **steps_figures(window, "steady_commit_"),
     }
 
 

@@ -90,6 +90,9 @@ def test_runtime_side_reports_every_figure(broker: Broker, tmp_path: Path) -> No
     assert process["fed"] == FED and process["processed"] == RECORDS + FED
     assert process["steady_commits"] >= 1
     assert process["steady_commit_median_ms"] <= process["steady_commit_p99_ms"]
+    # Where the slowest steady commit's time went, step by step.
+    assert set(process["steady_commit_slowest_steps_ms"]) >= {"flush", "stores"}
+    assert "Steady commits, median / p99 ms per step: flush " in text
     assert side["restore"]["counted"] == RECORDS + FED == side["restore"]["windowed_counted"]
     assert "| per-task | 4 |" in text and "not judged (needs both layouts)" in text
     assert result["verdicts"][0].startswith("RSS bounded (per-task, 4 tasks)")
