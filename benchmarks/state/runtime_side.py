@@ -233,6 +233,21 @@ def _read_back(app: Any, spec: dict[str, Any]) -> dict[str, int]:
     return {"counted": counted, "windowed_counted": windowed}
 
 
+def _processed_and_committed(
+    app: Any, times: CommitTimes, count: int, timeout: float, what: str
+) -> float:
+    """Wait until `count` records are processed, then for one commit that
+    started after that (their counts durable); when the last was processed."""
+    done = _wait(lambda: app.progress().processed >= count, timeout, what, app, 0.02)
+    _wait(
+        lambda: any(c[0] - c[1] >= done for c in times.commits),
+        timeout,
+        f"the commit after {what}",
+        app,
+    )
+    return done
+
+
 def _process(
     app: Any, times: CommitTimes, spec: dict[str, Any], timeout: float, started: float
 ) -> dict[str, Any]:
@@ -240,14 +255,7 @@ def _process(
     go = time.monotonic()
     app.resume()
     first = _wait(lambda: app.progress().processed > 0, timeout, "the first record", app, 0.01)
-    done = _wait(lambda: app.progress().processed >= total, timeout, "the whole backlog", app, 0.02)
-    # One commit that started after the last record: the counts are durable.
-    _wait(
-        lambda: any(c[0] - c[1] >= done for c in times.commits),
-        timeout,
-        "the commit after the backlog",
-        app,
-    )
+    done = _processed_and_committed(app, times, total, timeout, "the whole backlog")
     window = times.between(go, time.monotonic())
     seconds = [c[1] for c in window]
     stores = [c[2] for c in window]
@@ -308,13 +316,7 @@ def _steady(app: Any, times: CommitTimes, spec: dict[str, Any], timeout: float) 
     ended = time.monotonic()
     if code != 0:
         raise RuntimeError(f"the steady feed failed (exit {code})")
-    done = _wait(lambda: app.progress().processed >= target, timeout, "the fed records", app, 0.02)
-    _wait(
-        lambda: any(c[0] - c[1] >= done for c in times.commits),
-        timeout,
-        "the commit after the feed",
-        app,
-    )
+    done = _processed_and_committed(app, times, target, timeout, "the fed records")
     window = times.between(started + 1.0, ended)
     if not window:
         raise RuntimeError("no commit during the steady feed (a longer --feed-s gives some)")

@@ -134,6 +134,28 @@ def assert_counts(bootstrap: str, sink: str, expected: Counter[str]) -> None:
         raise AssertionError(f"{len(wrong)} counts wrong, e.g. {list(wrong.items())[:5]}") from None
 
 
+def sink_positions(bootstrap: str, sink: str) -> str:
+    """Per sink partition: the last offset a read_committed reader reaches, the
+    last a read_uncommitted one reaches, and the end offset. A read_committed
+    reader stopping far below the others means a transaction still open on
+    that partition (its last stable offset is held back): what a failure of
+    the counts should say about where the missing output is."""
+    ends = end_offsets(bootstrap, sink)
+    lines = []
+    last: dict[str, dict[int, int]] = {}
+    for isolation in ("read_committed", "read_uncommitted"):
+        seen: dict[int, int] = {}
+        for m in consume_all(bootstrap, sink, idle=0.5, timeout=30, isolation=isolation):
+            seen[m.partition] = max(seen.get(m.partition, -1), m.offset)
+        last[isolation] = seen
+    for partition in sorted(ends):
+        lines.append(
+            f"partition {partition}: read_committed to {last['read_committed'].get(partition)}, "
+            f"read_uncommitted to {last['read_uncommitted'].get(partition)}, end {ends[partition]}"
+        )
+    return "; ".join(lines)
+
+
 def longest_gaps(
     bootstrap: str, sink: str, since_ms: int, until_ms: int, partitions: int = PARTITIONS
 ) -> dict[int, float]:
@@ -515,7 +537,23 @@ def test_placer_killed_or_stalled_under_exactly_once_counts_stay_exact(
         wait_committed_past(bootstrap, app_id, source, end_offsets(bootstrap, source))
         feeder.stop()
         expected += fed(feeder)
-        assert_counts(bootstrap, sink, expected)
+        try:
+            assert_counts(bootstrap, sink, expected)
+        except AssertionError as exc:
+            # Seen once in a CI run (the last records of b's partitions missing for
+            # 60 s): say whether a transaction held the sink back, and what the
+            # daemon (the zombie) last did with its transactions and tasks.
+            events = [
+                line
+                for line in daemon.tail(400_000).splitlines()
+                if "transaction" in line or "tasks_" in line or "rewound" in line
+            ]
+            raise AssertionError(
+                f"{exc}\nsink: {sink_positions(bootstrap, sink)}\n"
+                f"b: {b.status()['transactions_committed']} transactions committed, "
+                f"{b.status()['transactions_aborted']} aborted\n"
+                "daemon:\n" + "\n".join(events[-40:])
+            ) from None
     finally:
         if feeder.is_alive():
             feeder.stop()
