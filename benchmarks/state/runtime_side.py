@@ -60,6 +60,10 @@ class CommitTimes:
     def __init__(self) -> None:
         self.commits: list[tuple[float, float, float, int, dict[str, float]]] = []
         self._steps: dict[str, float] = {}
+        # Records processed when each commit began (same order as `commits`):
+        # a commit that began with every record processed made them durable.
+        self.processed_at_start: list[int] = []
+        self.processed: Any = lambda: 0  # the app's processed total, set once it exists
 
     def _timed(self, owner: Any, name: str, step: str) -> None:
         original = getattr(owner, name)
@@ -87,11 +91,13 @@ class CommitTimes:
 
         def timed_commit(committer: Any, tasks: Any, reason: str) -> Any:
             times._steps = {}
+            processed = times.processed()
             started = time.monotonic()
             result = commit(committer, tasks, reason)
             ended = time.monotonic()
             if result.committed and result.partitions:
                 steps = dict(times._steps)
+                times.processed_at_start.append(processed)
                 times.commits.append(
                     (ended, ended - started, steps.get("stores", 0.0), result.partitions, steps)
                 )
@@ -181,6 +187,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         **spec.get("config", {}),
     }
     app = App(build_topology(spec["input_topic"], int(spec["window_ms"])), config)
+    times.processed = lambda: app.progress().processed
     result: dict[str, Any] = {"mode": mode, "layout": spec["layout"], "partitions": partitions}
     if mode == "process":
         app.pause()
@@ -236,11 +243,13 @@ def _read_back(app: Any, spec: dict[str, Any]) -> dict[str, int]:
 def _processed_and_committed(
     app: Any, times: CommitTimes, count: int, timeout: float, what: str
 ) -> float:
-    """Wait until `count` records are processed, then for one commit that
-    started after that (their counts durable); when the last was processed."""
+    """Wait until `count` records are processed, then for a commit that began
+    with all of them processed (their counts durable: the last commit may
+    have begun before the wait saw the count, and an idle app commits no
+    more); when the count was seen."""
     done = _wait(lambda: app.progress().processed >= count, timeout, what, app, 0.02)
     _wait(
-        lambda: any(c[0] - c[1] >= done for c in times.commits),
+        lambda: any(n >= count for n in times.processed_at_start),
         timeout,
         f"the commit after {what}",
         app,
