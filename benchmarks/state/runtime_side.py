@@ -117,6 +117,21 @@ class CommitTimes:
         return [c for c in self.commits if start <= c[0] <= end]
 
 
+def commit_figures(
+    window: list[tuple[float, float, float, int, dict[str, float]]], prefix: str
+) -> dict[str, float]:
+    """Median, p99 and max of the commits in `window`, and their stores' share."""
+    seconds = [c[1] for c in window]
+    stores = [c[2] for c in window]
+    return {
+        f"{prefix}median_ms": 1000 * statistics.median(seconds),
+        f"{prefix}p99_ms": 1000 * percentile(seconds, 0.99),
+        f"{prefix}max_ms": 1000 * max(seconds),
+        f"{prefix}stores_median_ms": 1000 * statistics.median(stores),
+        f"{prefix}stores_p99_ms": 1000 * percentile(stores, 0.99),
+    }
+
+
 def steps_figures(
     window: list[tuple[float, float, float, int, dict[str, float]]], prefix: str
 ) -> dict[str, Any]:
@@ -266,8 +281,6 @@ def _process(
     first = _wait(lambda: app.progress().processed > 0, timeout, "the first record", app, 0.01)
     done = _processed_and_committed(app, times, total, timeout, "the whole backlog")
     window = times.between(go, time.monotonic())
-    seconds = [c[1] for c in window]
-    stores = [c[2] for c in window]
     steady = _steady(app, times, spec, timeout)
     return {
         "records": total,
@@ -280,11 +293,7 @@ def _process(
         # from start(), group join and store opening included.
         "records_per_s_from_start": total / (done - started),
         "commits": len(window),
-        "commit_median_ms": 1000 * statistics.median(seconds),
-        "commit_p99_ms": 1000 * percentile(seconds, 0.99),
-        "commit_max_ms": 1000 * max(seconds),
-        "commit_stores_median_ms": 1000 * statistics.median(stores),
-        "commit_stores_p99_ms": 1000 * percentile(stores, 0.99),
+        **commit_figures(window, "commit_"),
         "commit_partitions_max": max(c[3] for c in window),
     }
 
@@ -329,18 +338,12 @@ def _steady(app: Any, times: CommitTimes, spec: dict[str, Any], timeout: float) 
     window = times.between(started + 1.0, ended)
     if not window:
         raise RuntimeError("no commit during the steady feed (a longer --feed-s gives some)")
-    seconds = [c[1] for c in window]
-    stores = [c[2] for c in window]
     return {
         "fed": count,
         "feed_s": ended - started,
         "feed_lag_s": done - ended,
         "steady_commits": len(window),
-        "steady_commit_median_ms": 1000 * statistics.median(seconds),
-        "steady_commit_p99_ms": 1000 * percentile(seconds, 0.99),
-        "steady_commit_max_ms": 1000 * max(seconds),
-        "steady_commit_stores_median_ms": 1000 * statistics.median(stores),
-        "steady_commit_stores_p99_ms": 1000 * percentile(stores, 0.99),
+        **commit_figures(window, "steady_commit_"),
         **steps_figures(window, "steady_commit_"),
     }
 
