@@ -180,7 +180,7 @@ def test_keyed_writes_land_where_the_java_client_puts_them_through_both_sinks(
     key on the partition the runtime's partitioner computes; only the project's sink
     writes the rows' timestamps (Spark's has no timestamp column: it is ignored)."""
     keys = [f"k{i}".encode() for i in range(1000)] + ["ключ-ü".encode(), b"\x00\xff", b""]
-    rows = [(key, b"v", 1_600_000_000_000 + i) for i, key in enumerate(keys)]
+    rows = [(key, b"v", RECENT_MS + i) for i, key in enumerate(keys)]
     df = spark.createDataFrame(rows, "key binary, value binary, timestamp long").repartition(3)
     written: dict[str, dict[bytes | None, tuple[int, int]]] = {}
     before = int(time.time() * 1000)
