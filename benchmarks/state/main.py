@@ -66,6 +66,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--commit-interval-ms", type=int, default=1000)
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="runtime sides per layout and task count, the layouts' order rotated each round; "
+        "the throughput verdict takes the median of the rounds' consolidated / per-task ratios "
+        "(this machine's speed drifts between runs, and the side run second tends to be "
+        "faster: one pair decides nothing)",
+    )
+    parser.add_argument(
         "--feed-s",
         type=float,
         default=60.0,
@@ -216,9 +225,15 @@ def _runtime_side(
     base: dict[str, Any],
     layout: str,
     config: dict[str, str],
+    number: int = 0,
 ) -> dict[str, Any]:
     partitions = base["partitions"]
-    side: dict[str, Any] = {"side": "runtime", "layout": layout, "partitions": partitions}
+    side: dict[str, Any] = {
+        "side": "runtime",
+        "layout": layout,
+        "partitions": partitions,
+        "round": number,
+    }
     app_id = f"bench-state-{layout}-{partitions}-{random.randrange(1 << 30)}"
     side["application_id"] = app_id
     scratch = tempfile.mkdtemp(prefix="bench-state-")
@@ -227,7 +242,8 @@ def _runtime_side(
         for mode in ("process", "restore"):
             harness.wait_for_quiet(session, args.quiet_wait)
             state_dir = os.path.join(scratch, mode)  # the restore's is new and empty
-            log = os.path.join(log_dir, f"runtime-{layout}-{partitions}-{mode}.log")
+            suffix = f"-r{number}" if number else ""
+            log = os.path.join(log_dir, f"runtime-{layout}-{partitions}-{mode}{suffix}.log")
             side["log_" + mode] = log
             result = harness.run_child(
                 "state_runtime",
@@ -305,7 +321,17 @@ def _ks_side(
     return side
 
 
+def _rotated(layouts: list[str], number: int) -> list[str]:
+    """The layouts in round `number`'s order: each round starts one further on."""
+    if not layouts:
+        return []
+    shift = number % len(layouts)
+    return layouts[shift:] + layouts[:shift]
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.rounds < 1:
+        raise SystemExit("--rounds: at least 1")
     args.out = output_dir(args)
     # Empty: no runtime side (a Kafka Streams-only run).
     given = args.layouts if args.layouts is not None else ",".join(accepted_layouts())
@@ -330,14 +356,18 @@ def main(args: argparse.Namespace) -> int:
         machine = harness.machine_info(args.broker)
         print(f"[state] broker {session.bootstrap}; logs in {log_dir}", flush=True)
         for partitions in partition_counts:
-            runs: list[tuple[str, str]] = [("runtime", layout) for layout in layouts]
-            runs += [("kafka-streams", setting) for setting in ks_memory]
-            for kind, what in runs:
+            runs: list[tuple[str, str, int]] = [
+                ("runtime", layout, number)
+                for number in range(args.rounds)
+                for layout in _rotated(layouts, number)
+            ]
+            runs += [("kafka-streams", setting, 0) for setting in ks_memory]
+            for kind, what, number in runs:
                 # Every side its own input, loaded the same way: a side's steady feed
                 # appends to its topic, which no other side may read.
                 base = _fresh_input(session, args, partitions)
                 if kind == "runtime":
-                    side = _runtime_side(args, session, log_dir, base, what, config)
+                    side = _runtime_side(args, session, log_dir, base, what, config, number)
                 else:
                     side = _ks_side(args, session, log_dir, base, what, budget)
                 sides.append(side)
@@ -357,6 +387,7 @@ def main(args: argparse.Namespace) -> int:
             "ks_memory": ks_memory,
             "threads": args.threads,
             "commit_interval_ms": args.commit_interval_ms,
+            "rounds": args.rounds,
             "feed_s": args.feed_s,
             "feed_rate": args.feed_rate,
             "memory_bytes": budget[0],
