@@ -53,6 +53,10 @@ from typing import Any, Protocol
 
 from rocksdict import BlockBasedIndexType, BlockBasedOptions, Cache, Options, WriteBufferManager
 
+from runtime.logging import get_logger
+
+log = get_logger("runtime.state.rocksdb_memory")
+
 MIB = 1 << 20
 DEFAULT_MEMORY_BYTES = 256 * MIB
 """`state.rocksdb.memory.bytes`: large enough for a few hundred stores' index
@@ -67,6 +71,12 @@ MAX_MEMTABLE_BYTES = 16 * MIB
 ARENA_BLOCK_BYTES = 64 * 1024
 BLOOM_BITS_PER_KEY = 10
 STALL_LIMIT_S = 5.0
+# A stall ends early when the memtables' usage has not gone down for this
+# long: flushing cannot bring it under the share (see `_stall`).
+STALL_NO_PROGRESS_S = 2.0
+# ...and then no writer stalls again for this long (a commit of hundreds of
+# stores would otherwise wait that long once per store).
+STALL_BACKOFF_S = 30.0
 
 ConfigSetter = Callable[[str, Options], object]
 """`state.rocksdb.config.setter`: `setter(store_name, options)` changes the
@@ -160,6 +170,8 @@ class RocksDBMemory:
         self.forced_flushes = 0  # memtables flushed by `relieve_write_buffers`
         self.stalls = 0  # writes that waited for memtables to flush
         self.stall_seconds = 0.0
+        self.stalls_without_progress = 0  # stalls ended because flushing did not help
+        self._stall_again_at = 0.0  # monotonic; see `_stall`
 
     # --- options (the thread opening a store) --------------------------------
 
@@ -229,7 +241,8 @@ class RocksDBMemory:
         RocksDB flushes), the caller waits until flushes bring it back, at
         most `STALL_LIMIT_S`: a write stall of our own, counted in
         `stall_seconds` (RocksDB's own `allow_stall` could wait for ever
-        on memtables of idle stores nobody flushes).
+        on memtables of idle stores nobody flushes). A stall that flushing
+        cannot end (see `_stall`) is not repeated for `STALL_BACKOFF_S`.
 
         Called after a store's write (a commit: the polling thread; a
         restored batch: the restoration thread) by the thread that wrote;
@@ -238,7 +251,7 @@ class RocksDBMemory:
         if self.write_buffer_usage() < share * 0.9:
             return 0
         asked = self._flush_largest(share)
-        if self.write_buffer_usage() > share:
+        if self.write_buffer_usage() > share and time.monotonic() >= self._stall_again_at:
             self._stall(share)
         return asked
 
@@ -262,12 +275,32 @@ class RocksDBMemory:
             self._relief.release()
 
     def _stall(self, share: int) -> None:
+        """Wait until flushes bring the memtables under `share`, at most
+        `STALL_LIMIT_S`.
+
+        Ends early, with a warning that says what to change, when the usage
+        has not gone down for `STALL_NO_PROGRESS_S`: memory that flushing
+        does not release holds it above the share. Found with a config
+        setter giving each store 64 MiB memtables with a memtable Bloom
+        filter: the filter is allocated with every new memtable, so 16
+        stores' empty memtables alone exceeded a 64 MiB share, and every
+        store's commit waited the whole 5 s (a 600,000-record backlog was
+        not processed in 15 minutes). After such a stall no writer stalls
+        for `STALL_BACKOFF_S`."""
         started = time.monotonic()
         deadline = started + STALL_LIMIT_S
         next_flush = started + 0.05
-        while self.write_buffer_usage() > share:
+        lowest = self.write_buffer_usage()
+        lowered_at = started
+        gave_up = False
+        while (usage := self.write_buffer_usage()) > share:
             now = time.monotonic()
+            if usage < lowest:
+                lowest, lowered_at = usage, now
             if now >= deadline:
+                break
+            if now - lowered_at >= STALL_NO_PROGRESS_S:
+                gave_up = True
                 break
             if now >= next_flush:  # memtables whose flush ended may hold more
                 self._flush_largest(share)
@@ -276,6 +309,24 @@ class RocksDBMemory:
         with self._lock:
             self.stalls += 1
             self.stall_seconds += time.monotonic() - started
+            if not gave_up:
+                return
+            self.stalls_without_progress += 1
+            self._stall_again_at = time.monotonic() + STALL_BACKOFF_S
+        log.warning(
+            "rocksdb_memtables_over_budget",
+            usage_mib=round(usage / MIB, 1),
+            share_mib=round(share / MIB, 1),
+            stores=len(self._open),
+            next_stall_after_s=STALL_BACKOFF_S,
+            hint="flushing does not bring the memtables under their share of "
+            "state.rocksdb.memory.bytes (state.rocksdb.write.buffer.ratio): memory every "
+            "memtable holds from its start (a memtable Bloom filter, a large arena block set "
+            "by state.rocksdb.config.setter) times the open stores exceeds it; raise "
+            "state.rocksdb.memory.bytes or state.rocksdb.write.buffer.ratio, or make the "
+            "setter's write_buffer_size, memtable_prefix_bloom_ratio or arena_block_size "
+            "smaller",
+        )
 
     # --- shared figures (any thread; RocksDB's counters) ----------------------
 

@@ -252,6 +252,62 @@ def test_many_stores_stay_within_the_shared_budget(tmp_path: Path) -> None:
     assert figures.memory_bytes == budget
 
 
+def test_a_stall_that_flushing_cannot_end_gives_up_and_is_not_repeated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A setter whose memtables hold memory from their start (a memtable Bloom
+    filter of 10% of 64 MiB) puts four empty stores over a 16 MiB share,
+    which no flush can lower. Before the fix each store's commit waited the
+    whole stall limit (four one-key commits: 20 s); now the first commit
+    waits until the usage has not gone down for the no-progress time, and
+    no commit waits again within the back-off."""
+    monkeypatch.setattr("runtime.state.rocksdb_memory.STALL_NO_PROGRESS_S", 0.3)
+
+    def bloom_setter(_name: str, options: Options) -> None:
+        options.set_write_buffer_size(64 * MIB)
+        options.set_memtable_prefix_bloom_ratio(0.1)
+        options.set_memtable_whole_key_filtering(True)
+
+    memory = RocksDBMemory(RocksDBMemorySettings(memory_bytes=64 * MIB, config_setter=bloom_setter))
+    stores = [
+        RocksDBKeyValueStore(f"s{i}", tmp_path / f"s{i}", memory, task_id=f"0_{i}")
+        for i in range(4)
+    ]
+    try:
+        assert memory.write_buffer_usage() > memory.settings.write_buffer_bytes
+        started = time.monotonic()
+        for round_ in range(3):
+            for store in stores:
+                store.put(b"k%d" % round_, b"v")
+                store.commit()
+        took = time.monotonic() - started
+        assert memory.stalls_without_progress == 1
+        assert memory.stalls == 1
+        assert took < 3.0, took  # one short stall, not twelve of 5 s
+        for store in stores:
+            assert store.get(b"k2") == b"v"
+    finally:
+        for store in stores:
+            store.close()
+
+
+def test_a_stall_that_flushes_end_waits_for_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The give-up needs no progress: usage that goes down keeps the stall
+    waiting (a fake usage falling by 16 KiB per reading from 1 MiB over:
+    about 64 readings 2 ms apart, far longer than the no-progress time)."""
+    memory = RocksDBMemory(RocksDBMemorySettings(memory_bytes=64 * MIB))
+    share = memory.settings.write_buffer_bytes
+    readings = iter(range(share + MIB, 0, -16 * 1024))
+    monkeypatch.setattr(memory, "write_buffer_usage", lambda: next(readings))
+    monkeypatch.setattr("runtime.state.rocksdb_memory.STALL_NO_PROGRESS_S", 0.01)
+    started = time.monotonic()
+    memory._stall(share)
+    assert time.monotonic() - started > 0.05
+    assert memory.stalls == 1 and memory.stalls_without_progress == 0
+
+
 # --- the metrics thread -------------------------------------------------------------
 
 
