@@ -37,6 +37,7 @@ from confluent_kafka import Producer
 
 from benchmarks.peers import build as peers_build
 from runtime import App
+from runtime.lifecycle import AppState
 from tests.configs import app_config
 from tests.differential import topologies
 from tests.kafka_helpers import (
@@ -146,6 +147,11 @@ class Run:
     py_out: str
     ks_records: list[Msg] = field(default_factory=list)
     py_records: list[Msg] = field(default_factory=list)
+    # Times the runtime's app went from RUNNING back to REBALANCING (partitions
+    # lost or moved): under at_least_once the records after its last commit
+    # are processed again, and an aggregate may count them twice (Kafka
+    # Streams' too), so its output is then no function of the input alone.
+    py_rebalances: int = 0
 
 
 def _topics_read(bootstrap: str, app_id: str, input_topic: str) -> list[str]:
@@ -245,15 +251,26 @@ def run_pair(
     apps: list[App] = []
 
     def start(run: Run) -> App:
+        # The consumer's own session timeout (45 s), not the suite's 6 s: one
+        # instance per app, so a lapse is never needed, and on a loaded machine
+        # it rewinds the app to its last commit (see `Run.py_rebalances`).
         config = app_config(
             bootstrap,
             run.py_app,
             work / "py-state" / run.name,
             threads=1,
             commit_ms=100,
+            session_ms=None,
+            heartbeat_ms=None,
             **{"cache.max.bytes": 0},
         )
         app = App(topologies.build(run.name, input_topic, run.py_out), config)
+
+        def on_change(new: AppState, old: AppState) -> None:
+            if old is AppState.RUNNING and new is AppState.REBALANCING:
+                run.py_rebalances += 1
+
+        app.set_state_listener(on_change)
         app.start()
         return app
 

@@ -189,6 +189,11 @@ def test_same_output_as_kafka_streams(runs: dict[str, Run], name: str) -> None:
         final_only=name in FINAL_ONLY,
         headers=name in HEADERS,
     )
+    if problems and run.py_rebalances:
+        problems.append(
+            f"(the runtime's app rebalanced {run.py_rebalances} time(s) after it first ran: "
+            "under at_least_once it processed records after its last commit again)"
+        )
     assert not problems, f"{name} differs from Kafka Streams:\n" + "\n".join(problems)
 
 
