@@ -36,9 +36,6 @@ log = get_logger("runtime.polling")
 # Users can override it (consumer.* / restore.consumer.*).
 FETCH_QUEUE_BACKOFF_MS = 10
 
-# How long the producer waits for a topic it does not know to appear (see producer_config).
-TOPIC_PROPAGATION_MAX_MS = 120_000
-
 # The main consumer's session timeout unless `consumer.session.timeout.ms` says otherwise.
 DEFAULT_SESSION_TIMEOUT_MS = 10_000
 
@@ -188,12 +185,6 @@ def producer_config(config: StreamsConfig, callbacks: dict[str, Any]) -> dict[st
         # Failed deliveries are all we need to hear about: a Python callback
         # per acknowledged record would cost more than producing it.
         "delivery.report.only.error": True,
-        # A topic the broker does not know yet (the app's own internal topics
-        # right after it created them) fails its queued records after this
-        # long: librdkafka's 30 s, against the 120 s a Java producer keeps
-        # retrying (delivery.timeout.ms), failed an app whose freshly created
-        # status topic an overloaded broker took longer to show (a CI run).
-        "topic.metadata.propagation.max.ms": TOPIC_PROPAGATION_MAX_MS,
         "log.connection.close": False,
         "logger": librdkafka_logger(),
     }

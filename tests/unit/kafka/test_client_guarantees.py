@@ -275,18 +275,3 @@ def test_run_exits_2_naming_the_key(
     err = capsys.readouterr().err
     named = settings[-1].split("=")[0]
     assert err.count("\n") == 1 and f"config key '{named}'" in err, err
-
-
-def test_the_producer_waits_for_a_new_topic_as_long_as_a_java_producer() -> None:
-    """librdkafka fails records to a topic it does not know after 30 s; the
-    runtime waits 120 s (Java's delivery.timeout.ms), and a user's value wins."""
-    from runtime.config import StreamsConfig
-    from runtime.kafka.clients import producer_config
-
-    base = {"application.id": "app", "bootstrap.servers": "127.0.0.1:9092"}
-    assert (
-        producer_config(StreamsConfig.from_dict(base), {})["topic.metadata.propagation.max.ms"]
-        == 120_000
-    )
-    mine = StreamsConfig.from_dict({**base, "producer.topic.metadata.propagation.max.ms": 5000})
-    assert int(producer_config(mine, {})["topic.metadata.propagation.max.ms"]) == 5000
