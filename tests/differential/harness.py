@@ -251,17 +251,19 @@ def run_pair(
     apps: list[App] = []
 
     def start(run: Run) -> App:
-        # The consumer's own session timeout (45 s), not the suite's 6 s: one
-        # instance per app, so a lapse is never needed, and on a loaded machine
-        # it rewinds the app to its last commit (see `Run.py_rebalances`).
+        # A 45 s session (librdkafka's default), not the suite's 6 s nor the
+        # runtime's 10 s: one instance per app, so a lapse is never needed,
+        # and on a loaded machine (33 Kafka Streams apps and 33 of these
+        # starting at once) it rewinds the app to its last commit (see
+        # `Run.py_rebalances`): a CI run's coordinator went 10 s unanswered.
         config = app_config(
             bootstrap,
             run.py_app,
             work / "py-state" / run.name,
             threads=1,
             commit_ms=100,
-            session_ms=None,
-            heartbeat_ms=None,
+            session_ms=45_000,
+            heartbeat_ms=3_000,
             **{"cache.max.bytes": 0},
         )
         app = App(topologies.build(run.name, input_topic, run.py_out), config)
