@@ -251,19 +251,12 @@ def run_pair(
     apps: list[App] = []
 
     def start(run: Run) -> App:
-        # A 45 s session (librdkafka's default), not the suite's 6 s nor the
-        # runtime's 10 s: one instance per app, so a lapse is never needed,
-        # and on a loaded machine (33 Kafka Streams apps and 33 of these
-        # starting at once) it rewinds the app to its last commit (see
-        # `Run.py_rebalances`): a CI run's coordinator went 10 s unanswered.
         config = app_config(
             bootstrap,
             run.py_app,
             work / "py-state" / run.name,
             threads=1,
             commit_ms=100,
-            session_ms=45_000,
-            heartbeat_ms=3_000,
             **{"cache.max.bytes": 0},
         )
         app = App(topologies.build(run.name, input_topic, run.py_out), config)
