@@ -22,6 +22,7 @@ re-render a saved ``state.json``.
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 MIB = 1 << 20
@@ -102,20 +103,18 @@ def verdicts(result: dict[str, Any]) -> list[str]:
     runs = [s for s in sides if s["side"] == "runtime"]
     # The first round's figures stand for a layout; RSS takes the worst round.
     runtime = {(s["layout"], s["partitions"]): _figures(s) for s in runs if not s.get("round")}
+    worst_rss: dict[tuple[str, int], float] = {}
+    for side in runs:
+        figures, key = _figures(side), (side["layout"], side["partitions"])
+        rss = max(figures["peak_rss_mb"], figures["restore_peak_rss_mb"])
+        worst_rss[key] = max(rss, worst_rss.get(key, rss))
     out = []
     if runtime:
         most = max(p for _l, p in runtime)
         limit = settings["memory_bytes"] / MIB + settings["rss_constant_mib"]
-        for (layout, partitions), _first in sorted(runtime.items()):
+        for (layout, partitions), rss in sorted(worst_rss.items()):
             if partitions != most:
                 continue
-            rss = max(
-                max(f["peak_rss_mb"], f["restore_peak_rss_mb"])
-                for s in runs
-                if s["layout"] == layout
-                and s["partitions"] == partitions
-                and (f := _figures(s)) is not None
-            )
             state = "met" if rss <= limit else "NOT met"
             out.append(
                 f"RSS bounded ({layout}, {partitions} tasks): peak {rss:,.0f} MiB vs budget "
@@ -158,27 +157,19 @@ def round_ratios(runs: list[dict[str, Any]], partitions: int) -> list[tuple[floa
     return ratios
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    if len(ordered) % 2:
-        return ordered[middle]
-    return (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def throughput_verdict(runs: list[dict[str, Any]], partitions: int) -> str:
     """'No throughput loss at 8 tasks', judged on the median of the rounds'
     consolidated / per-task ratios."""
     ratios = round_ratios(runs, partitions)
     if not ratios:
         return f"Throughput at {partitions} tasks: not judged (no round ran both layouts)"
-    share = _median([r for r, _ in ratios])
+    share = statistics.median([r for r, _ in ratios])
     state = "met" if share >= NOISE else "NOT met"
     if len(ratios) == 1:
         return f"Throughput at {partitions} tasks: consolidated {share:.2f}x per-task (target >= {NOISE}): {state}"
     listed = ", ".join(f"{r:.2f}" for r, _ in ratios)
     per_order = "; ".join(
-        f"{first} first {_median(of):.2f}x ({len(of)})"
+        f"{first} first {statistics.median(of):.2f}x ({len(of)})"
         for first in ("per-task", "consolidated")
         if (of := [r for r, f in ratios if f == first])
     )
