@@ -28,12 +28,13 @@ import random
 import subprocess
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from benchmarks.peers import build as peers_build
 from runtime import App
@@ -43,7 +44,6 @@ from tests.differential import topologies
 from tests.kafka_helpers import (
     Msg,
     _admin,
-    committed_offsets,
     consume_all,
     create_topic,
     end_offsets,
@@ -57,6 +57,7 @@ from tests.kafka_helpers import (
 BASE_TIMESTAMP = (int(time.time()) // 60 - 60) * 60_000
 PARTITIONS = 2
 PARALLEL = 6  # apps started, closed and read back at once
+WAVE = 10  # topologies run at once (per side); see run_pair
 KEEP = {"retention.ms": "-1"}  # the test's topics keep their records, whatever their time
 
 Record = tuple[str | None, str | None, int]  # key, value, timestamp
@@ -152,29 +153,93 @@ class Run:
     # are processed again, and an aggregate may count them twice (Kafka
     # Streams' too), so its output is then no function of the input alone.
     py_rebalances: int = 0
+    # Why this topology's wave could not run to the end (None: it did).
+    error: str | None = None
 
 
-def _topics_read(bootstrap: str, app_id: str, input_topic: str) -> list[str]:
-    """The input topic and the internal topics the application reads back:
-    repartition topics, and a foreign-key join's subscription and response
-    topics (`...-topic`; without them the run could stop before the last
-    answer's round trip). Changelogs are written, not read, while running."""
-    names = _admin(bootstrap).list_topics(timeout=10).topics
-    internal = [
+def _internal_topics_read(names: Iterable[str], app_id: str) -> list[str]:
+    """The internal topics an application reads back: repartition topics, and
+    a foreign-key join's subscription and response topics (`...-topic`;
+    without them the run could stop before the last answer's round trip).
+    Changelogs are written, not read, while running."""
+    return sorted(
         t for t in names if t.startswith(f"{app_id}-") and t.endswith(("-repartition", "-topic"))
-    ]
-    return [input_topic, *sorted(internal)]
+    )
 
 
-def lag(bootstrap: str, app_id: str, input_topic: str) -> str | None:
-    """What the application's group has not committed yet (None: it has
-    committed the end of every topic it reads)."""
-    for topic in _topics_read(bootstrap, app_id, input_topic):
-        ends = end_offsets(bootstrap, topic)
-        committed = committed_offsets(bootstrap, app_id, topic)
-        if any(committed.get(p, -1) < end for p, end in ends.items() if end > 0):
-            return f"{app_id} on {topic}: committed {committed}, ends {ends}"
-    return None
+class CommitProbe:
+    """Which applications have committed the end of every topic they read.
+
+    Asked every half second while a wave runs. Asking with fresh clients (an
+    admin and two consumers per application and question) put hundreds of
+    connections a second on the broker of a loaded CI machine, and the apps'
+    own start-up checks then timed out. So: the input's end offsets are
+    learnt once (it is written whole before any app starts), topics are
+    listed once per round, each group keeps one consumer that only fetches
+    offsets (it never joins), and an application that has caught up is not
+    asked again: its input is static, so once it has committed the end of
+    everything it reads, nothing new reaches it.
+
+    Threads: the test's thread only.
+    """
+
+    def __init__(self, bootstrap: str, input_topic: str, app_ids: list[str]) -> None:
+        self._bootstrap = bootstrap
+        self._input = input_topic
+        self._input_ends = end_offsets(bootstrap, input_topic)
+        self._admin = _admin(bootstrap)
+        self._pending = list(app_ids)
+        self._groups: dict[str, Consumer] = {}
+
+    def behind(self) -> list[str]:
+        """What the applications still running have not committed, one line each (empty: done)."""
+        names = self._admin.list_topics(timeout=10).topics
+        lines: list[str] = []
+        for app_id in list(self._pending):
+            line = self._lag(app_id, names)
+            if line is None:
+                self._pending.remove(app_id)
+                self._groups.pop(app_id).close()
+            else:
+                lines.append(line)
+        return lines
+
+    def close(self) -> None:
+        for consumer in self._groups.values():
+            consumer.close()
+        self._groups.clear()
+
+    def _lag(self, app_id: str, names: Iterable[str]) -> str | None:
+        if app_id not in self._groups:
+            self._groups[app_id] = Consumer(
+                {
+                    "bootstrap.servers": self._bootstrap,
+                    "group.id": app_id,
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    "log_level": 0,
+                }
+            )
+        # The input first: until it is committed, the internal topics need no look.
+        topics = [self._input, *_internal_topics_read(names, app_id)]
+        for topic in topics:
+            ends = self._input_ends if topic == self._input else end_offsets(self._bootstrap, topic)
+            committed = self._committed(app_id, topic, ends)
+            if any(committed.get(p, -1) < end for p, end in ends.items() if end > 0):
+                return f"{app_id} on {topic}: committed {committed}, ends {ends}"
+        return None
+
+    def _committed(self, app_id: str, topic: str, ends: dict[int, int]) -> dict[int, int]:
+        try:
+            result = self._groups[app_id].committed(
+                [TopicPartition(topic, p) for p in ends], timeout=10
+            )
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.retriable():
+                return {}  # the coordinator is still loading: asked again next round
+            raise
+        return {tp.partition: tp.offset for tp in result if tp.error is None and tp.offset >= 0}
 
 
 class KafkaStreamsSide:
@@ -227,7 +292,15 @@ class KafkaStreamsSide:
 def run_pair(
     bootstrap: str, names: list[str], records: list[Record], work: Path, prefix: str
 ) -> dict[str, Run]:
-    """Run `names` on both sides over `records`; returns each topology's outputs."""
+    """Run `names` on both sides over `records`; returns each topology's outputs.
+
+    The topologies run in waves of `WAVE` (each wave its own Kafka Streams
+    JVM and its own apps), not all at once: 38 applications per side starting
+    together on a loaded two-core CI machine left the broker unanswered for
+    tens of seconds, and one app that could not start failed every
+    comparison. A wave that fails names its error on its own runs
+    (`Run.error`), and the other waves still run.
+    """
     input_topic = unique_name(f"{prefix}-in")
     create_topic(bootstrap, input_topic, PARTITIONS, KEEP)
     produce_input(bootstrap, input_topic, records)
@@ -242,10 +315,24 @@ def run_pair(
         create_topic(bootstrap, run.ks_out, PARTITIONS, KEEP)
         create_topic(bootstrap, run.py_out, PARTITIONS, KEEP)
         runs[name] = run
+    waves = [names[i : i + WAVE] for i in range(0, len(names), WAVE)]
+    for number, wave in enumerate(waves):
+        wave_runs = [runs[name] for name in wave]
+        try:
+            _run_wave(bootstrap, input_topic, wave_runs, work / f"wave-{number}")
+        except Exception as exc:  # noqa: BLE001 - said on each of the wave's runs
+            for run in wave_runs:
+                run.error = f"{type(exc).__name__}: {exc}"
+    return runs
+
+
+def _run_wave(bootstrap: str, input_topic: str, runs: list[Run], work: Path) -> None:
+    """Both sides of `runs` at once, until each app has committed all it reads; then read back."""
+    work.mkdir(parents=True, exist_ok=True)
     ks = KafkaStreamsSide(
         bootstrap,
         work / "ks-state",
-        [f"{r.name}:{r.ks_app}:{input_topic}:{r.ks_out}" for r in runs.values()],
+        [f"{r.name}:{r.ks_app}:{input_topic}:{r.ks_out}" for r in runs],
         work / "kafka-streams.log",
     )
     apps: list[App] = []
@@ -270,11 +357,11 @@ def run_pair(
         return app
 
     # Apps start, close and are read back a few at a time: each waits mostly
-    # on the broker (start-up checks, the final commit), so the module's time
-    # grows little with the number of topologies.
+    # on the broker (start-up checks, the final commit).
     pool = ThreadPoolExecutor(PARALLEL)
+    probe: CommitProbe | None = None
     try:
-        futures = [pool.submit(start, run) for run in runs.values()]
+        futures = [pool.submit(start, run) for run in runs]
         for future in futures:
             exc = future.exception()
             if exc is None:
@@ -283,13 +370,14 @@ def run_pair(
         if failed is not None:
             raise failed
         ks.wait_ready()
-        pending = [app_id for r in runs.values() for app_id in (r.ks_app, r.py_app)]
+        probe = CommitProbe(
+            bootstrap, input_topic, [app_id for r in runs for app_id in (r.ks_app, r.py_app)]
+        )
         behind: list[str] = []
 
         def all_caught_up() -> bool:
-            behind[:] = [
-                text for app_id in pending if (text := lag(bootstrap, app_id, input_topic))
-            ]
+            assert probe is not None
+            behind[:] = probe.behind()
             return not behind
 
         try:
@@ -297,6 +385,8 @@ def run_pair(
         except AssertionError:
             raise AssertionError("not every application caught up:\n" + "\n".join(behind)) from None
     finally:
+        if probe is not None:
+            probe.close()
         list(pool.map(lambda app: app.close(30), apps))
         ks.stop()
 
@@ -305,10 +395,9 @@ def run_pair(
         run.py_records = consume_all(bootstrap, run.py_out, timeout=30)
 
     try:
-        list(pool.map(read, runs.values()))
+        list(pool.map(read, runs))
     finally:
         pool.shutdown()
-    return runs
 
 
 Item = tuple[bytes | None, int, tuple[tuple[str, bytes | None], ...]]  # value, timestamp, headers

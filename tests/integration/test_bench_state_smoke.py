@@ -77,7 +77,7 @@ def test_runtime_side_reports_every_figure(broker: Broker, tmp_path: Path) -> No
         "--feed-s=4",
         f"--feed-rate={FED // 4}",
     )
-    assert code == 0, result["sides"]
+    assert code == 0, [(s.get("layout"), s.get("error")) for s in result["sides"]]
     (side,) = result["sides"]
     assert side["ok"] and side["layout"] == "per-task" and side["partitions"] == 4
     figures = _figures(side)
