@@ -144,11 +144,15 @@ def test_kill_9_and_restart_loses_nothing(bootstrap: str, daemons: Daemons) -> N
     source, sink, app_id = unique_name("k-in"), unique_name("k-out"), unique_name("d-kill")
     create_topic(bootstrap, source, 4)
     create_topic(bootstrap, sink, 4)
-    n, keys = 20000, 40
+    # 15 s of feed from the moment the daemon is ready: the kill below must
+    # land mid-stream even where start-up and the first commit are slow (a
+    # loaded CI machine had finished a 10 s feed started with the process).
+    n, keys = 30000, 40
     feeder = Feeder(bootstrap, source, total=n, rate=2000, keys=keys)
     reader = TopicReader(bootstrap, sink, 4)
     try:
         first = daemons.start("first", app_id, source, sink, {"commit.interval.ms": 1000})
+        first.wait_ready()
         feeder.start()
 
         def output_at_least(count: int) -> bool:
