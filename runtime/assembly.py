@@ -314,6 +314,7 @@ def assemble(
         instance_id,
         query_priorities=query_priorities,
         status_view=status_view,
+        named_queries=named_queries,
     )
     capture = None
     if remote is not None:

@@ -64,16 +64,18 @@ def assignment_strategy(topology: Topology) -> str:
     return "range" if multi_source else "cooperative-sticky"
 
 
-# The main consumer's prefetch per partition unless `consumer.*` says
-# otherwise (see `input_prefetch`).
-INPUT_PARTITION_FETCH_BYTES = 65_536
+# The main consumer's fetch size per partition unless `consumer.*` says
+# otherwise (see `input_prefetch`): large for an app's one topology, small
+# while named queries share the consumer.
+INPUT_PARTITION_FETCH_BYTES = 262_144
+QUERIES_PARTITION_FETCH_BYTES = 65_536
 
 # librdkafka's defaults for the settings `input_prefetch` changes (for a
 # consumer that wants them back: the benchmarks' thread-per-client baseline).
 LIBRDKAFKA_PREFETCH = {"max.partition.fetch.bytes": 1_048_576, "queued.min.messages": 100_000}
 
 
-def input_prefetch(config: StreamsConfig) -> dict[str, int]:
+def input_prefetch(config: StreamsConfig, named_queries: bool = False) -> dict[str, int]:
     """The main consumer's prefetch settings, sized to the input buffers.
 
     A full input buffer pauses its partition, and pausing makes librdkafka
@@ -81,23 +83,38 @@ def input_prefetch(config: StreamsConfig) -> dict[str, int]:
     librdkafka's defaults (1 MiB a fetch, 100,000 records queued per
     partition) a partition paused at `buffered.records.per.partition` and
     resumed at half of it refetched and parsed some 15,000 small records for
-    every 2,500 it kept: on a stateful count over a backlog librdkafka's
+    every 2,500 it kept (on a stateful count over a backlog librdkafka's
     fetch thread spent 4.1 s of CPU per 3,000,000 records against 1.0 s for
     the thread-per-client baseline, whose consumer rarely runs ahead of its
-    processing. So a fetch brings at most `INPUT_PARTITION_FETCH_BYTES` a
-    partition (also what keeps a low-priority query's refill from holding up
-    a higher-priority record in the consumer's one queue: measured p99 3.75x
-    of running alone at 1 MiB, 1.72x at 64 KiB), and librdkafka stops
-    fetching a partition once it holds what its buffer takes at a resume
-    (half the bound). A setting the user gave (`consumer.max.partition.fetch.bytes`,
-    `consumer.queued.min.messages`) wins. Pure; any thread.
+    processing). So librdkafka stops fetching a partition once it holds a
+    quarter of the bound: that, plus one fetch, is what a pause can drop.
+
+    How much one fetch brings a partition is the other side: a fast
+    topology (a count, about 2.5 us a record) empties its buffers faster
+    than 64 KiB fetches refill them, one round trip to the broker at a time.
+    In the compare benchmark's stateful count (1 thread, quiet, Apache Kafka
+    on the same 2 cores) the processing thread waited for input half of its
+    time, with the buffers nearly empty, at 229,000-286,000 records/s; with
+    256 KiB fetches (and the quarter) 337,000-366,000, while the JSON map,
+    whose buffers stay full, kept its pace (122,000-128,000 against
+    128,000-134,000, within its run-to-run spread). So 256 KiB, except where
+    named queries share the consumer: there a light query's record waits in
+    the consumer's one queue behind whatever a heavy query's refill brought
+    (measured p99 3.75x of running alone at 1 MiB, 1.72x at 64 KiB), and
+    such an app keeps 64 KiB fetches and half the bound queued, as
+    measured for the queries benchmark. A setting the user gave
+    (`consumer.max.partition.fetch.bytes`, `consumer.queued.min.messages`)
+    wins. Pure; any thread.
     """
     overrides = config.consumer_overrides
+    bound = config.buffered_records_per_partition
     settings: dict[str, int] = {}
     if "max.partition.fetch.bytes" not in overrides:
-        settings["max.partition.fetch.bytes"] = INPUT_PARTITION_FETCH_BYTES
+        settings["max.partition.fetch.bytes"] = (
+            QUERIES_PARTITION_FETCH_BYTES if named_queries else INPUT_PARTITION_FETCH_BYTES
+        )
     if "queued.min.messages" not in overrides:
-        settings["queued.min.messages"] = max(1, config.buffered_records_per_partition // 2)
+        settings["queued.min.messages"] = max(1, bound // 2 if named_queries else bound // 4)
     return settings
 
 
@@ -105,8 +122,10 @@ def consumer_config(
     config: StreamsConfig,
     assignment_strategy: str,
     callbacks: dict[str, Any],
+    named_queries: bool = False,
 ) -> dict[str, Any]:
-    """The main consumer's settings (prefetch: see `input_prefetch`)."""
+    """The main consumer's settings (prefetch: see `input_prefetch`;
+    `named_queries`: the app runs a mapping of named queries)."""
     settings: dict[str, Any] = {
         "bootstrap.servers": config.bootstrap_servers,
         "group.id": config.application_id,
@@ -138,7 +157,7 @@ def consumer_config(
         # (runtime.polling.expansion).
         "topic.metadata.refresh.interval.ms": config.partition_check_interval_ms,
     }
-    settings.update(input_prefetch(config))
+    settings.update(input_prefetch(config, named_queries))
     settings.update(config.consumer_overrides)
     if str(settings.get("group.protocol", "classic")).lower() == "consumer":
         _use_consumer_group_protocol(settings, assignment_strategy)

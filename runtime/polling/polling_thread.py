@@ -112,6 +112,7 @@ class PollingThread(threading.Thread):
         instance_id: str,
         query_priorities: Iterable[int] = (),
         status_view: StatusTopicView | None = None,
+        named_queries: bool = False,
     ) -> None:
         super().__init__(name=f"{config.client_id}-PollingThread", daemon=True)
         self._config = config
@@ -163,6 +164,7 @@ class PollingThread(threading.Thread):
             config,
             self.assignment_strategy,
             {"error_cb": self.health.on_client_error},
+            named_queries,
         )
         self._consumer = Consumer(consumer_settings)
         session_timeout = consumer_settings.get("session.timeout.ms")

@@ -52,12 +52,22 @@ def test_a_chosen_remote_assignor_wins() -> None:
 
 def test_the_prefetch_is_sized_to_the_input_buffers() -> None:
     """A pause drops librdkafka's prefetch for the partition: it holds at most
-    what the buffer takes at a resume, and a fetch brings 64 KiB a partition
+    a quarter of the buffer's bound, and a fetch brings 256 KiB a partition
     (runtime.kafka.clients.input_prefetch)."""
     settings = consumer_config(config(**{"buffered.records.per.partition": 3000}), "range", {})
+    assert settings["max.partition.fetch.bytes"] == 262_144
+    assert settings["queued.min.messages"] == 750
+    Consumer({**settings, "group.id": "g"}).close()  # librdkafka takes them
+
+
+def test_named_queries_keep_small_fetches() -> None:
+    """A light query's record waits in the consumer's one queue behind what a
+    heavy query's refill fetched: an app of named queries fetches 64 KiB a
+    partition and queues half the bound (as the queries benchmark measured)."""
+    cfg = config(**{"buffered.records.per.partition": 3000})
+    settings = consumer_config(cfg, "range", {}, named_queries=True)
     assert settings["max.partition.fetch.bytes"] == 65_536
     assert settings["queued.min.messages"] == 1500
-    Consumer({**settings, "group.id": "g"}).close()  # librdkafka takes them
 
 
 def test_a_configured_partition_fetch_size_wins() -> None:
