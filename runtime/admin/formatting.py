@@ -272,6 +272,11 @@ def format_state_memory(memory: Mapping[str, Any]) -> str:
     text += f"{len(stalled)} ({', '.join(stalled[:4])})" if stalled else "none"
     if memory.get("stall_seconds"):
         text += f"; waited {float(memory['stall_seconds']):.1f} s for memtable flushes"
+    if memory.get("stalls_without_progress"):
+        text += (
+            f", {memory['stalls_without_progress']} waits gave up (memtables over their "
+            "budget: see the log's rocksdb_memtables_over_budget)"
+        )
     return text
 
 

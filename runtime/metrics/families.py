@@ -134,6 +134,12 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "Time commits and restores waited for memtable flushes (writes faster than RocksDB "
         "flushes).",
     ),
+    "streams_rocksdb_memtable_stalls_without_progress": (
+        "counter",
+        "Waits for memtable flushes that gave up because the memtables did not shrink: their "
+        "share of state.rocksdb.memory.bytes is too small for the stores' settings (the log "
+        "says rocksdb_memtables_over_budget and what to change).",
+    ),
     "streams_rocksdb_estimated_keys": ("gauge", "RocksDB's estimate of a store's keys."),
     "streams_rocksdb_store_memtable_bytes": ("gauge", "Bytes of a store's memtables."),
     "streams_rocksdb_table_readers_bytes": (
@@ -481,6 +487,10 @@ def _rocksdb_families(status: AppStatus) -> Iterator[Any]:
     yield _gauge("streams_rocksdb_memtable_usage_bytes", memory.get("write_buffer_usage_bytes"))
     yield _counter("streams_rocksdb_forced_flushes", memory.get("forced_flushes", 0))
     yield _counter("streams_rocksdb_memtable_stall_seconds", memory.get("stall_seconds", 0.0))
+    yield _counter(
+        "streams_rocksdb_memtable_stalls_without_progress",
+        memory.get("stalls_without_progress", 0),
+    )
     stores = memory.get("stores") or []
     for name, key in _ROCKSDB_STORE_GAUGES:
         family = _gauge(name, labels=["task", "store"])

@@ -86,10 +86,13 @@ class RocksDBFigures:
     write_buffer_usage_bytes: int
     # The runtime's own keeping of memtables within their share
     # (RocksDBMemory.relieve_write_buffers): flushes it asked for, writes
-    # that waited for flushes and the time they waited.
+    # that waited for flushes and the time they waited, and the waits that
+    # gave up because flushing did not bring the memtables down (their
+    # budget is too small for the stores' settings: RocksDBMemory._stall).
     forced_flushes: int = 0
     stalls: int = 0
     stall_seconds: float = 0.0
+    stalls_without_progress: int = 0
     stores: tuple[StoreFigures, ...] = field(default_factory=tuple)
 
     @property
@@ -125,6 +128,7 @@ def read_figures(memory: RocksDBMemory, now: float | None = None) -> RocksDBFigu
         forced_flushes=memory.forced_flushes,
         stalls=memory.stalls,
         stall_seconds=round(memory.stall_seconds, 3),
+        stalls_without_progress=memory.stalls_without_progress,
         stores=tuple(stores),
     )
 

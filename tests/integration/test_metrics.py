@@ -62,6 +62,7 @@ FULL_STATUS = AppStatus(
                   "write_buffer_limit_bytes": 67108864, "block_cache_usage_bytes": 5000,
                   "block_cache_pinned_bytes": 4000, "write_buffer_usage_bytes": 3000,
                   "forced_flushes": 2, "stalls": 1, "stall_seconds": 0.5, "write_stalls": 1,
+                  "stalls_without_progress": 3,
                   "stores": [{"task": "0_0", "store": "counts", "estimated_keys": 10,
                               "memtable_bytes": 3000, "table_readers_bytes": 100,
                               "pending_compaction_bytes": 0, "live_sst_bytes": 2000,
@@ -135,6 +136,7 @@ def test_collector_exports_every_name() -> None:
     assert got["streams_rocksdb_delayed_write_rate_bytes"][0].value == 16777216
     assert got["streams_rocksdb_get_seconds_count"][0].value == 7
     assert got["streams_rocksdb_memtable_stall_seconds_total"][0].value == 0.5
+    assert got["streams_rocksdb_memtable_stalls_without_progress_total"][0].value == 3
 
 
 def test_endpoints_follow_app_state() -> None:

@@ -531,6 +531,13 @@ def test_format_status_has_a_state_memory_line() -> None:
     text = admin_client.format_status(status, now=1_700_000_012.5)
     (line,) = [line for line in text.splitlines() if line.startswith("state memory")]
     assert "2 column families, 3000 keys" in line
+    status["state_memory"] = {**memory, "stall_seconds": 2.5, "stalls_without_progress": 1}
+    text = admin_client.format_status(status, now=1_700_000_012.5)
+    (line,) = [line for line in text.splitlines() if line.startswith("state memory")]
+    assert line.endswith(
+        "waited 2.5 s for memtable flushes, 1 waits gave up (memtables over their budget: "
+        "see the log's rocksdb_memtables_over_budget)"
+    )
     no_memory = admin_client.format_status(AdminHandler(FakeApp()).handle(Request("status")))
     assert "state memory" not in no_memory  # a stateless app, or before the first read
 

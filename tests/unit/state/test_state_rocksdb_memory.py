@@ -284,6 +284,8 @@ def test_a_stall_that_flushing_cannot_end_gives_up_and_is_not_repeated(
         assert memory.stalls_without_progress == 1
         assert memory.stalls == 1
         assert took < 3.0, took  # one short stall, not twelve of 5 s
+        # What /metrics and `admin status` read (the metrics thread's figures).
+        assert read_figures(memory).as_dict()["stalls_without_progress"] == 1
         for store in stores:
             assert store.get(b"k2") == b"v"
     finally:
