@@ -359,8 +359,11 @@ class PartitionExpansion:
         if self._input_changes(grown):
             self.expansions += 1
         accepted.update(grown)
-        created = self._tasks.release_held()
+        # Nothing is waited for once the counts are accepted: cleared before
+        # the held partitions become tasks, so that a status read meanwhile
+        # (another thread, racily) never shows the new tasks still waiting.
         self._wait(None)
+        created = self._tasks.release_held()
         log.info(
             "partition_expansion_accepted",
             topics={t: f"{old[t]} -> {n}" for t, n in sorted(grown.items())},
