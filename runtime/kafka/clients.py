@@ -318,6 +318,25 @@ def consume_until(
 # broker.session.timeout.ms, 9 s by default, plus loading the offsets).
 COMMITTED_RETRY_BUDGET_S = 120.0
 
+# Answers to an offset lookup that mean "ask again" though librdkafka does not
+# flag them retriable: the group's coordinator moved or is loading its offsets
+# (met after a broker came back from a pause: NOT_COORDINATOR ended the app
+# in a rewind), or a transaction's offsets are not stable yet.
+_LOOKUP_RETRIABLE_CODES = frozenset(
+    {
+        KafkaError._TIMED_OUT,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.UNSTABLE_OFFSET_COMMIT,
+    }
+)
+
+
+def lookup_retriable(error: KafkaError) -> bool:
+    """Whether a failed committed-offsets lookup is worth asking again. Pure."""
+    return bool(error.retriable()) or error.code() in _LOOKUP_RETRIABLE_CODES
+
 
 def committed_offsets(
     consumer: Consumer,
@@ -344,8 +363,7 @@ def committed_offsets(
                 answer = consumer.committed(partitions, timeout=timeout_s)
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
-                retriable = error.retriable() or error.code() == KafkaError._TIMED_OUT
-                if not retriable or time.monotonic() >= deadline:
+                if not lookup_retriable(error) or time.monotonic() >= deadline:
                     raise
                 log.warning("committed_offsets_retry", error=error.str())
                 retrying.note("committed_offsets")

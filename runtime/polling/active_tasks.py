@@ -42,7 +42,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from runtime.collector.output import OutputChannel
 from runtime.kafka.broker_health import Retrying
-from runtime.kafka.clients import committed_offsets
+from runtime.kafka.clients import committed_offsets, lookup_retriable
 from runtime.kafka.topics import TopicLayout
 from runtime.logging import get_logger
 from runtime.polling.input_buffers import InputBuffers
@@ -400,7 +400,7 @@ class ActiveTasks:
             )
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
-            if not (error.retriable() or error.code() == KafkaError._TIMED_OUT):
+            if not lookup_retriable(error):
                 raise
             self.unsought = partitions
             log.warning(

@@ -79,7 +79,8 @@ class FakeConsumer:
         self.resumed: list[tuple[str, int]] = []
         self.paused: list[tuple[str, int]] = []
         self.assigned: set[tuple[str, int]] = set()
-        self.failed_lookups = 0  # lookups still to time out
+        self.failed_lookups = 0  # lookups still to fail
+        self.lookup_error = KafkaError._TIMED_OUT  # with this code
 
     def assignment(self) -> list[TopicPartition]:
         return [TopicPartition(t, p) for t, p in sorted(self.assigned)]
@@ -90,9 +91,7 @@ class FakeConsumer:
     def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
         if self.failed_lookups:
             self.failed_lookups -= 1
-            raise KafkaException(
-                KafkaError(KafkaError._TIMED_OUT, "Failed to get committed offsets")
-            )
+            raise KafkaException(KafkaError(self.lookup_error, "Failed to get committed offsets"))
         return [
             TopicPartition(
                 tp.topic, tp.partition, self._committed.get((tp.topic, tp.partition), -1001)
@@ -278,6 +277,45 @@ def test_a_rewind_whose_offsets_cannot_be_read_waits_paused_for_a_later_turn(
     assert set(consumer.resumed) == {("words", 0), ("words", 1)}
     assert tasks.get("0_0") is not None and tasks.get("0_1") is not None
     assert tasks.unsought == []
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.UNSTABLE_OFFSET_COMMIT,
+    ],
+)
+def test_a_rewind_asks_again_when_the_coordinator_moved_or_loads(
+    parts: dict[str, Any], code: int
+) -> None:
+    """A broker back from a pause answered the rewind's lookup NOT_COORDINATOR
+    (not flagged retriable by librdkafka) and the app stopped in ERROR
+    (test_eos's broker-pause test): the coordinator's answers mean "ask again"."""
+    tasks: ActiveTasks = parts["tasks"]
+    consumer = parts["consumer"]
+    tasks.create(tps(("words", 0)))
+    consumer.assigned = {("words", 0)}
+    consumer.failed_lookups = 1
+    consumer.lookup_error = code
+    tasks.rewind_all()
+    assert tasks.get("0_0") is None
+    assert tasks.seek_unsought() is True
+    assert consumer.seeks == [("words", 0, 41)] and tasks.get("0_0") is not None
+
+
+def test_a_rewind_fails_on_an_error_that_asking_again_cannot_mend(parts: dict[str, Any]) -> None:
+    tasks: ActiveTasks = parts["tasks"]
+    consumer = parts["consumer"]
+    tasks.create(tps(("words", 0)))
+    consumer.assigned = {("words", 0)}
+    consumer.failed_lookups = 1
+    consumer.lookup_error = KafkaError.GROUP_AUTHORIZATION_FAILED
+    with pytest.raises(KafkaException):
+        tasks.rewind_all()
+        tasks.seek_unsought()
 
 
 def test_a_waiting_rewind_forgets_partitions_lost_or_assigned_anew(
