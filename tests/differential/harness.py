@@ -38,6 +38,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from benchmarks.peers import build as peers_build
 from runtime import App
+from runtime.kafka.clients import lookup_retriable
 from runtime.lifecycle import AppState
 from tests.configs import app_config
 from tests.differential import topologies
@@ -236,8 +237,8 @@ class CommitProbe:
             )
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
-            if isinstance(err, KafkaError) and err.retriable():
-                return {}  # the coordinator is still loading: asked again next round
+            if isinstance(err, KafkaError) and lookup_retriable(err):
+                return {}  # the coordinator moved or is loading: asked again next round
             raise
         return {tp.partition: tp.offset for tp in result if tp.error is None and tp.offset >= 0}
 
