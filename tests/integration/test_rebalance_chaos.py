@@ -118,6 +118,26 @@ def _events(log: Path) -> list[dict]:
     return out
 
 
+def _history(bootstrap: str, source: str, sink: str, keys: list[str]) -> str:
+    """For a wrong count: each key's input records (partition, offset) and its
+    committed counts in output order (partition, offset, count), so that a
+    reader can tell an input counted twice (one count too many between two
+    inputs) from a store that went back (a count repeated or lower)."""
+    wanted = {k.encode() for k in keys}
+    inputs = [m for m in consume_all(bootstrap, source, idle=0.5, timeout=60) if m.key in wanted]
+    counts = [m for m in consume_all(bootstrap, sink, idle=0.5, timeout=60) if m.key in wanted]
+    parts = []
+    for key in sorted(wanted):
+        fed = [(m.partition, m.offset) for m in inputs if m.key == key]
+        seen = [
+            (m.partition, m.offset, serdes.INT64.deserialize(m.value))
+            for m in counts
+            if m.key == key and m.value is not None
+        ]
+        parts.append(f"{key.decode()}: input at {fed}; counts {seen[-12:]}")
+    return "; ".join(parts)
+
+
 def _latest_counts(bootstrap: str, sink: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for m in consume_all(bootstrap, sink, idle=0.5, timeout=60):
@@ -222,7 +242,8 @@ def test_rebalances_while_a_large_store_restores(
         except AssertionError:
             wrong = {k: (last.get(k), v) for k, v in expected.items() if last.get(k) != v}
             raise AssertionError(
-                f"{len(wrong)} counts wrong, e.g. {list(wrong.items())[:5]}"
+                f"{len(wrong)} counts wrong, e.g. {list(wrong.items())[:5]}; "
+                + _history(bootstrap, source, sink, sorted(wrong)[:2])
             ) from None
     finally:
         if feeder.is_alive():
