@@ -286,8 +286,8 @@ def test_failed_transaction_is_aborted_rewound_and_recovered(
     rewinds, and the output is still exactly once.
 
     The broker must not fence itself over the pause (see the fixture): when it
-    did, 2 runs in 40 here wrote the rolled-back transaction's records without
-    abort markers (the broker log said it skipped them), and the next commit
+    did, 2 runs in 78 here left the rolled-back transaction's records without
+    abort markers (the broker logged that it skipped them), and the next commit
     committed them: duplicates no client can prevent."""
     broker = fresh_broker_not_self_fenced
     bootstrap = broker.bootstrap
