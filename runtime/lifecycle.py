@@ -136,6 +136,14 @@ class Lifecycle:
         `fatal_error`, else NOT_RUNNING; then `finished` is set."""
         with self.lock:
             failure = self.failure or fatal_error
+            if failure is None and self.state in ACTIVE:
+                # Every stop that is asked for leaves ACTIVE first (close,
+                # a failure policy, an application shutdown): the polling
+                # thread ended on its own, and whatever ended it was lost.
+                failure = RuntimeError(
+                    "the polling thread stopped without being asked to and without "
+                    "an error it could record; its log says what it did last"
+                )
             if failure is not None:
                 self.failure = failure
                 if self.state is not AppState.PENDING_ERROR:

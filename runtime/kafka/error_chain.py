@@ -34,3 +34,21 @@ def kafka_error_in(exc: BaseException) -> KafkaError | None:
             return None
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def as_exception(value: object) -> BaseException:
+    """What a bare `except:` caught, as an exception.
+
+    confluent-kafka can also leave the raw `KafkaError` itself raised (its
+    C code restores an error whose type is not an exception class): then
+    `except BaseException` does not match at all and only a bare `except:`
+    catches it (seen in CI: the polling thread ended with such a value, its
+    failure unrecorded, the app NOT_RUNNING instead of ERROR). A KafkaError
+    becomes the KafkaException confluent-kafka meant to raise; anything else
+    that is not an exception, a RuntimeError naming it.
+    """
+    if isinstance(value, BaseException):
+        return value
+    if isinstance(value, KafkaError):
+        return KafkaException(value)
+    return RuntimeError(f"a client call raised a non-exception: {value!r}")

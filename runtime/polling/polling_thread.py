@@ -25,6 +25,7 @@ events is decided; split, that order would be spread over files.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -45,6 +46,7 @@ from runtime.kafka.clients import (
     log_consume_error,
 )
 from runtime.kafka.consumer_release import close_in_background
+from runtime.kafka.error_chain import as_exception
 from runtime.kafka.topics import TopicLayout
 from runtime.logging import get_logger, log_failure
 from runtime.placement.parts import Handovers, PollingSide, RuntimePlacementSettings
@@ -282,14 +284,9 @@ class PollingThread(threading.Thread):
                 self.shutdown_step = "the final commit"
                 self.commit_all("shutdown")
         except BaseException as exc:  # noqa: BLE001 - reported to the app, never lost
-            # Whatever failed, nothing may be committed from here on: output
-            # in flight may be lost, and the revocation that closing the
-            # consumer triggers must not commit past it (rule 3).
-            self._abort = True
-            # Recorded before anything that could fail in turn: the app must
-            # end in ERROR with this failure, never NOT_RUNNING without it.
-            self.fatal_error = exc
-            log_failure(log, "polling_thread_failed", exc)
+            self._failed(exc)
+        except:  # noqa: E722 - a raw KafkaError matches no exception class (error_chain)
+            self._failed(as_exception(sys.exc_info()[1]))
         finally:
             try:
                 self.query_changes.fail_pending(FatalError("the polling thread stopped"))
@@ -299,6 +296,16 @@ class PollingThread(threading.Thread):
                     self.fatal_error = exc
                 log_failure(log, "polling_thread_close_failed", exc)
             log.info("polling_thread_stopped")
+
+    def _failed(self, exc: BaseException) -> None:
+        """The loop ended with `exc`. Whatever failed, nothing may be
+        committed from here on: output in flight may be lost, and the
+        revocation that closing the consumer triggers must not commit past it
+        (rule 3). Recorded before anything that could fail in turn: the app
+        must end in ERROR with this failure, never NOT_RUNNING without it."""
+        self._abort = True
+        self.fatal_error = exc
+        log_failure(log, "polling_thread_failed", exc)
 
     @property
     def consumer(self) -> Consumer:

@@ -3,14 +3,16 @@ leaves it) is found, and repaired so that formatting the chain works."""
 
 from __future__ import annotations
 
+import ctypes
 import io
 import json
+import sys
 import traceback
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from runtime.kafka.error_chain import kafka_error_in
+from runtime.kafka.error_chain import as_exception, kafka_error_in
 from runtime.logging import (
     _describe_link,
     configure_logging,
@@ -97,3 +99,41 @@ def test_a_failure_is_logged_with_its_repaired_traceback() -> None:
     assert line["event"] == "thread_failed" and line["error"].startswith("SystemError")
     assert "SystemError" in line["exception"]
     assert isinstance(exc.__context__, RuntimeError)  # repaired in place
+
+
+def raise_raw_kafka_error(error: KafkaError) -> None:
+    """Raise `error` itself, as confluent-kafka's C code can leave it: an
+    error whose type is not an exception class (PyErr_Restore checks nothing)."""
+    restore = ctypes.pythonapi.PyErr_Restore
+    restore.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.c_void_p]
+    restore.restype = None
+    # PyErr_Restore steals one reference of each; ctypes' py_object lends them.
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(KafkaError))
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(error))
+    restore(KafkaError, error, None)
+
+
+def test_a_raw_kafka_error_passes_except_baseexception() -> None:
+    # The premise of `as_exception`: only a bare except catches such a value.
+    caught: list[str] = []
+    try:
+        try:
+            raise_raw_kafka_error(KafkaError(KafkaError._GAPLESS_GUARANTEE))
+        except BaseException:
+            caught.append("BaseException")
+    except:  # noqa: E722 - the point of the test
+        caught.append(type(sys.exc_info()[1]).__name__)
+    assert caught == ["KafkaError"]
+
+
+def test_as_exception_turns_a_raw_kafka_error_into_the_kafka_exception() -> None:
+    try:
+        raise_raw_kafka_error(KafkaError(KafkaError._GAPLESS_GUARANTEE))
+    except:  # noqa: E722 - the point of the test
+        exc = as_exception(sys.exc_info()[1])
+    assert isinstance(exc, KafkaException)
+    assert kafka_error_in(exc).code() == KafkaError._GAPLESS_GUARANTEE  # type: ignore[union-attr]
+    "".join(traceback.format_exception(exc))  # formats: a real exception
+    same = ValueError("x")
+    assert as_exception(same) is same
+    assert "non-exception" in str(as_exception(42))
