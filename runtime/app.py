@@ -303,7 +303,7 @@ class App:
             self._pool, self._queries.isolated, self.config.shutdown_timeout_ms / 1000.0
         )
         self._queries.restore_switch_interval()
-        self._lifecycle.finish(parts.polling.fatal_error)
+        self._lifecycle.finish(parts.polling.fatal_error, parts.polling.stop_requested)
 
     # --- processing threads at runtime -------------------------------------------
 

@@ -130,16 +130,15 @@ class Lifecycle:
             if self.state is AppState.RUNNING:
                 self.set_state(AppState.REBALANCING)
 
-    def finish(self, fatal_error: BaseException | None) -> None:
+    def finish(self, fatal_error: BaseException | None, stop_requested: bool = True) -> None:
         """The final state once every thread stopped (supervisor thread):
         ERROR if a failure was recorded or the polling thread ended with
-        `fatal_error`, else NOT_RUNNING; then `finished` is set."""
+        `fatal_error`, or ended without being asked to stop
+        (`stop_requested` False: whatever ended it was lost), else
+        NOT_RUNNING; then `finished` is set."""
         with self.lock:
             failure = self.failure or fatal_error
-            if failure is None and self.state in ACTIVE:
-                # Every stop that is asked for leaves ACTIVE first (close,
-                # a failure policy, an application shutdown): the polling
-                # thread ended on its own, and whatever ended it was lost.
+            if failure is None and not stop_requested:
                 failure = RuntimeError(
                     "the polling thread stopped without being asked to and without "
                     "an error it could record; its log says what it did last"

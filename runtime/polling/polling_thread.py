@@ -261,6 +261,13 @@ class PollingThread(threading.Thread):
             self._abort = True
         self._stop_event.set()
 
+    @property
+    def stop_requested(self) -> bool:
+        """Whether anything asked this thread to stop (a close, a failure
+        policy, a planned departure, a fatal client error). Its loop ends
+        otherwise only by an exception it records in `fatal_error`. Any thread."""
+        return self._stop_event.is_set()
+
     def request_commit(self) -> None:
         """Commit at the next loop turn. Any thread."""
         self._commit_now.set()
