@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -96,6 +97,9 @@ class TopicReader:
         self.consumer.close()
 
 
+_FEEDER_HEADER = "feeder"
+
+
 class Feeder(threading.Thread):
     """Produces sequence-numbered records (value = str(i), key = f"k{i % keys}")
     at a steady `rate` per second, until `total` are sent or `stop()` is called.
@@ -130,6 +134,9 @@ class Feeder(threading.Thread):
         self.client_errors: list[str] = []
         self.unflushed = -1
         self._halt = threading.Event()
+        # Marks its records (a header), so that `written_keys` tells them from
+        # others in the same topic (a test's prefill).
+        self._tag = unique_name("feeder").encode()
 
     def stop(self, timeout: float = 60) -> None:
         """Stop producing, wait for the flush, and assert every record was delivered."""
@@ -141,6 +148,24 @@ class Feeder(threading.Thread):
 
     def _done(self) -> bool:
         return self._halt.is_set() or (self.total is not None and self.sent >= self.total)
+
+    def written_keys(self) -> Counter[str]:
+        """How many records of each key the input topic holds, read back
+        (after `stop()`): the truth a count must reach. Not `range(sent)`: the
+        idempotent producer can still write a record twice (librdkafka#4953,
+        an epoch bump after a timed-out or dropped request re-sends a written
+        batch; suspected in CI on a loaded machine), and a count must then
+        count it twice. A record written twice is printed."""
+        records = [
+            m
+            for m in consume_all(self.bootstrap, self.topic, timeout=120)
+            if (_FEEDER_HEADER, self._tag) in m.headers
+        ]
+        assert len(records) >= self.sent, f"{len(records)} of {self.sent} fed records found"
+        twice = len(records) - len({m.value for m in records})
+        if twice:
+            print(f"the input holds {twice} records twice (the feeder's duplicates)")
+        return Counter(m.key.decode() for m in records if m.key is not None)
 
     def run(self) -> None:
         producer = Producer(
@@ -171,6 +196,7 @@ class Feeder(threading.Thread):
                     str(i).encode(),
                     f"k{i % self.keys}".encode(),
                     on_delivery=on_delivery,
+                    headers=[(_FEEDER_HEADER, self._tag)],
                 )
                 self.sent += 1
             producer.poll(0)

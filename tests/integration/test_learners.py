@@ -109,7 +109,7 @@ def prefill(bootstrap: str, source: str, n: int) -> Counter[str]:
 
 
 def fed(feeder: Feeder) -> Counter[str]:
-    return Counter(f"k{i % feeder.keys}" for i in range(feeder.sent))
+    return feeder.written_keys()
 
 
 def assert_counts(bootstrap: str, sink: str, expected: Counter[str]) -> None:
