@@ -504,22 +504,3 @@ def test_a_fatal_error_taken_by_a_delivery_callback_is_noted(
     assert env.channel._dead is not None
     assert env.channel._dead.code() == KafkaError._GAPLESS_GUARANTEE
     assert [r.code for r in env.channel._refusals] == [KafkaError.INVALID_TIMESTAMP]
-
-
-def test_a_raw_fatal_error_from_serving_reports_is_noted(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """confluent-kafka can leave the gap-less fatal error raised as the raw
-    KafkaError (no exception class matches it; seen in CI ending the polling
-    thread silently): serving reports notes it like the KafkaException it is."""
-    from tests.unit.kafka.test_error_chain import raise_raw_kafka_error
-
-    env = Channel(monkeypatch, "log_and_continue")
-
-    def call() -> int:
-        raise_raw_kafka_error(KafkaError(KafkaError._GAPLESS_GUARANTEE, fatal=True))
-        return 1
-
-    assert env.channel._serve_reports(call) == 0
-    assert env.channel._dead is not None
-    assert env.channel._dead.code() == KafkaError._GAPLESS_GUARANTEE
