@@ -130,7 +130,7 @@ class Lifecycle:
             if self.state is AppState.RUNNING:
                 self.set_state(AppState.REBALANCING)
 
-    def finish(self, fatal_error: BaseException | None, stop_requested: bool = True) -> None:
+    def finish(self, fatal_error: BaseException | None, stop_requested: bool) -> None:
         """The final state once every thread stopped (supervisor thread):
         ERROR if a failure was recorded or the polling thread ended with
         `fatal_error`, or ended without being asked to stop

@@ -46,8 +46,13 @@ def pytest_report_header() -> str:
     return f"broker: {broker_kind()} (set {BROKER_ENV}=kafka|tansu)"
 
 
-def _started(kind: str) -> Broker:
-    broker = make_broker(kind)
+def _started(kind: str, kafka_properties: dict[str, str] | None = None) -> Broker:
+    """A started broker of `kind`; `kafka_properties` override a Kafka node's
+    server.properties (Tansu has none of them)."""
+    if kind == "kafka" and kafka_properties:
+        broker: Broker = KafkaBroker(properties=kafka_properties)
+    else:
+        broker = make_broker(kind)
     broker.start(_BROKER_START_TIMEOUT_S)
     return broker
 
@@ -103,12 +108,7 @@ def fresh_broker_not_self_fenced() -> Iterator[Broker]:
     every transactional client (docs/guarantees.md); tests of the runtime's
     own handling of an outage under exactly_once_v2 use this broker.
     """
-    kind = broker_kind()
-    if kind != "kafka":
-        own = _started(kind)
-    else:
-        own = KafkaBroker(properties={"broker.session.timeout.ms": _UNFENCED_SESSION_MS})
-        own.start(_BROKER_START_TIMEOUT_S)
+    own = _started(broker_kind(), {"broker.session.timeout.ms": _UNFENCED_SESSION_MS})
     try:
         yield own
     finally:

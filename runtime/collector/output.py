@@ -338,30 +338,25 @@ class OutputChannel(RefusedBatchSettling):
         try:
             return call()
         except (KafkaException, SystemError) as exc:
-            return self._on_serve_error(exc)
-
-    def _on_serve_error(self, exc: KafkaException | SystemError) -> int:
-        """`_serve_reports` after a failed call: 0 once the fatal error is
-        noted (see there), else raises `exc`. Polling thread."""
-        error = kafka_error_in(exc)
-        repair_chain(exc)  # whatever is raised from here must be loggable
-        if self.transactions is not None:
-            if error is None or not breaks_producer(error):
-                raise exc
-            self.transactions.note_broken(error)
-            return 0
-        if error is not None and error.code() == KafkaError._GAPLESS_GUARANTEE:
-            self._note_fatal(error)
-            return 0
-        if isinstance(exc, SystemError) and error is None and self._gapless:
-            # The fatal error was taken by a callback that ran while it
-            # was pending (a delivery report notes it; a log line may
-            # swallow it). `_resolve` settles whatever it was: a new
-            # producer, the reports matched, the rest produced again.
-            log.warning("producer_fatal_error_taken_by_callback", error=str(exc))
-            self._note_fatal(KafkaError(KafkaError._FATAL, str(exc)))
-            return 0
-        raise exc
+            error = kafka_error_in(exc)
+            repair_chain(exc)  # whatever is raised from here must be loggable
+            if self.transactions is not None:
+                if error is None or not breaks_producer(error):
+                    raise
+                self.transactions.note_broken(error)
+                return 0
+            if error is not None and error.code() == KafkaError._GAPLESS_GUARANTEE:
+                self._note_fatal(error)
+                return 0
+            if isinstance(exc, SystemError) and error is None and self._gapless:
+                # The fatal error was taken by a callback that ran while it
+                # was pending (a delivery report notes it; a log line may
+                # swallow it). `_resolve` settles whatever it was: a new
+                # producer, the reports matched, the rest produced again.
+                log.warning("producer_fatal_error_taken_by_callback", error=str(exc))
+                self._note_fatal(KafkaError(KafkaError._FATAL, str(exc)))
+                return 0
+            raise
 
     def flush(self, abort_requested: Callable[[], bool]) -> None:
         """Wait until every produced record is acknowledged (or failed) and

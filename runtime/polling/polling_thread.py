@@ -290,10 +290,17 @@ class PollingThread(threading.Thread):
                     self.placement.publish_status(gone=True)
                 self.shutdown_step = "the final commit"
                 self.commit_all("shutdown")
-        except BaseException as exc:  # noqa: BLE001 - reported to the app, never lost
-            self._failed(exc)
-        except:  # noqa: E722 - a raw KafkaError matches no exception class (error_chain)
-            self._failed(as_exception(sys.exc_info()[1]))
+        except:  # noqa: E722 - reported to the app, never lost; bare: a raw KafkaError
+            # matches no exception class, BaseException included (error_chain).
+            exc = as_exception(sys.exc_info()[1])
+            # Whatever failed, nothing may be committed from here on: output
+            # in flight may be lost, and the revocation that closing the
+            # consumer triggers must not commit past it (rule 3).
+            self._abort = True
+            # Recorded before anything that could fail in turn: the app must
+            # end in ERROR with this failure, never NOT_RUNNING without it.
+            self.fatal_error = exc
+            log_failure(log, "polling_thread_failed", exc)
         finally:
             try:
                 self.query_changes.fail_pending(FatalError("the polling thread stopped"))
@@ -303,16 +310,6 @@ class PollingThread(threading.Thread):
                     self.fatal_error = exc
                 log_failure(log, "polling_thread_close_failed", exc)
             log.info("polling_thread_stopped")
-
-    def _failed(self, exc: BaseException) -> None:
-        """The loop ended with `exc`. Whatever failed, nothing may be
-        committed from here on: output in flight may be lost, and the
-        revocation that closing the consumer triggers must not commit past it
-        (rule 3). Recorded before anything that could fail in turn: the app
-        must end in ERROR with this failure, never NOT_RUNNING without it."""
-        self._abort = True
-        self.fatal_error = exc
-        log_failure(log, "polling_thread_failed", exc)
 
     @property
     def consumer(self) -> Consumer:

@@ -42,6 +42,6 @@ def test_a_stop_the_polling_thread_asked_for_itself_ends_not_running() -> None:
 def test_the_recorded_error_is_the_failure() -> None:
     lifecycle = _running()
     error = RuntimeError("the broker refused us")
-    lifecycle.finish(error)
+    lifecycle.finish(error, stop_requested=True)
     assert lifecycle.state is AppState.ERROR
     assert lifecycle.failure is error

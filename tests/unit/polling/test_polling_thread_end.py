@@ -41,7 +41,6 @@ def _loop_that_fails(failure: Any) -> Any:
     fake.subscribe = lambda: None
     fake.poll_once = failure
     fake._close_clients = lambda: fake.closed.append(True)
-    fake._failed = types.MethodType(PollingThread._failed, fake)
     return fake
 
 
